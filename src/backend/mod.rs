@@ -1,0 +1,123 @@
+//! Backends: where verified requests go. `s3` forwards to any S3-compatible endpoint, re-signed with
+//! the backend's own credentials; `fs` serves a local directory in-process.
+//!
+//! A backend returns the backend's HTTP response unchanged (status, headers, streaming body): S3
+//! errors such as `NoSuchKey` are responses, not [`BackendError`]s, and reach the client as sent.
+
+pub mod fs;
+pub mod retry;
+pub mod s3;
+
+use http::{HeaderMap, Method, Response};
+
+use crate::body::{Body, BodyError, find_body_error};
+use crate::s3::route::{S3Op, Target};
+
+/// A request ready for the backend: authenticated, with the client's auth and hop-by-hop headers
+/// removed and the body already wrapped in its checks.
+#[derive(Debug)]
+pub struct ForwardRequest {
+    pub op: S3Op,
+    pub method: Method,
+    pub target: Target,
+    /// The query, re-encoded, without presigned-URL parameters.
+    pub query: Option<String>,
+    pub headers: HeaderMap,
+    pub body: Body,
+    pub payload: ForwardPayload,
+}
+
+/// What the forwarded body is, for the backend signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForwardPayload {
+    /// No body at all: the request can be replayed, so idempotent ones are retried.
+    Empty,
+    /// A body whose SHA-256 the client signed (hex); the backend checks it again.
+    Sha256(String),
+    /// A body not covered by any signature (or already verified chunk by chunk and decoded).
+    Unsigned,
+    /// A raw `STREAMING-UNSIGNED-PAYLOAD-TRAILER` body, passed through so the backend sees the
+    /// trailing checksum.
+    UnsignedTrailer,
+}
+
+/// Why the gateway could not get a response from the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend unreachable")]
+    Unreachable {
+        #[source]
+        source: crate::body::BoxError,
+    },
+    #[error("backend did not respond within {secs} s")]
+    Timeout { secs: u64 },
+    #[error("sending the request to the backend failed")]
+    SendBody {
+        #[source]
+        source: crate::body::BoxError,
+    },
+    #[error("header {0} cannot be signed for the backend (not visible ASCII)")]
+    UnsignableHeader(String),
+    #[error("the object key cannot be stored by the fs backend (empty, '.' or '..' path segments, or a leading '/')")]
+    UnsafeKey,
+    #[error("internal backend error")]
+    Internal(#[source] crate::body::BoxError),
+}
+
+impl BackendError {
+    /// The request-body failure that caused this error, if any (e.g. a bad chunk signature).
+    #[must_use]
+    pub fn body_error(&self) -> Option<&BodyError> {
+        match self {
+            Self::SendBody { source } | Self::Internal(source) | Self::Unreachable { source } => find_body_error(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// The configured backend.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    S3(s3::S3Backend),
+    Fs(fs::FsBackend),
+}
+
+impl Backend {
+    /// Sends a request and returns the backend's response.
+    ///
+    /// # Errors
+    /// When no response could be obtained (see [`BackendError`]).
+    pub async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+        match self {
+            Self::S3(b) => b.send(req).await,
+            Self::Fs(b) => b.send(req).await,
+        }
+    }
+
+    /// Whether raw `aws-chunked` unsigned-trailer bodies can be passed through (an S3 server
+    /// decodes them itself); otherwise the gateway decodes them first.
+    #[must_use]
+    pub fn accepts_aws_chunked(&self) -> bool {
+        matches!(self, Self::S3(_))
+    }
+
+    /// Short name for logs.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::S3(_) => "s3",
+            Self::Fs(_) => "fs",
+        }
+    }
+}
+
+/// Rebuilds a path-style request path `/bucket/key` in SigV4's canonical encoding.
+#[must_use]
+pub fn path_style_path(target: &Target) -> String {
+    use crate::s3::sigv4::uri_encode_path;
+    match (&target.bucket, &target.key) {
+        (Some(b), Some(k)) => format!("/{}/{}", uri_encode_path(b), uri_encode_path(k)),
+        (Some(b), None) => format!("/{}", uri_encode_path(b)),
+        _ => "/".to_owned(),
+    }
+}

@@ -1,0 +1,174 @@
+//! The `s3` backend: forwards to an S3-compatible endpoint over HTTP/1.1, re-signing every request
+//! with the backend's own credentials (official `aws-sigv4` signer), streaming bodies both ways.
+//!
+//! Concurrency toward the backend is bounded by a semaphore whose permit lives until the response
+//! body is finished, not just until headers arrive (a slow download still holds its slot).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_credential_types::Credentials;
+use aws_sigv4::http_request::{PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode, sign};
+use aws_sigv4::sign::v4;
+use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::retry::RetryPolicy;
+use super::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
+use crate::body::{Body, Metered};
+use crate::metrics::Metrics;
+use crate::s3::credentials::SecretKey;
+use crate::s3::sigv4::EMPTY_SHA256;
+
+/// Settings of the `s3` backend.
+#[derive(Debug, Clone)]
+pub struct S3BackendConfig {
+    /// `http://host:port[/prefix]`.
+    pub endpoint: Uri,
+    pub region: String,
+    pub access_key: String,
+    pub secret_key: SecretKey,
+    pub connect_timeout: Duration,
+    /// Time to response headers for body-less requests. Requests with a body have none: the
+    /// backend answers only after the whole upload, which may legitimately take minutes.
+    pub response_timeout: Duration,
+    pub max_concurrency: usize,
+    pub retry: RetryPolicy,
+}
+
+/// Forwarding client for an S3-compatible endpoint.
+#[derive(Debug, Clone)]
+pub struct S3Backend {
+    cfg: Arc<S3BackendConfig>,
+    client: Client<HttpConnector, Body>,
+    limit: Arc<Semaphore>,
+    metrics: Metrics,
+}
+
+impl S3Backend {
+    #[must_use]
+    pub fn new(cfg: S3BackendConfig, metrics: Metrics) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(cfg.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        let limit = Arc::new(Semaphore::new(cfg.max_concurrency));
+        Self { cfg: Arc::new(cfg), client, limit, metrics }
+    }
+
+    fn url(&self, req: &ForwardRequest) -> String {
+        let base = self.cfg.endpoint.to_string();
+        let base = base.trim_end_matches('/');
+        let path = path_style_path(&req.target);
+        match &req.query {
+            Some(q) if !q.is_empty() => format!("{base}{path}?{q}"),
+            _ => format!("{base}{path}"),
+        }
+    }
+
+    fn build(&self, req: &ForwardRequest, url: &str, body: Body) -> Result<Request<Body>, BackendError> {
+        let mut out = Request::builder().method(req.method.clone()).uri(url).body(body).map_err(|e| BackendError::Internal(e.into()))?;
+        *out.headers_mut() = req.headers.clone();
+        let authority = out.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+        out.headers_mut().insert(http::header::HOST, HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?);
+        if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
+            out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        self.sign(&mut out, &req.payload)?;
+        Ok(out)
+    }
+
+    fn sign(&self, req: &mut Request<Body>, payload: &ForwardPayload) -> Result<(), BackendError> {
+        let identity = Credentials::new(&self.cfg.access_key, self.cfg.secret_key.expose(), None, None, "tensorgate-backend").into();
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.cfg.region)
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| BackendError::Internal(e.into()))?
+            .into();
+        let mut headers = Vec::with_capacity(req.headers().len());
+        for (name, value) in req.headers() {
+            let v = value.to_str().map_err(|_| BackendError::UnsignableHeader(name.as_str().to_owned()))?;
+            headers.push((name.as_str(), v));
+        }
+        let body = match payload {
+            ForwardPayload::Empty => SignableBody::Precomputed(EMPTY_SHA256.to_owned()),
+            ForwardPayload::Sha256(hex) => SignableBody::Precomputed(hex.clone()),
+            ForwardPayload::Unsigned => SignableBody::UnsignedPayload,
+            ForwardPayload::UnsignedTrailer => SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()),
+        };
+        let uri = req.uri().to_string();
+        let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body).map_err(|e| BackendError::Internal(e.into()))?;
+        let (instructions, _signature) = sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
+        instructions.apply_to_request_http1x(req);
+        Ok(())
+    }
+
+    /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
+    pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+        let permit: OwnedSemaphorePermit = self.limit.clone().acquire_owned().await.map_err(|e| BackendError::Internal(e.into()))?;
+        let url = self.url(&req);
+        let replayable = req.payload == ForwardPayload::Empty && req.op.is_idempotent();
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let body = std::mem::replace(&mut req.body, Body::empty());
+            let outgoing = self.build(&req, &url, body)?;
+            let t0 = Instant::now();
+            let result = if req.payload == ForwardPayload::Empty {
+                match tokio::time::timeout(self.cfg.response_timeout, self.client.request(outgoing)).await {
+                    Ok(r) => r.map_err(classify),
+                    Err(_) => Err(BackendError::Timeout { secs: self.cfg.response_timeout.as_secs() }),
+                }
+            } else {
+                self.client.request(outgoing).await.map_err(classify)
+            };
+            let outcome = match &result {
+                Ok(r) => status_outcome(r.status()),
+                Err(_) => "error",
+            };
+            self.metrics.observe_backend(req.op, outcome, t0.elapsed());
+            let retryable = match &result {
+                Ok(r) => matches!(r.status(), StatusCode::INTERNAL_SERVER_ERROR | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT),
+                Err(BackendError::Unreachable { .. } | BackendError::Timeout { .. }) => true,
+                Err(_) => false,
+            };
+            attempt += 1;
+            if replayable && retryable {
+                if let Some(wait) = self.cfg.retry.backoff(attempt, started) {
+                    self.metrics.backend_retries.inc();
+                    tracing::debug!(op = req.op.name(), attempt, ?wait, "Retrying backend request.");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+            }
+            let resp = result?;
+            let counter = self.metrics.backend_bytes_received.clone();
+            return Ok(resp.map(|b| Body::new(Metered::new(b, counter, permit))));
+        }
+    }
+}
+
+fn status_outcome(s: StatusCode) -> &'static str {
+    if s.is_server_error() {
+        "5xx"
+    } else if s.is_client_error() {
+        "4xx"
+    } else {
+        "ok"
+    }
+}
+
+fn classify(e: hyper_util::client::legacy::Error) -> BackendError {
+    if e.is_connect() { BackendError::Unreachable { source: e.into() } } else { BackendError::SendBody { source: e.into() } }
+}

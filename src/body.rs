@@ -1,0 +1,197 @@
+//! Request and response body plumbing: the one body type, and the wrappers that enforce limits,
+//! verify a signed payload hash while streaming, and count bytes for metrics.
+//!
+//! No wrapper here ever collects a whole body: every body streams frame by frame, which is what
+//! keeps a 1 GiB transfer inside a few MiB of gateway memory.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use prometheus_client::metrics::counter::Counter;
+use sha2::{Digest, Sha256};
+
+/// The body type used throughout the gateway (a boxed, streaming body).
+pub type Body = axum::body::Body;
+/// A boxed error, as carried by streaming bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request body was refused while it streamed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("reading the request body failed: {0}")]
+    Read(#[source] BoxError),
+    #[error("malformed aws-chunked body: {0}")]
+    Malformed(&'static str),
+    #[error("the request body ended before the declared length")]
+    Incomplete,
+    #[error("an aws-chunked chunk exceeds the gateway's limit")]
+    ChunkTooLarge,
+    #[error("a chunk or trailer signature does not match")]
+    ChunkSignature,
+    #[error("the decoded body length differs from x-amz-decoded-content-length")]
+    LengthMismatch,
+    #[error("the body's SHA-256 differs from x-amz-content-sha256")]
+    Sha256Mismatch,
+    #[error("the request body exceeds the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+}
+
+/// Walks an error's `source()` chain looking for a [`BodyError`]: a body failure surfaces wrapped
+/// inside the HTTP client's error when the backend request could not finish sending it.
+#[must_use]
+pub fn find_body_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyError> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(b) = e.downcast_ref::<BodyError>() {
+            return Some(b);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+pin_project! {
+    /// An inbound body with a size limit and, optionally, a SHA-256 the bytes must hash to.
+    /// The check happens when the last byte arrives; the error then aborts the backend request,
+    /// so a tampered upload is never committed.
+    pub struct Guarded<B> {
+        #[pin]
+        inner: B,
+        limit: u64,
+        seen: u64,
+        expect_sha256: Option<(Sha256, [u8; 32])>,
+    }
+}
+
+impl<B> Guarded<B> {
+    pub fn new(inner: B, limit: u64, expect_sha256: Option<[u8; 32]>) -> Self {
+        Self { inner, limit, seen: 0, expect_sha256: expect_sha256.map(|e| (Sha256::new(), e)) }
+    }
+}
+
+impl<B> HttpBody for Guarded<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.project();
+        match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    *this.seen += data.len() as u64;
+                    if *this.seen > *this.limit {
+                        return Poll::Ready(Some(Err(BodyError::TooLarge { limit: *this.limit })));
+                    }
+                    if let Some((hasher, _)) = this.expect_sha256.as_mut() {
+                        hasher.update(data);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => Poll::Ready(Some(Err(BodyError::Read(e.into())))),
+            None => {
+                if let Some((hasher, expected)) = this.expect_sha256.take() {
+                    if hasher.finalize().as_slice() != expected {
+                        return Poll::Ready(Some(Err(BodyError::Sha256Mismatch)));
+                    }
+                }
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // The hash check must still run on the final poll.
+        self.expect_sha256.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// A response body that adds the bytes it yields to a counter and holds a guard (an in-flight
+    /// gauge, a backend permit) until the body is finished or dropped, so such counts cannot drift
+    /// when a client goes away mid-download.
+    pub struct Metered<B, G> {
+        #[pin]
+        inner: B,
+        counter: Counter,
+        guard: Option<G>,
+    }
+}
+
+impl<B, G> Metered<B, G> {
+    pub fn new(inner: B, counter: Counter, guard: G) -> Self {
+        Self { inner, counter, guard: Some(guard) }
+    }
+}
+
+impl<B, G> HttpBody for Metered<B, G>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        match &polled {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    this.counter.inc_by(d.len() as u64);
+                }
+            }
+            Some(Err(_)) | None => {
+                this.guard.take();
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn guarded_checks_hash_and_limit() {
+        let good: [u8; 32] = Sha256::digest(b"hello").into();
+        let ok = Guarded::new(Full::new(Bytes::from_static(b"hello")), 10, Some(good));
+        assert_eq!(ok.collect().await.expect("valid").to_bytes(), "hello");
+
+        let bad = Guarded::new(Full::new(Bytes::from_static(b"hellO")), 10, Some(good));
+        assert!(matches!(bad.collect().await, Err(BodyError::Sha256Mismatch)));
+
+        let big = Guarded::new(Full::new(Bytes::from_static(b"hello")), 4, None);
+        assert!(matches!(big.collect().await, Err(BodyError::TooLarge { limit: 4 })));
+    }
+
+    #[test]
+    fn body_errors_are_found_through_wrappers() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] BodyError);
+        let e = Outer(BodyError::Sha256Mismatch);
+        assert!(matches!(find_body_error(&e), Some(BodyError::Sha256Mismatch)));
+    }
+}

@@ -1,0 +1,400 @@
+//! Configuration: a TOML file, then `TENSORGATE_*` environment variables, then flags (later wins),
+//! parsed into one [`Config`] and validated once at start. Every key is documented in
+//! `config/example.toml`; `tensorgate check-config FILE` runs the same validation.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::backend::retry::RetryPolicy;
+use crate::s3::credentials::{CredentialStore, SecretKey};
+
+/// Largest single PUT S3 accepts (5 GiB); larger objects use multipart upload.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 5 * 1024 * 1024 * 1024;
+/// Concurrent requests before `503 SlowDown`. Each streaming request holds a few 64 KiB buffers, so
+/// 1024 keeps worst-case buffer memory well under 128 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+/// Concurrent backend requests. Matches a typical S3 server's per-client comfort zone.
+pub const DEFAULT_BACKEND_CONCURRENCY: usize = 256;
+/// How long shutdown waits for in-flight requests before exiting anyway.
+pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+/// Access key used when nothing is configured and the gateway only listens on loopback.
+pub const DEV_ACCESS_KEY: &str = "tensorgate-dev";
+/// Its secret. Public by design: it only ever protects a loopback-only development gateway.
+pub const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid value for `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key, message: message.into() }
+}
+
+impl<'de> Deserialize<'de> for SecretKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(SecretKey::new)
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub region: String,
+    pub domains: Vec<String>,
+    pub allow_anonymous: bool,
+    pub max_body_bytes: u64,
+    pub max_in_flight: usize,
+    pub shutdown_grace_secs: u64,
+    pub credentials: Vec<CredentialConfig>,
+    pub backend: BackendConfig,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            region: "us-east-1".into(),
+            domains: Vec::new(),
+            allow_anonymous: false,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
+            credentials: Vec::new(),
+            backend: BackendConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// One client credential.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    pub access_key: String,
+    pub secret_key: Option<SecretKey>,
+    pub secret_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Fs,
+    S3,
+}
+
+/// Where objects live.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    pub kind: BackendKind,
+    pub root: PathBuf,
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub access_key: Option<String>,
+    pub secret_key: Option<SecretKey>,
+    pub secret_key_file: Option<PathBuf>,
+    pub connect_timeout_ms: u64,
+    pub response_timeout_secs: u64,
+    pub max_concurrency: usize,
+    pub max_retries: u32,
+    pub retry_budget_secs: u64,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        let retry = RetryPolicy::default();
+        Self {
+            kind: BackendKind::Fs,
+            root: PathBuf::from("tensorgate-data"),
+            endpoint: None,
+            region: "us-east-1".into(),
+            access_key: None,
+            secret_key: None,
+            secret_key_file: None,
+            connect_timeout_ms: 2_000,
+            response_timeout_secs: 60,
+            max_concurrency: DEFAULT_BACKEND_CONCURRENCY,
+            max_retries: retry.max_retries,
+            retry_budget_secs: retry.budget.as_secs(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Plain,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `tracing` filter directive, e.g. `info` or `tensorgate=debug`.
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: LogFormat::Plain, filter: "info".into() }
+    }
+}
+
+/// Overrides from flags and environment (clap fills both); `None` leaves the file's value.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Overrides {
+    /// TOML config file.
+    #[arg(long, env = "TENSORGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// S3 listen address.
+    #[arg(long, env = "TENSORGATE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listen address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "TENSORGATE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Domain for virtual-host-style addressing (repeatable).
+    #[arg(long = "domain", env = "TENSORGATE_DOMAINS", value_delimiter = ',')]
+    pub domains: Vec<String>,
+    /// Allow unsigned requests.
+    #[arg(long, env = "TENSORGATE_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: Option<bool>,
+    /// Client access key (adds one credential).
+    #[arg(long, env = "TENSORGATE_ACCESS_KEY")]
+    pub access_key: Option<String>,
+    /// Client secret key for --access-key.
+    #[arg(long, env = "TENSORGATE_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<String>,
+    /// Backend kind.
+    #[arg(long, env = "TENSORGATE_BACKEND")]
+    pub backend: Option<BackendKind>,
+    /// Directory served by the fs backend.
+    #[arg(long, env = "TENSORGATE_BACKEND_ROOT")]
+    pub backend_root: Option<PathBuf>,
+    /// Endpoint URL of the s3 backend (implies --backend s3).
+    #[arg(long, env = "TENSORGATE_BACKEND_ENDPOINT")]
+    pub backend_endpoint: Option<String>,
+    /// Region the backend signs for.
+    #[arg(long, env = "TENSORGATE_BACKEND_REGION")]
+    pub backend_region: Option<String>,
+    /// Backend access key.
+    #[arg(long, env = "TENSORGATE_BACKEND_ACCESS_KEY")]
+    pub backend_access_key: Option<String>,
+    /// Backend secret key.
+    #[arg(long, env = "TENSORGATE_BACKEND_SECRET_KEY", hide_env_values = true)]
+    pub backend_secret_key: Option<String>,
+    /// Log format.
+    #[arg(long, env = "TENSORGATE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Log filter (overrides the file; RUST_LOG-style).
+    #[arg(long, env = "TENSORGATE_LOG")]
+    pub log: Option<String>,
+}
+
+impl Config {
+    /// Reads a TOML file.
+    ///
+    /// # Errors
+    /// Unreadable file or unknown/mistyped key.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse { path: path.into(), message })
+    }
+
+    /// Parses TOML text.
+    ///
+    /// # Errors
+    /// The parser's message, which names the key.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// File (if any), then overrides; then validation.
+    ///
+    /// # Errors
+    /// Any [`ConfigError`].
+    pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
+        let mut c = match &o.config {
+            Some(p) => Self::from_file(p)?,
+            None => Self::default(),
+        };
+        c.apply(o);
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn apply(&mut self, o: &Overrides) {
+        fn set<T: Clone>(dst: &mut T, src: &Option<T>) {
+            if let Some(v) = src {
+                dst.clone_from(v);
+            }
+        }
+        set(&mut self.listen, &o.listen);
+        set(&mut self.admin_listen, &o.admin_listen);
+        set(&mut self.allow_anonymous, &o.allow_anonymous);
+        set(&mut self.backend.kind, &o.backend);
+        set(&mut self.backend.root, &o.backend_root);
+        set(&mut self.backend.region, &o.backend_region);
+        set(&mut self.log.format, &o.log_format);
+        set(&mut self.log.filter, &o.log);
+        if !o.domains.is_empty() {
+            self.domains.clone_from(&o.domains);
+        }
+        if let Some(e) = &o.backend_endpoint {
+            self.backend.endpoint = Some(e.clone());
+            if o.backend.is_none() {
+                self.backend.kind = BackendKind::S3;
+            }
+        }
+        if let Some(k) = &o.backend_access_key {
+            self.backend.access_key = Some(k.clone());
+        }
+        if let Some(s) = &o.backend_secret_key {
+            self.backend.secret_key = Some(SecretKey::new(s.clone()));
+        }
+        if let Some(ak) = &o.access_key {
+            self.credentials.push(CredentialConfig { access_key: ak.clone(), secret_key: o.secret_key.clone().map(SecretKey::new), secret_key_file: None });
+        }
+    }
+
+    /// Semantic checks, each naming its key.
+    ///
+    /// # Errors
+    /// The first invalid key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_body_bytes == 0 {
+            return Err(invalid("max_body_bytes", "must be positive"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(invalid("max_in_flight", "must be positive"));
+        }
+        if self.listen == self.admin_listen {
+            return Err(invalid("admin_listen", "must differ from listen"));
+        }
+        if let Some(d) = self.domains.iter().find(|d| d.is_empty() || d.contains('/') || d.contains(':')) {
+            return Err(invalid("domains", format!("{d:?} is not a host name")));
+        }
+        self.credential_store()?;
+        let b = &self.backend;
+        if b.max_concurrency == 0 {
+            return Err(invalid("backend.max_concurrency", "must be positive"));
+        }
+        if b.kind == BackendKind::S3 {
+            let e = b.endpoint.as_deref().ok_or_else(|| invalid("backend.endpoint", "required for the s3 backend"))?;
+            let uri: http::Uri = e.parse().map_err(|err| invalid("backend.endpoint", format!("{e:?}: {err}")))?;
+            match uri.scheme_str() {
+                Some("http") => {}
+                Some("https") => return Err(invalid("backend.endpoint", "https endpoints are not supported yet: reach the store over http (e.g. a local sidecar)")),
+                _ => return Err(invalid("backend.endpoint", "must start with http://")),
+            }
+            if uri.authority().is_none() {
+                return Err(invalid("backend.endpoint", "missing host"));
+            }
+            if b.access_key.as_deref().is_none_or(str::is_empty) {
+                return Err(invalid("backend.access_key", "required for the s3 backend"));
+            }
+            read_secret(b.secret_key.as_ref(), b.secret_key_file.as_deref(), "backend.secret_key")?;
+        }
+        Ok(())
+    }
+
+    /// The client credentials in force: the configured ones or, when none are configured, anonymous
+    /// access is off and the gateway listens on loopback only, the published development pair.
+    ///
+    /// # Errors
+    /// A credential without a readable secret, or no way to authenticate on a non-loopback address.
+    pub fn credential_store(&self) -> Result<CredentialStore, ConfigError> {
+        let mut store = CredentialStore::default();
+        for c in &self.credentials {
+            if c.access_key.is_empty() {
+                return Err(invalid("credentials.access_key", "must not be empty"));
+            }
+            let secret = read_secret(c.secret_key.as_ref(), c.secret_key_file.as_deref(), "credentials.secret_key")?;
+            store.insert(c.access_key.clone(), secret);
+        }
+        if store.is_empty() && !self.allow_anonymous {
+            if !self.listen.ip().is_loopback() {
+                return Err(invalid("credentials", "no client credentials configured and allow_anonymous is false; refusing to listen beyond loopback with the development key"));
+            }
+            store.insert(DEV_ACCESS_KEY.to_owned(), SecretKey::new(DEV_SECRET_KEY.to_owned()));
+        }
+        Ok(store)
+    }
+
+    /// The backend secret (validated before).
+    ///
+    /// # Errors
+    /// Missing or unreadable secret.
+    pub fn backend_secret(&self) -> Result<SecretKey, ConfigError> {
+        read_secret(self.backend.secret_key.as_ref(), self.backend.secret_key_file.as_deref(), "backend.secret_key")
+    }
+
+    /// The backend retry policy.
+    #[must_use]
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy { max_retries: self.backend.max_retries, budget: Duration::from_secs(self.backend.retry_budget_secs), ..RetryPolicy::default() }
+    }
+}
+
+fn read_secret(inline: Option<&SecretKey>, file: Option<&Path>, key: &'static str) -> Result<SecretKey, ConfigError> {
+    match (inline, file) {
+        (Some(s), None) if !s.expose().is_empty() => Ok(s.clone()),
+        (None, Some(p)) => std::fs::read_to_string(p)
+            .map(|s| SecretKey::new(s.trim_end().to_owned()))
+            .map_err(|e| invalid(key, format!("cannot read secret file {}: {e}", p.display()))),
+        (Some(_), Some(_)) => Err(invalid(key, "set either the secret or the secret file, not both")),
+        _ => Err(invalid(key, "missing")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../config/example.toml");
+        let c = Config::from_toml(text).expect("parses");
+        c.validate().expect("valid");
+    }
+
+    #[test]
+    fn unknown_and_bad_keys_are_named() {
+        let e = Config::from_toml("listen = \"127.0.0.1:1\"\nlisen = 1").expect_err("unknown key");
+        assert!(e.contains("lisen"), "{e}");
+        let c = Config::from_toml("[backend]\nkind = \"s3\"").expect("parses");
+        let e = c.validate().expect_err("no endpoint").to_string();
+        assert!(e.contains("backend.endpoint"), "{e}");
+        let c = Config::from_toml("listen = \"0.0.0.0:9000\"").expect("parses");
+        assert!(c.validate().expect_err("no creds").to_string().contains("credentials"));
+    }
+
+    #[test]
+    fn overrides_win_and_dev_key_only_on_loopback() {
+        let c = Config::default();
+        let store = c.credential_store().expect("dev key");
+        assert!(store.get(DEV_ACCESS_KEY).is_some());
+        let o = Overrides { backend_endpoint: Some("http://127.0.0.1:8333".into()), backend_access_key: Some("a".into()), backend_secret_key: Some("s".into()), ..Overrides::default() };
+        let mut c = Config::default();
+        c.apply(&o);
+        assert_eq!(c.backend.kind, BackendKind::S3);
+        c.validate().expect("valid");
+        assert!(!format!("{c:?}").contains("\"s\""));
+    }
+}

@@ -1,0 +1,18 @@
+//! tensorgate: a drop-in S3 gateway that verifies and re-signs every S3 request on its way to a
+//! backend store, the base on which near-data pushdown of neural-network prefixes is built.
+//!
+//! Module map: see `ARCHITECTURE.md`.
+
+pub mod admin;
+pub mod backend;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod s3;
+pub mod server;
+pub mod telemetry;
+
+pub use config::Config;
+pub use server::{Server, run};

@@ -1,0 +1,86 @@
+//! The `tensorgate` command: wiring only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tensorgate::config::{Config, Overrides};
+
+/// Exit code for a bad configuration (sysexits EX_USAGE).
+const EX_USAGE: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(name = "tensorgate", version, about = "S3 gateway that runs the frozen prefix of a neural network next to the data")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve(Overrides),
+    /// Validate a config file and exit (non-zero, naming the bad key, if invalid).
+    CheckConfig { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or_else(|| Command::Serve(Overrides::parse_from_env())) {
+        Command::CheckConfig { file } => match Config::from_file(&file).and_then(|c| c.validate().map(|()| c)) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EX_USAGE)
+            }
+        },
+        Command::Serve(o) => serve(&o),
+    }
+}
+
+fn serve(o: &Overrides) -> ExitCode {
+    let config = match Config::load(o) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tensorgate: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    tensorgate::telemetry::init(config.log.format, &config.log.filter);
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "Starting tensorgate.");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tensorgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(tensorgate::run(&config, tensorgate::server::shutdown_signal())) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot start.");
+            eprintln!("tensorgate: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
+trait ParseFromEnv {
+    fn parse_from_env() -> Self;
+}
+
+impl ParseFromEnv for Overrides {
+    /// `tensorgate` with no subcommand behaves as `tensorgate serve`, reading only the environment.
+    fn parse_from_env() -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            o: Overrides,
+        }
+        Only::parse_from(["tensorgate"]).o
+    }
+}

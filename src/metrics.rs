@@ -1,0 +1,157 @@
+//! Every metric, defined once (prefix `tensorgate_`), registered in a registry that is passed around,
+//! never global. Label values are bounded sets: operation names and status classes, never keys.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::s3::route::S3Op;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpStatus {
+    pub op: &'static str,
+    pub status_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpOutcome {
+    pub op: &'static str,
+    pub outcome: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms .. ~8 s: covers a cached small GET through a slow multipart completion.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+/// The gateway's metrics. Cloning is cheap (all handles are `Arc`s inside).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub requests: Family<OpStatus, Counter>,
+    pub request_duration: HistogramFamily<OpLabel>,
+    pub request_bytes: Counter,
+    pub response_bytes: Counter,
+    pub in_flight: Gauge,
+    pub load_shed: Counter,
+    pub backend_duration: HistogramFamily<OpOutcome>,
+    pub backend_retries: Counter,
+    pub backend_bytes_received: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    #[must_use]
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("tensorgate");
+        let requests = Family::<OpStatus, Counter>::default();
+        r.register("requests", "S3 requests by operation and status class", requests.clone());
+        let request_duration: HistogramFamily<OpLabel> = Family::new_with_constructor(latency_histogram);
+        r.register("request_duration_seconds", "Time to response headers, by operation", request_duration.clone());
+        let request_bytes = Counter::default();
+        r.register("request_body_bytes", "Request body bytes received from clients", request_bytes.clone());
+        let response_bytes = Counter::default();
+        r.register("response_body_bytes", "Response body bytes sent to clients", response_bytes.clone());
+        let in_flight = Gauge::default();
+        r.register("in_flight_requests", "Requests whose response has not finished", in_flight.clone());
+        let load_shed = Counter::default();
+        r.register("load_shed", "Requests refused with 503 SlowDown because too many were in flight", load_shed.clone());
+        let backend_duration: HistogramFamily<OpOutcome> = Family::new_with_constructor(latency_histogram);
+        r.register("backend_request_duration_seconds", "Backend time to response headers, by operation and outcome", backend_duration.clone());
+        let backend_retries = Counter::default();
+        r.register("backend_retries", "Backend requests retried", backend_retries.clone());
+        let backend_bytes_received = Counter::default();
+        r.register("backend_response_body_bytes", "Response body bytes received from the backend", backend_bytes_received.clone());
+        Self {
+            registry: Arc::new(r),
+            requests,
+            request_duration,
+            request_bytes,
+            response_bytes,
+            in_flight,
+            load_shed,
+            backend_duration,
+            backend_retries,
+            backend_bytes_received,
+        }
+    }
+
+    pub fn observe_request(&self, op: S3Op, status: http::StatusCode, elapsed: Duration) {
+        let status_class = match status.as_u16() {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.requests.get_or_create(&OpStatus { op: op.name(), status_class }).inc();
+        self.request_duration.get_or_create(&OpLabel { op: op.name() }).observe(elapsed.as_secs_f64());
+    }
+
+    pub fn observe_backend(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
+        self.backend_duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
+    }
+
+    /// An RAII guard holding the in-flight gauge up until dropped.
+    #[must_use]
+    pub fn in_flight_guard(&self) -> InFlightGuard {
+        self.in_flight.inc();
+        InFlightGuard(self.in_flight.clone())
+    }
+
+    /// The Prometheus text exposition.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("metrics encode");
+        out
+    }
+}
+
+/// Decrements the in-flight gauge on drop.
+#[derive(Debug)]
+pub struct InFlightGuard(Gauge);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_with_prefix_and_guard_balances() {
+        let m = Metrics::new();
+        m.observe_request(S3Op::GetObject, http::StatusCode::OK, Duration::from_millis(3));
+        {
+            let _g = m.in_flight_guard();
+            assert_eq!(m.in_flight.get(), 1);
+        }
+        assert_eq!(m.in_flight.get(), 0);
+        let text = m.render();
+        assert!(text.contains(r#"tensorgate_requests_total{op="GetObject",status_class="2xx"} 1"#), "{text}");
+        assert!(text.contains("tensorgate_request_duration_seconds_bucket"));
+    }
+}

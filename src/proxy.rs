@@ -1,0 +1,223 @@
+//! The request path, as phases: admit (load shed) → route → authenticate → prepare the body →
+//! forward → respond. Errors of any phase become S3 XML in `crate::error`, and each request is
+//! logged once, here at the edge.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderValue, Method, Request, Response};
+use time::OffsetDateTime;
+use tokio::sync::Semaphore;
+
+use crate::backend::{Backend, ForwardPayload, ForwardRequest, fs::strip_aws_chunked};
+use crate::body::{Body, Guarded, Metered};
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::s3::credentials::CredentialStore;
+use crate::s3::headers::{self, CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
+use crate::s3::route::{self, S3Op, Target};
+use crate::s3::sigv4::chunked;
+use crate::s3::sigv4::verify::{self, Payload, Verified};
+use crate::s3::sigv4::{uri_decode, uri_encode};
+
+/// Front-end settings the request path needs.
+#[derive(Debug, Clone)]
+pub struct FrontConfig {
+    pub domains: Vec<String>,
+    pub allow_anonymous: bool,
+    pub max_body_bytes: u64,
+    pub max_in_flight: usize,
+}
+
+/// Shared state of the S3 front end.
+#[derive(Debug)]
+pub struct Gateway {
+    cfg: FrontConfig,
+    creds: CredentialStore,
+    backend: Backend,
+    metrics: Metrics,
+    admission: Semaphore,
+    shutting_down: AtomicBool,
+}
+
+impl Gateway {
+    #[must_use]
+    pub fn new(cfg: FrontConfig, creds: CredentialStore, backend: Backend, metrics: Metrics) -> Self {
+        let admission = Semaphore::new(cfg.max_in_flight);
+        Self { cfg, creds, backend, metrics, admission, shutting_down: AtomicBool::new(false) }
+    }
+
+    /// Marks the gateway as draining: new requests get `503`, `/readyz` reports not ready.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    #[must_use]
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    #[must_use]
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Handles one S3 request. Never fails: errors become S3 XML responses.
+    pub async fn handle(self: Arc<Self>, req: Request<Body>) -> Response<Body> {
+        let started = Instant::now();
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let head = req.method() == Method::HEAD;
+        let in_flight = self.metrics.in_flight_guard();
+        let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned).or_else(|| req.uri().authority().map(|a| a.to_string()));
+        let method = req.method().clone();
+        let routed = route::resolve(host.as_deref(), req.uri().path(), &self.cfg.domains)
+            .map(|t| {
+                let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
+                (t, op)
+            });
+        let (target, op) = routed.as_ref().map_or_else(|_| (Target::default(), S3Op::Other), |(t, op)| (t.clone(), *op));
+        let result = match routed {
+            Ok((t, op)) => self.forward(req, t, op).await,
+            Err(e) => Err(e.into()),
+        };
+        let (mut resp, identity, err) = match result {
+            Ok((resp, identity)) => (resp, identity, None),
+            Err(e) => {
+                let msg = e.to_string();
+                (e.into_response(&target.resource(), &request_id, head), String::from("-"), Some(msg))
+            }
+        };
+        let status = resp.status();
+        self.metrics.observe_request(op, status, started.elapsed());
+        if status.is_server_error() {
+            tracing::warn!(%request_id, op = op.name(), %method, bucket = target.bucket.as_deref().unwrap_or("-"), %identity, status = status.as_u16(), error = err.as_deref().unwrap_or("-"), "Request failed.");
+        } else {
+            tracing::debug!(%request_id, op = op.name(), %method, bucket = target.bucket.as_deref().unwrap_or("-"), %identity, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "Request served.");
+        }
+        for h in HOP_BY_HOP {
+            resp.headers_mut().remove(*h);
+        }
+        let counter = self.metrics.response_bytes.clone();
+        resp.map(|b| Body::new(Metered::new(b, counter, in_flight)))
+    }
+
+    async fn forward(&self, req: Request<Body>, target: Target, op: S3Op) -> Result<(Response<Body>, String), GatewayError> {
+        if self.is_shutting_down() {
+            return Err(GatewayError::ShuttingDown);
+        }
+        let Ok(_permit) = self.admission.try_acquire() else {
+            self.metrics.load_shed.inc();
+            return Err(GatewayError::Overloaded);
+        };
+        let (parts, body) = req.into_parts();
+        let Verified { identity, payload, .. } = verify::verify(&parts.method, &parts.uri, &parts.headers, &self.creds, self.cfg.allow_anonymous, OffsetDateTime::now_utc())?;
+        let mut headers = forwarded_headers(&parts.headers);
+        let declared = content_length(&parts.headers)?;
+        let limit = self.cfg.max_body_bytes;
+        let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+        let (body, fwd_payload) = match payload {
+            _ if !has_body => (Body::empty(), ForwardPayload::Empty),
+            Payload::Sha256(expected) => {
+                check_declared(declared, limit)?;
+                (Body::new(Guarded::new(counted, limit, Some(expected))), ForwardPayload::Sha256(hex::encode(expected)))
+            }
+            Payload::Unsigned => {
+                check_declared(declared, limit)?;
+                (Body::new(Guarded::new(counted, limit, None)), ForwardPayload::Unsigned)
+            }
+            Payload::Chunked(mode) => {
+                check_declared(Some(mode.decoded_length), limit)?;
+                if mode.signer.is_none() && self.backend.accepts_aws_chunked() {
+                    // Unsigned chunks: pass through untouched so the backend checks the trailing
+                    // checksum. The framing adds little; bound it by twice the limit.
+                    (Body::new(Guarded::new(counted, limit.saturating_mul(2), None)), ForwardPayload::UnsignedTrailer)
+                } else {
+                    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(mode.decoded_length));
+                    for h in [headers::X_AMZ_DECODED_CONTENT_LENGTH, headers::X_AMZ_TRAILER, "x-amz-sdk-checksum-algorithm"] {
+                        headers.remove(h);
+                    }
+                    strip_aws_chunked(&mut headers);
+                    let raw = Guarded::new(counted, limit.saturating_mul(2), None);
+                    (Body::from_stream(chunked::decode(raw, mode)), ForwardPayload::Unsigned)
+                }
+            }
+        };
+        let fwd = ForwardRequest { op, method: parts.method, target, query: forwarded_query(parts.uri.query()), headers, body, payload: fwd_payload };
+        let resp = self.backend.send(fwd).await?;
+        Ok((resp, identity.name().to_owned()))
+    }
+}
+
+fn content_length(h: &HeaderMap) -> Result<Option<u64>, GatewayError> {
+    match h.get(http::header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v.to_str().ok().and_then(|s| s.parse().ok()).map(Some).ok_or(GatewayError::InvalidHeader("content-length")),
+    }
+}
+
+fn check_declared(declared: Option<u64>, limit: u64) -> Result<(), GatewayError> {
+    match declared {
+        Some(n) if n > limit => Err(GatewayError::EntityTooLarge { declared: n, limit }),
+        _ => Ok(()),
+    }
+}
+
+/// Request headers for the backend: everything but hop-by-hop headers, `host` and the client's
+/// authentication (replaced by the backend signature). Unknown headers are kept.
+fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = h.clone();
+    out.remove(http::header::HOST);
+    for name in HOP_BY_HOP.iter().chain(CLIENT_AUTH) {
+        out.remove(*name);
+    }
+    out
+}
+
+/// The query for the backend: presigned-URL parameters removed, every parameter re-encoded in
+/// SigV4's canonical form (so the backend's canonicalization and ours agree), order kept.
+fn forwarded_query(q: Option<&str>) -> Option<String> {
+    let q = q?;
+    let parts: Vec<String> = q
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| {
+            let (k, v) = match p.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (p, None),
+            };
+            let k = uri_decode(k);
+            if PRESIGN_QUERY.contains(&k.as_str()) {
+                return None;
+            }
+            Some(match v {
+                Some(v) => format!("{}={}", uri_encode(&k), uri_encode(&uri_decode(v))),
+                None => uri_encode(&k),
+            })
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_drops_presign_params_and_normalizes() {
+        assert_eq!(forwarded_query(Some("X-Amz-Signature=abc&uploads&prefix=a%2Fb c")).as_deref(), Some("uploads&prefix=a%2Fb%20c"));
+        assert_eq!(forwarded_query(Some("X-Amz-Date=1")), None);
+    }
+
+    #[test]
+    fn auth_and_hop_headers_are_not_forwarded_but_unknown_ones_are() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [("authorization", "x"), ("x-amz-date", "d"), ("connection", "close"), ("x-custom-thing", "kept"), ("x-amz-meta-a", "b"), ("host", "h")] {
+            h.insert(k, v.parse().expect("value"));
+        }
+        let out = forwarded_headers(&h);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["x-custom-thing"], "kept");
+    }
+}

@@ -1,0 +1,40 @@
+//! Header names used in more than one place.
+
+pub const X_AMZ_DATE: &str = "x-amz-date";
+pub const X_AMZ_CONTENT_SHA256: &str = "x-amz-content-sha256";
+pub const X_AMZ_DECODED_CONTENT_LENGTH: &str = "x-amz-decoded-content-length";
+pub const X_AMZ_SECURITY_TOKEN: &str = "x-amz-security-token";
+pub const X_AMZ_COPY_SOURCE: &str = "x-amz-copy-source";
+pub const X_AMZ_REQUEST_ID: &str = "x-amz-request-id";
+pub const X_AMZ_TRAILER: &str = "x-amz-trailer";
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1) plus `expect`, which the gateway answers itself:
+/// never forwarded in either direction.
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+];
+
+/// Request headers that carry the client's authentication: consumed by the gateway and replaced
+/// by the backend signature, never forwarded.
+pub const CLIENT_AUTH: &[&str] = &["authorization", X_AMZ_DATE, X_AMZ_CONTENT_SHA256, X_AMZ_SECURITY_TOKEN];
+
+/// Query parameters of a presigned URL: consumed by the gateway, never forwarded.
+pub const PRESIGN_QUERY: &[&str] = &[
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+    "X-Amz-Security-Token",
+    "X-Amz-Content-Sha256",
+];

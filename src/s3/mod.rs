@@ -1,0 +1,7 @@
+//! The S3 protocol: routing, SigV4, credentials, header names and XML error bodies. Pure: no IO.
+
+pub mod credentials;
+pub mod headers;
+pub mod route;
+pub mod sigv4;
+pub mod xml;

@@ -1,0 +1,263 @@
+//! Pure routing: which bucket and key a request addresses (path-style or virtual-host-style) and
+//! which S3 operation it is. No IO; used for metrics labels, retry decisions and the backend URL.
+//!
+//! Operation table: <https://docs.aws.amazon.com/AmazonS3/latest/API/API_Operations_Amazon_Simple_Storage_Service.html>
+
+use http::{HeaderMap, Method};
+
+use super::headers::X_AMZ_COPY_SOURCE;
+use super::sigv4::uri_decode;
+
+/// Longest bucket name (S3 allows 63; legacy us-east-1 names up to 255).
+pub const MAX_BUCKET_NAME: usize = 255;
+/// Longest object key S3 accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The bucket and key a request addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Target {
+    pub bucket: Option<String>,
+    /// Decoded key; `None` for bucket- and service-level requests.
+    pub key: Option<String>,
+}
+
+impl Target {
+    /// `/bucket/key` for error `Resource` elements and logs.
+    #[must_use]
+    pub fn resource(&self) -> String {
+        match (&self.bucket, &self.key) {
+            (Some(b), Some(k)) => format!("/{b}/{k}"),
+            (Some(b), None) => format!("/{b}"),
+            _ => "/".to_owned(),
+        }
+    }
+}
+
+/// Why a request could not be routed.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("the specified bucket name is not valid")]
+    InvalidBucketName,
+    #[error("the object key is longer than {MAX_KEY_BYTES} bytes")]
+    KeyTooLong,
+}
+
+/// Resolves the target from the `Host` header and the raw path. A host equal to `<bucket>.<domain>`
+/// for one of the configured `domains` selects virtual-host style; otherwise path style.
+///
+/// # Errors
+/// An invalid bucket name or an over-long key.
+pub fn resolve(host: Option<&str>, raw_path: &str, domains: &[String]) -> Result<Target, RouteError> {
+    let path = uri_decode(raw_path);
+    let path = path.strip_prefix('/').unwrap_or(&path);
+    let host = host.map(|h| h.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(h, |(h, _)| h));
+    let vhost_bucket = host.and_then(|h| {
+        domains.iter().find_map(|d| h.strip_suffix(d.as_str()).and_then(|b| b.strip_suffix('.')).filter(|b| !b.is_empty()))
+    });
+    let (bucket, key) = match vhost_bucket {
+        Some(b) => (Some(b.to_owned()), (!path.is_empty()).then(|| path.to_owned())),
+        None => match path.split_once('/') {
+            None if path.is_empty() => (None, None),
+            None => (Some(path.to_owned()), None),
+            Some((b, "")) => (Some(b.to_owned()), None),
+            Some((b, k)) => (Some(b.to_owned()), Some(k.to_owned())),
+        },
+    };
+    if let Some(b) = &bucket {
+        validate_bucket(b)?;
+    }
+    if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(RouteError::KeyTooLong);
+    }
+    Ok(Target { bucket, key })
+}
+
+/// Bucket names: the union of current and legacy S3 rules (letters, digits, `.`, `-`, `_`), and never
+/// `.`/`..`-like names, so that no backend can be tricked into a path outside its root.
+fn validate_bucket(b: &str) -> Result<(), RouteError> {
+    let ok = !b.is_empty()
+        && b.len() <= MAX_BUCKET_NAME
+        && b.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_'))
+        && !b.contains("..")
+        && b != ".";
+    if ok { Ok(()) } else { Err(RouteError::InvalidBucketName) }
+}
+
+macro_rules! ops {
+    ($($op:ident),* $(,)?) => {
+        /// The S3 operations the gateway distinguishes (for metrics, logs and retry decisions).
+        /// Everything else is forwarded as [`S3Op::Other`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum S3Op { $($op,)* Other }
+
+        impl S3Op {
+            /// Stable name, used as a metrics label and in logs.
+            #[must_use]
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$op => stringify!($op),)* Self::Other => "Other" }
+            }
+        }
+    };
+}
+
+ops!(
+    ListBuckets,
+    CreateBucket,
+    DeleteBucket,
+    HeadBucket,
+    GetBucketLocation,
+    ListObjects,
+    ListObjectsV2,
+    ListObjectVersions,
+    ListMultipartUploads,
+    DeleteObjects,
+    BucketSubresource,
+    GetObject,
+    HeadObject,
+    PutObject,
+    CopyObject,
+    DeleteObject,
+    GetObjectTagging,
+    PutObjectTagging,
+    DeleteObjectTagging,
+    ObjectSubresource,
+    CreateMultipartUpload,
+    UploadPart,
+    UploadPartCopy,
+    CompleteMultipartUpload,
+    AbortMultipartUpload,
+    ListParts,
+);
+
+impl S3Op {
+    /// Whether the operation may be retried after a transport failure: it reads, or repeating it
+    /// leaves the same state. Only body-less requests are ever retried (a streamed body cannot be
+    /// replayed), so this is checked together with the method.
+    #[must_use]
+    pub fn is_idempotent(self) -> bool {
+        matches!(
+            self,
+            Self::ListBuckets
+                | Self::HeadBucket
+                | Self::GetBucketLocation
+                | Self::ListObjects
+                | Self::ListObjectsV2
+                | Self::ListObjectVersions
+                | Self::ListMultipartUploads
+                | Self::GetObject
+                | Self::HeadObject
+                | Self::GetObjectTagging
+                | Self::DeleteObject
+                | Self::DeleteObjectTagging
+                | Self::ListParts
+                | Self::BucketSubresource
+                | Self::ObjectSubresource
+        )
+    }
+}
+
+/// Classifies a request. `query` is the raw query string.
+#[must_use]
+pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: &HeaderMap) -> S3Op {
+    let has = |name: &str| query.is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some(name)));
+    let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
+    let m = method.as_str();
+    match (&target.bucket, &target.key) {
+        (None, _) => if m == "GET" { S3Op::ListBuckets } else { S3Op::Other },
+        (Some(_), None) => match m {
+            "GET" if has("location") => S3Op::GetBucketLocation,
+            "GET" if has("uploads") => S3Op::ListMultipartUploads,
+            "GET" if has("versions") => S3Op::ListObjectVersions,
+            "GET" if query.is_some_and(|q| q.split('&').any(|p| p == "list-type=2")) => S3Op::ListObjectsV2,
+            "GET" if query.is_none_or(|q| q.split('&').all(|p| is_list_v1_param(p.split('=').next().unwrap_or("")))) => S3Op::ListObjects,
+            "GET" => S3Op::BucketSubresource,
+            "PUT" if query.is_none_or(str::is_empty) => S3Op::CreateBucket,
+            "PUT" => S3Op::BucketSubresource,
+            "DELETE" if query.is_none_or(str::is_empty) => S3Op::DeleteBucket,
+            "DELETE" => S3Op::BucketSubresource,
+            "HEAD" => S3Op::HeadBucket,
+            "POST" if has("delete") => S3Op::DeleteObjects,
+            _ => S3Op::Other,
+        },
+        (Some(_), Some(_)) => match m {
+            "GET" if has("uploadId") => S3Op::ListParts,
+            "GET" if has("tagging") => S3Op::GetObjectTagging,
+            "GET" if has("acl") || has("attributes") || has("retention") || has("legal-hold") => S3Op::ObjectSubresource,
+            "GET" => S3Op::GetObject,
+            "HEAD" => S3Op::HeadObject,
+            "PUT" if has("tagging") => S3Op::PutObjectTagging,
+            "PUT" if has("uploadId") && copy => S3Op::UploadPartCopy,
+            "PUT" if has("uploadId") => S3Op::UploadPart,
+            "PUT" if has("acl") || has("retention") || has("legal-hold") => S3Op::ObjectSubresource,
+            "PUT" if copy => S3Op::CopyObject,
+            "PUT" => S3Op::PutObject,
+            "DELETE" if has("tagging") => S3Op::DeleteObjectTagging,
+            "DELETE" if has("uploadId") => S3Op::AbortMultipartUpload,
+            "DELETE" => S3Op::DeleteObject,
+            "POST" if has("uploads") => S3Op::CreateMultipartUpload,
+            "POST" if has("uploadId") => S3Op::CompleteMultipartUpload,
+            _ => S3Op::Other,
+        },
+    }
+}
+
+fn is_list_v1_param(name: &str) -> bool {
+    matches!(name, "" | "prefix" | "delimiter" | "marker" | "max-keys" | "encoding-type")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(b: Option<&str>, k: Option<&str>) -> Target {
+        Target { bucket: b.map(Into::into), key: k.map(Into::into) }
+    }
+
+    #[test]
+    fn path_and_virtual_host_style() {
+        let d = vec!["s3.example.com".to_owned()];
+        assert_eq!(resolve(Some("localhost:9000"), "/b/a/b%20c", &d).expect("ok"), t(Some("b"), Some("a/b c")));
+        assert_eq!(resolve(Some("b.s3.example.com:9000"), "/a/b", &d).expect("ok"), t(Some("b"), Some("a/b")));
+        assert_eq!(resolve(Some("b.s3.example.com"), "/", &d).expect("ok"), t(Some("b"), None));
+        assert_eq!(resolve(Some("s3.example.com"), "/", &d).expect("ok"), t(None, None));
+        assert_eq!(resolve(None, "/b/", &d).expect("ok"), t(Some("b"), None));
+        assert!(matches!(resolve(None, "/../x", &d), Err(RouteError::InvalidBucketName)));
+        // A key may contain `..` segments in S3; only the fs backend refuses them (see backend::fs).
+        assert_eq!(resolve(None, "/a%2F..%2Fb/x", &d).expect("ok"), t(Some("a"), Some("../b/x")));
+        let long = format!("/b/{}", "k".repeat(MAX_KEY_BYTES + 1));
+        assert!(matches!(resolve(None, &long, &d), Err(RouteError::KeyTooLong)));
+    }
+
+    #[test]
+    fn operations() {
+        let h = HeaderMap::new();
+        let mut copy = HeaderMap::new();
+        copy.insert(X_AMZ_COPY_SOURCE, "/b/src".parse().expect("value"));
+        let bucket = t(Some("b"), None);
+        let object = t(Some("b"), Some("k"));
+        let cases = [
+            (Method::GET, t(None, None), None, &h, S3Op::ListBuckets),
+            (Method::GET, bucket.clone(), Some("list-type=2&prefix=a"), &h, S3Op::ListObjectsV2),
+            (Method::GET, bucket.clone(), Some("prefix=a&marker=x"), &h, S3Op::ListObjects),
+            (Method::GET, bucket.clone(), Some("location"), &h, S3Op::GetBucketLocation),
+            (Method::GET, bucket.clone(), Some("uploads"), &h, S3Op::ListMultipartUploads),
+            (Method::PUT, bucket.clone(), None, &h, S3Op::CreateBucket),
+            (Method::POST, bucket.clone(), Some("delete"), &h, S3Op::DeleteObjects),
+            (Method::HEAD, bucket, None, &h, S3Op::HeadBucket),
+            (Method::GET, object.clone(), None, &h, S3Op::GetObject),
+            (Method::PUT, object.clone(), None, &copy, S3Op::CopyObject),
+            (Method::PUT, object.clone(), Some("partNumber=1&uploadId=u"), &h, S3Op::UploadPart),
+            (Method::PUT, object.clone(), Some("partNumber=1&uploadId=u"), &copy, S3Op::UploadPartCopy),
+            (Method::POST, object.clone(), Some("uploads"), &h, S3Op::CreateMultipartUpload),
+            (Method::POST, object.clone(), Some("uploadId=u"), &h, S3Op::CompleteMultipartUpload),
+            (Method::DELETE, object.clone(), Some("uploadId=u"), &h, S3Op::AbortMultipartUpload),
+            (Method::GET, object.clone(), Some("tagging"), &h, S3Op::GetObjectTagging),
+            (Method::DELETE, object, None, &h, S3Op::DeleteObject),
+        ];
+        for (m, target, q, hd, want) in cases {
+            assert_eq!(classify(&m, &target, q, hd), want, "{m} {target:?} {q:?}");
+        }
+        assert!(S3Op::GetObject.is_idempotent());
+        assert!(!S3Op::CompleteMultipartUpload.is_idempotent());
+    }
+}

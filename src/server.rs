@@ -1,0 +1,187 @@
+//! Listeners and lifecycle: bind the S3 and admin ports, serve, and shut down gracefully.
+//!
+//! Request path order (outermost first), all in `proxy::Gateway::handle`:
+//! 1. in-flight gauge + response byte counter (RAII, released when the response body ends);
+//! 2. routing (bucket/key/operation; pure);
+//! 3. admission: draining → 503, more than `max_in_flight` → 503 `SlowDown` (load shedding before
+//!    any work is done for the request);
+//! 4. SigV4 verification (handlers never see an unverified request);
+//! 5. body guards: size limit, payload hash, aws-chunked decoding;
+//! 6. the backend (re-signed forwarding or the local directory).
+//!
+//! Shutdown: flip `/readyz` to 503 and refuse new requests, stop accepting connections, drain
+//! in-flight requests for up to `shutdown_grace_secs`, then return regardless.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::admin;
+use crate::backend::s3::{S3Backend, S3BackendConfig};
+use crate::backend::{Backend, fs::FsBackend};
+use crate::config::{BackendKind, Config, ConfigError};
+use crate::metrics::Metrics;
+use crate::proxy::{FrontConfig, Gateway};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot open the fs backend directory {path}: {source}")]
+    FsBackend { path: String, source: std::io::Error },
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Server {
+    pub s3_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub gateway: Arc<Gateway>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    grace: Duration,
+}
+
+/// Builds the configured backend.
+///
+/// # Errors
+/// A missing secret or an unusable fs directory.
+pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, ServeError> {
+    Ok(match config.backend.kind {
+        BackendKind::Fs => {
+            let root = &config.backend.root;
+            Backend::Fs(FsBackend::new(root).map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?)
+        }
+        BackendKind::S3 => {
+            let b = &config.backend;
+            let endpoint = b.endpoint.as_deref().unwrap_or_default().parse().map_err(|e| ConfigError::Invalid { key: "backend.endpoint", message: format!("{e}") })?;
+            Backend::S3(S3Backend::new(
+                S3BackendConfig {
+                    endpoint,
+                    region: b.region.clone(),
+                    access_key: b.access_key.clone().unwrap_or_default(),
+                    secret_key: config.backend_secret()?,
+                    connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+                    response_timeout: Duration::from_secs(b.response_timeout_secs),
+                    max_concurrency: b.max_concurrency,
+                    retry: config.retry_policy(),
+                },
+                metrics.clone(),
+            ))
+        }
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
+}
+
+impl Server {
+    /// Validates the config, binds both ports and starts serving.
+    ///
+    /// # Errors
+    /// Invalid config, a port in use, an unusable backend directory.
+    pub async fn start(config: &Config) -> Result<Self, ServeError> {
+        config.validate()?;
+        let metrics = Metrics::new();
+        let backend = build_backend(config, &metrics)?;
+        let creds = config.credential_store()?;
+        let front = FrontConfig {
+            domains: config.domains.clone(),
+            allow_anonymous: config.allow_anonymous,
+            max_body_bytes: config.max_body_bytes,
+            max_in_flight: config.max_in_flight,
+        };
+        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone()));
+        let s3_listener = bind(config.listen).await?;
+        let admin_listener = bind(config.admin_listen).await?;
+        let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+        let admin_addr = admin_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.admin_listen, source })?;
+
+        let app = Router::new().fallback(handle).with_state(gateway.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(s3_listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "S3 listener failed.");
+            }
+        });
+        let admin_app = admin::router(gateway.clone(), metrics);
+        let admin_task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin_listener, admin_app).await {
+                tracing::error!(error = %e, "Admin listener failed.");
+            }
+        });
+        tracing::info!(%s3_addr, %admin_addr, backend = gateway.backend().kind(), "Listening.");
+        Ok(Self { s3_addr, admin_addr, gateway, stop: Some(stop), task, admin_task, grace: Duration::from_secs(config.shutdown_grace_secs) })
+    }
+
+    /// Graceful shutdown: refuse new requests, stop accepting, drain under the deadline.
+    /// Returns whether every in-flight request finished in time.
+    pub async fn shutdown(mut self) -> bool {
+        tracing::info!(grace_secs = self.grace.as_secs(), "Shutdown started: draining in-flight requests.");
+        self.gateway.begin_shutdown();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let drained = tokio::time::timeout(self.grace, &mut self.task).await.is_ok();
+        if drained {
+            tracing::info!("Shutdown finished: all requests drained.");
+        } else {
+            self.task.abort();
+            tracing::warn!("Shutdown deadline reached: abandoning the requests still in flight.");
+        }
+        self.admin_task.abort();
+        drained
+    }
+}
+
+async fn handle(State(gateway): State<Arc<Gateway>>, req: Request) -> axum::response::Response {
+    gateway.handle(req).await
+}
+
+/// Runs until `signal` resolves, then shuts down gracefully.
+///
+/// # Errors
+/// When the server cannot start.
+pub async fn run(config: &Config, signal: impl std::future::Future<Output = ()>) -> Result<bool, ServeError> {
+    let server = Server::start(config).await?;
+    signal.await;
+    Ok(server.shutdown().await)
+}
+
+/// Resolves on SIGINT or SIGTERM, logging which arrived.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!(signal = "SIGINT", "Signal received."),
+        () = term => tracing::info!(signal = "SIGTERM", "Signal received."),
+    }
+}
