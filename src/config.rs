@@ -284,7 +284,7 @@ impl Config {
         if self.max_in_flight == 0 {
             return Err(invalid("max_in_flight", "must be positive"));
         }
-        if self.listen == self.admin_listen {
+        if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));
         }
         if let Some(d) = self.domains.iter().find(|d| d.is_empty() || d.contains('/') || d.contains(':')) {

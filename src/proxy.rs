@@ -11,15 +11,25 @@ use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, ForwardPayload, ForwardRequest, fs::strip_aws_chunked};
-use crate::body::{Body, Guarded, Metered};
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body_util::BodyDataStream;
+
+use crate::body::{Body, BodyError, Guarded, Metered};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::s3::credentials::CredentialStore;
 use crate::s3::headers::{self, CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
 use crate::s3::route::{self, S3Op, Target};
-use crate::s3::sigv4::chunked;
+use crate::s3::sigv4::chunked::{self, FailureSlot, TrailerChecksum};
 use crate::s3::sigv4::verify::{self, Payload, Verified};
 use crate::s3::sigv4::{uri_decode, uri_encode};
+
+/// Largest body of a non-data operation (tagging, multi-delete, multipart completion, bucket
+/// configuration) that the gateway reads whole to verify before forwarding. S3 caps these XML
+/// documents well below this (a 1000-key DeleteObjects is about 100 KiB; a 10000-part completion
+/// about 1 MiB).
+pub const MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
 
 /// Front-end settings the request path needs.
 #[derive(Debug, Clone)]
@@ -117,36 +127,100 @@ impl Gateway {
         let limit = self.cfg.max_body_bytes;
         let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+        let failure = FailureSlot::default();
         let (body, fwd_payload) = match payload {
             _ if !has_body => (Body::empty(), ForwardPayload::Empty),
-            Payload::Sha256(expected) => {
-                check_declared(declared, limit)?;
-                (Body::new(Guarded::new(counted, limit, Some(expected))), ForwardPayload::Sha256(hex::encode(expected)))
-            }
             Payload::Unsigned => {
                 check_declared(declared, limit)?;
                 (Body::new(Guarded::new(counted, limit, None)), ForwardPayload::Unsigned)
             }
+            Payload::Sha256(expected) => {
+                check_declared(declared, limit)?;
+                let data = BodyDataStream::new(Guarded::new(counted, limit, Some(expected)));
+                self.verified_body(op, data, declared.unwrap_or_default(), &mut headers, &failure).await?
+            }
+            Payload::Chunked(mode) if mode.signer.is_none() && self.backend.accepts_aws_chunked() => {
+                // Unsigned chunks: pass through untouched so the backend checks the client's own
+                // trailing checksum. The framing adds little; bound it by twice the limit.
+                check_declared(Some(mode.decoded_length), limit)?;
+                (Body::new(Guarded::new(counted, limit.saturating_mul(2), None)), ForwardPayload::UnsignedTrailer)
+            }
             Payload::Chunked(mode) => {
                 check_declared(Some(mode.decoded_length), limit)?;
-                if mode.signer.is_none() && self.backend.accepts_aws_chunked() {
-                    // Unsigned chunks: pass through untouched so the backend checks the trailing
-                    // checksum. The framing adds little; bound it by twice the limit.
-                    (Body::new(Guarded::new(counted, limit.saturating_mul(2), None)), ForwardPayload::UnsignedTrailer)
-                } else {
-                    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(mode.decoded_length));
-                    for h in [headers::X_AMZ_DECODED_CONTENT_LENGTH, headers::X_AMZ_TRAILER, "x-amz-sdk-checksum-algorithm"] {
-                        headers.remove(h);
-                    }
-                    strip_aws_chunked(&mut headers);
-                    let raw = Guarded::new(counted, limit.saturating_mul(2), None);
-                    (Body::from_stream(chunked::decode(raw, mode)), ForwardPayload::Unsigned)
+                for h in [headers::X_AMZ_DECODED_CONTENT_LENGTH, headers::X_AMZ_TRAILER] {
+                    headers.remove(h);
                 }
+                strip_aws_chunked(&mut headers);
+                let decoded_length = mode.decoded_length;
+                let data = Box::pin(chunked::decode(Guarded::new(counted, limit.saturating_mul(2), None), mode));
+                self.verified_body(op, data, decoded_length, &mut headers, &failure).await?
             }
         };
         let fwd = ForwardRequest { op, method: parts.method, target, query: forwarded_query(parts.uri.query()), headers, body, payload: fwd_payload };
-        let resp = self.backend.send(fwd).await?;
-        Ok((resp, identity.name().to_owned()))
+        let result = self.backend.send(fwd).await;
+        // A body the gateway refused mid-stream: the backend rejected the poisoned upload; tell
+        // the client why, not what the backend said about the checksum.
+        if let Some(e) = failure.lock().ok().and_then(|mut f| f.take()) {
+            return Err(e.into());
+        }
+        Ok((result?, identity.name().to_owned()))
+    }
+
+    /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash
+    /// or signed chunks), so that a failure found after bytes were sent still leaves nothing stored:
+    /// - `fs` backend: a plain stream (a body error aborts the write before anything is committed);
+    /// - object data (`PutObject`, `UploadPart`) to an S3 backend: re-framed with a checksum trailer
+    ///   (see [`chunked::reframe`]), streaming;
+    /// - any other operation (XML bodies: tagging, multi-delete, completion): read whole, at most
+    ///   [`MAX_BUFFERED_BODY`], verified, then forwarded with its hash, since S3 servers accept
+    ///   `aws-chunked` only on data uploads.
+    async fn verified_body<S>(&self, op: S3Op, mut data: S, decoded_length: u64, headers: &mut HeaderMap, failure: &FailureSlot) -> Result<(Body, ForwardPayload), GatewayError>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
+    {
+        if !self.backend.accepts_aws_chunked() {
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(decoded_length));
+            return Ok((Body::from_stream(data), ForwardPayload::Unsigned));
+        }
+        if !matches!(op, S3Op::PutObject | S3Op::UploadPart) {
+            use futures_util::StreamExt;
+            if decoded_length > MAX_BUFFERED_BODY {
+                return Err(GatewayError::EntityTooLarge { declared: decoded_length, limit: MAX_BUFFERED_BODY });
+            }
+            let mut buf = bytes::BytesMut::new();
+            while let Some(chunk) = data.next().await {
+                buf.extend_from_slice(&chunk?);
+                if buf.len() as u64 > MAX_BUFFERED_BODY {
+                    return Err(BodyError::TooLarge { limit: MAX_BUFFERED_BODY }.into());
+                }
+            }
+            let buf = buf.freeze();
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(buf.len()));
+            let hash = crate::s3::sigv4::sha256_hex(&buf);
+            return Ok((Body::from(buf), ForwardPayload::Sha256(hash)));
+        }
+        let given = headers
+            .keys()
+            .find(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type")
+            .cloned()
+            .and_then(|k| headers.remove(&k).and_then(|v| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned()))));
+        let checksum = match given {
+            Some((name, value)) => TrailerChecksum::Given { name, value },
+            None => TrailerChecksum::Crc32(crc32fast::Hasher::new()),
+        };
+        headers.remove(http::header::CONTENT_LENGTH);
+        let encoding = match headers.get(http::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
+            Some(other) => format!("aws-chunked, {other}"),
+            None => "aws-chunked".to_owned(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&encoding) {
+            headers.insert(http::header::CONTENT_ENCODING, v);
+        }
+        headers.insert(headers::X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_length));
+        if let Ok(v) = HeaderValue::from_str(checksum.name()) {
+            headers.insert(headers::X_AMZ_TRAILER, v);
+        }
+        Ok((Body::from_stream(chunked::reframe(data, checksum, failure.clone())), ForwardPayload::UnsignedTrailer))
     }
 }
 

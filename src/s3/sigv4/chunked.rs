@@ -288,6 +288,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn reframed_bodies_end_with_a_checksum_that_fails_on_error() {
+        use futures_util::StreamExt;
+        let ok = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"trailer"))]);
+        let slot = FailureSlot::default();
+        let out: Vec<_> = reframe(ok, TrailerChecksum::Crc32(crc32fast::Hasher::new()), slot.clone()).collect().await;
+        let text: Vec<u8> = out.into_iter().flat_map(|b| b.expect("ok").to_vec()).collect();
+        // CRC32("hello trailer") = 0x5b319bbb, base64 "WzGbuw==" (checked with Python's zlib).
+        assert_eq!(text, b"6\r\nhello \r\n7\r\ntrailer\r\n0\r\nx-amz-checksum-crc32:WzGbuw==\r\n\r\n");
+        assert!(slot.lock().expect("lock").is_none());
+
+        let bad = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello")), Err(BodyError::ChunkSignature)]);
+        let given = TrailerChecksum::Given { name: "x-amz-checksum-sha256".into(), value: "abc=".into() };
+        let out: Vec<_> = reframe(bad, given, slot.clone()).collect().await;
+        let text: Vec<u8> = out.into_iter().flat_map(|b| b.expect("ok").to_vec()).collect();
+        assert_eq!(text, b"5\r\nhello\r\n0\r\nx-amz-checksum-sha256:Abc=\r\n\r\n");
+        assert!(matches!(slot.lock().expect("lock").take(), Some(BodyError::ChunkSignature)));
+    }
+
+    #[tokio::test]
     async fn truncated_and_oversized_bodies_are_refused() {
         let mode = ChunkedMode { signer: None, trailer: true, decoded_length: 11 };
         let r = run(Bytes::from_static(b"5\r\nhel"), mode.clone()).await;
@@ -295,4 +314,88 @@ mod tests {
         let r = run(Bytes::from_static(b"ffffffff\r\n"), mode).await;
         assert!(matches!(r, Err(BodyError::ChunkTooLarge)));
     }
+}
+
+/// The checksum that ends a re-framed body (see [`reframe`]).
+#[derive(Debug)]
+pub enum TrailerChecksum {
+    /// The client sent `x-amz-checksum-<alg>` as a (signed) header: it moves into the trailer
+    /// unchanged, and the backend checks the data against it.
+    Given { name: String, value: String },
+    /// No client checksum: the gateway computes a CRC32 of the bytes it forwards.
+    Crc32(crc32fast::Hasher),
+}
+
+impl TrailerChecksum {
+    /// The trailer header name (`x-amz-trailer` value).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Given { name, .. } => name,
+            Self::Crc32(_) => "x-amz-checksum-crc32",
+        }
+    }
+}
+
+/// Where [`reframe`] records why it cut a body short, for the caller to report to the client.
+pub type FailureSlot = std::sync::Arc<std::sync::Mutex<Option<BodyError>>>;
+
+/// Re-encodes verified payload bytes as a `STREAMING-UNSIGNED-PAYLOAD-TRAILER` body ending in a
+/// checksum trailer, for backends that would otherwise commit a truncated upload.
+///
+/// Why: when the gateway finds a bad chunk signature or payload hash part-way through an upload,
+/// aborting the backend connection is not enough: some stores (SeaweedFS, observed) then commit
+/// what they received. Instead, the body is ended cleanly with a checksum that cannot match, so
+/// the backend itself rejects the upload and nothing is stored. The failure is recorded in
+/// `failure` and the client gets the gateway's error, not the backend's.
+pub fn reframe<S>(data: S, mut checksum: TrailerChecksum, failure: FailureSlot) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
+{
+    use futures_util::StreamExt;
+    futures_util::stream::unfold(Some((data, checksum_take(&mut checksum))), move |state| {
+        let failure = failure.clone();
+        async move {
+            let (mut data, mut checksum) = state?;
+            match data.next().await {
+                Some(Ok(bytes)) if bytes.is_empty() => Some((Ok(Bytes::new()), Some((data, checksum)))),
+                Some(Ok(bytes)) => {
+                    if let TrailerChecksum::Crc32(h) = &mut checksum {
+                        h.update(&bytes);
+                    }
+                    let mut out = BytesMut::with_capacity(bytes.len() + 16);
+                    out.extend_from_slice(format!("{:x}\r\n", bytes.len()).as_bytes());
+                    out.extend_from_slice(&bytes);
+                    out.extend_from_slice(b"\r\n");
+                    Some((Ok(out.freeze()), Some((data, checksum))))
+                }
+                None => Some((Ok(final_chunk(checksum, false)), None)),
+                Some(Err(e)) => {
+                    if let Ok(mut slot) = failure.lock() {
+                        *slot = Some(e);
+                    }
+                    Some((Ok(final_chunk(checksum, true)), None))
+                }
+            }
+        }
+    })
+}
+
+fn checksum_take(c: &mut TrailerChecksum) -> TrailerChecksum {
+    std::mem::replace(c, TrailerChecksum::Crc32(crc32fast::Hasher::new()))
+}
+
+fn final_chunk(checksum: TrailerChecksum, poison: bool) -> Bytes {
+    use base64::Engine;
+    let name = checksum.name().to_owned();
+    let mut value = match checksum {
+        TrailerChecksum::Given { value, .. } => value,
+        TrailerChecksum::Crc32(h) => base64::engine::general_purpose::STANDARD.encode(h.finalize().to_be_bytes()),
+    };
+    if poison {
+        // Still valid base64 of the right length, never equal to the real value.
+        let first = if value.starts_with('A') { "B" } else { "A" };
+        value.replace_range(0..1.min(value.len()), first);
+    }
+    Bytes::from(format!("0\r\n{name}:{value}\r\n\r\n"))
 }

@@ -166,8 +166,7 @@ fn verify_header(method: &Method, uri: &Uri, headers: &HeaderMap, auth: &str, cr
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
     let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
-    let expected = request_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key)?;
-    check(&expected, sig)?;
+    let expected = matching_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key, sig)?;
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
@@ -207,8 +206,7 @@ fn verify_presigned(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &Cre
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
     let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
-    let expected = request_signature(method, uri, headers, &signed_headers, &payload_hash, Some("X-Amz-Signature"), &amz_date, &scope, &key)?;
-    check(&expected, &sig)?;
+    matching_signature(method, uri, headers, &signed_headers, &payload_hash, Some("X-Amz-Signature"), &amz_date, &scope, &key, &sig)?;
     let payload = match payload_mode(payload_hash.as_bytes(), headers, None)? {
         Payload::Chunked(_) => return Err(AuthError::NotImplemented("aws-chunked bodies with presigned URLs")),
         p => p,
@@ -216,10 +214,41 @@ fn verify_presigned(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &Cre
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: true })
 }
 
+/// Computes the expected signature and compares it with `sent`, returning it on a match.
+///
+/// The canonical URI is tried as the client sent the path first (SDKs sign exactly the path they
+/// send, `%2F` included), then in SigV4's normalized encoding (for clients that send some
+/// characters raw that the spec escapes). The second try only runs after a mismatch.
+#[allow(clippy::too_many_arguments)]
+fn matching_signature(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    signed_headers: &str,
+    payload_hash: &str,
+    skip_query: Option<&str>,
+    amz_date: &str,
+    scope: &str,
+    key: &[u8; 32],
+    sent: &str,
+) -> Result<String, AuthError> {
+    let raw = if uri.path().is_empty() { "/" } else { uri.path() };
+    let normalized = canonical_uri(uri.path());
+    let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, &normalized] };
+    for path in candidates {
+        let expected = request_signature(method, uri, path, headers, signed_headers, payload_hash, skip_query, amz_date, scope, key)?;
+        if check(&expected, sent).is_ok() {
+            return Ok(expected);
+        }
+    }
+    Err(AuthError::SignatureDoesNotMatch)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn request_signature(
     method: &Method,
     uri: &Uri,
+    canonical_path: &str,
     headers: &HeaderMap,
     signed_headers: &str,
     payload_hash: &str,
@@ -246,7 +275,7 @@ fn request_signature(
     }
     let cr = CanonicalRequest {
         method: method.as_str(),
-        uri: &canonical_uri(uri.path()),
+        uri: canonical_path,
         query: &canonical_query(uri.query(), skip_query),
         headers: &canon_headers,
         signed_headers,

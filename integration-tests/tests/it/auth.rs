@@ -1,0 +1,96 @@
+//! Authentication at the gateway: wrong and unknown keys, presigned URLs, expiry, anonymous access.
+
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use integration_tests::*;
+use tensorgate::Server;
+
+async fn setup() -> (Server, aws_sdk_s3::Client, String) {
+    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
+    let server = Server::start(&s3_config(&endpoint)).await.expect("gateway");
+    let client = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
+    let bucket = unique_bucket("auth");
+    client.create_bucket().bucket(&bucket).send().await.expect("create bucket");
+    client.put_object().bucket(&bucket).key("k").body(ByteStream::from_static(b"secret data")).send().await.expect("put");
+    (server, client, bucket)
+}
+
+#[tokio::test]
+async fn wrong_secret_and_unknown_key_are_refused() {
+    let (server, _c, b) = setup().await;
+    let wrong = sdk_client(&url(server.s3_addr), CLIENT_AK, "not-the-secret");
+    let e = wrong.get_object().bucket(&b).key("k").send().await.expect_err("wrong secret");
+    assert_eq!(e.raw_response().map(|r| r.status().as_u16()), Some(403));
+    assert_eq!(aws_sdk_s3::error::ProvideErrorMetadata::code(&e), Some("SignatureDoesNotMatch"));
+    let unknown = sdk_client(&url(server.s3_addr), "nobody", "x");
+    let e = unknown.list_buckets().send().await.expect_err("unknown key");
+    assert_eq!(aws_sdk_s3::error::ProvideErrorMetadata::code(&e), Some("InvalidAccessKeyId"));
+    // The backend's own credentials are not client credentials.
+    let backend_key = sdk_client(&url(server.s3_addr), SEAWEED_AK, SEAWEED_SK);
+    assert!(backend_key.list_buckets().send().await.is_err());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn presigned_urls_work_until_they_expire() {
+    let (server, c, b) = setup().await;
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    // Presigned by the official SDK.
+    let presigned = c
+        .get_object()
+        .bucket(&b)
+        .key("k")
+        .presigned(aws_sdk_s3::presigning::PresigningConfig::expires_in(Duration::from_secs(60)).expect("config"))
+        .await
+        .expect("presign");
+    let path = presigned.uri().split_once(&host).expect("gateway URL").1.to_owned();
+    let ok = raw(server.s3_addr, "GET", &host, &path, &[], Bytes::new(), Auth::None).await.expect("get");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.body.as_ref(), b"secret data");
+
+    let tampered = path.replace("/k?", "/other?");
+    let bad = raw(server.s3_addr, "GET", &host, &tampered, &[], Bytes::new(), Auth::None).await.expect("get");
+    assert_eq!(bad.status, 403);
+
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    let expired = raw(server.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::Presign(CLIENT_AK, CLIENT_SK, Duration::from_secs(60), old)).await.expect("get");
+    assert_eq!(expired.status, 403);
+    assert!(expired.text().contains("<Code>AccessDenied</Code>") && expired.text().contains("expired"), "{}", expired.text());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn anonymous_requests_need_operator_consent() {
+    let (server, _c, b) = setup().await;
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    let anon = raw(server.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::None).await.expect("get");
+    assert_eq!(anon.status, 403);
+    assert!(anon.text().contains("<Code>AccessDenied</Code>"));
+    server.shutdown().await;
+
+    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
+    let mut cfg = s3_config(&endpoint);
+    cfg.allow_anonymous = true;
+    let open = Server::start(&cfg).await.expect("gateway");
+    let host = format!("127.0.0.1:{}", open.s3_addr.port());
+    let ok = raw(open.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::None).await.expect("get");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    open.shutdown().await;
+}
+
+#[tokio::test]
+async fn tampered_signed_payload_is_not_stored() {
+    let (server, _c, b) = setup().await;
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    let claimed = tensorgate::s3::sigv4::sha256_hex(b"the real body");
+    let r = raw(server.s3_addr, "PUT", &host, &format!("/{b}/sha"), &[], "another body!".into(), Auth::Header(CLIENT_AK, CLIENT_SK, &claimed)).await.expect("put");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("XAmzContentSHA256Mismatch"), "{}", r.text());
+    let absent = raw(server.s3_addr, "HEAD", &host, &format!("/{b}/sha"), &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("head");
+    assert_eq!(absent.status, 404, "a body that does not match its signed hash must not be stored");
+    let ok = raw(server.s3_addr, "PUT", &host, &format!("/{b}/sha"), &[], "the real body".into(), Auth::Header(CLIENT_AK, CLIENT_SK, &claimed)).await.expect("put");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    server.shutdown().await;
+}

@@ -1,0 +1,35 @@
+//! The embedded `fs` backend: a working S3 endpoint over a local directory, with no way out of it.
+
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use integration_tests::*;
+use tensorgate::Server;
+
+#[tokio::test]
+async fn fs_backend_serves_s3_and_refuses_traversal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("data");
+    let server = Server::start(&fs_config(&root)).await.expect("gateway");
+    let c = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
+    c.create_bucket().bucket("local").send().await.expect("create");
+    c.create_bucket().bucket("other").send().await.expect("create other");
+    c.put_object().bucket("local").key("a/b.txt").body(ByteStream::from_static(b"on disk")).send().await.expect("put");
+    let got = c.get_object().bucket("local").key("a/b.txt").send().await.expect("get");
+    assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), b"on disk");
+    assert_eq!(std::fs::read(root.join("local/a/b.txt")).expect("file on disk"), b"on disk");
+    let listed = c.list_objects_v2().bucket("local").send().await.expect("list");
+    assert_eq!(listed.contents().len(), 1);
+    let missing = c.get_object().bucket("local").key("nope").send().await.expect_err("missing");
+    assert!(missing.into_service_error().is_no_such_key());
+
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    for evil in ["/local/..%2Fother%2Fx", "/local/a%2F..%2F..%2Fescape", "/local/%2Fetc%2Fpasswd"] {
+        let r = raw(server.s3_addr, "PUT", &host, evil, &[], Bytes::from_static(b"evil"), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("put");
+        assert_eq!(r.status, 400, "{evil}: {}", r.text());
+        assert!(r.text().contains("InvalidArgument"), "{}", r.text());
+    }
+    assert!(!root.join("other/x").exists());
+    assert!(!dir.path().join("escape").exists());
+    c.delete_object().bucket("local").key("a/b.txt").send().await.expect("delete");
+    server.shutdown().await;
+}

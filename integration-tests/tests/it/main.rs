@@ -1,0 +1,6 @@
+//! End-to-end tests: one binary (faster linking), one module per area.
+
+mod auth;
+mod faults;
+mod fs_backend;
+mod passthrough;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Starts or stops a throwaway SeaweedFS S3 server (from the venv made by scripts/setup.sh).
+#   scripts/seaweedfs.sh start   # prints the endpoint; data under .tmp/seaweedfs
+#   scripts/seaweedfs.sh stop
+# Env: SEAWEED_PORT (S3 port, default 18333; it also uses the next 4 ports and port+10000..+10004),
+#      SEAWEED_ACCESS_KEY / SEAWEED_SECRET_KEY (default seaweed-ak / seaweed-sk).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT=${SEAWEED_PORT:-18333}
+AK=${SEAWEED_ACCESS_KEY:-seaweed-ak}
+SK=${SEAWEED_SECRET_KEY:-seaweed-sk}
+DIR=.tmp/seaweedfs-$PORT
+WEED=.venv/bin/weed
+case "${1:-start}" in
+  start)
+    [ -x "$WEED" ] || { echo "seaweedfs.sh: $WEED missing: run scripts/setup.sh first" >&2; exit 1; }
+    if [ -f "$DIR/pid" ] && kill -0 "$(cat "$DIR/pid")" 2>/dev/null; then
+      echo "http://127.0.0.1:$PORT"; exit 0
+    fi
+    rm -rf "$DIR"; mkdir -p "$DIR/data"
+    cat > "$DIR/s3.json" <<JSON
+{"identities":[{"name":"tensorgate","credentials":[{"accessKey":"$AK","secretKey":"$SK"}],
+ "actions":["Admin","Read","List","Tagging","Write"]}]}
+JSON
+    nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
+      -s3.config="$DIR/s3.json" -s3.port="$PORT" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
+      -filer.port=$((PORT+3)) -admin.port=$((PORT+4)) -webdav=false -admin.ui=false \
+      -s3.port.iceberg=0 -s3.port.lance=0 > "$DIR/weed.log" 2>&1 &
+    echo $! > "$DIR/pid"
+    for _ in $(seq 1 120); do
+      code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/" || true)
+      if [ "$code" = 403 ] || [ "$code" = 200 ]; then echo "http://127.0.0.1:$PORT"; exit 0; fi
+      sleep 0.5
+    done
+    echo "seaweedfs.sh: SeaweedFS did not come up; log: $DIR/weed.log" >&2; tail -20 "$DIR/weed.log" >&2; exit 1
+    ;;
+  stop)
+    if [ -f "$DIR/pid" ]; then
+      pid=$(cat "$DIR/pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      kill -9 "$pid" 2>/dev/null || true
+      rm -f "$DIR/pid"
+    fi
+    ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac
