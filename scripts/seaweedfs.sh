@@ -11,6 +11,10 @@ AK=${SEAWEED_ACCESS_KEY:-seaweed-ak}
 SK=${SEAWEED_SECRET_KEY:-seaweed-sk}
 DIR=.tmp/seaweedfs-$PORT
 WEED=.venv/bin/weed
+mkdir -p .tmp
+# Serialize concurrent starts/stops (tests run in parallel processes).
+exec 9>".tmp/seaweedfs-$PORT.lock"
+flock 9
 case "${1:-start}" in
   start)
     [ -x "$WEED" ] || { echo "seaweedfs.sh: $WEED missing: run scripts/setup.sh first" >&2; exit 1; }
@@ -25,11 +29,13 @@ JSON
     nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
       -s3.config="$DIR/s3.json" -s3.port="$PORT" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
       -filer.port=$((PORT+3)) -admin.port=$((PORT+4)) -webdav=false -admin.ui=false \
-      -s3.port.iceberg=0 -s3.port.lance=0 > "$DIR/weed.log" 2>&1 &
+      -s3.port.iceberg=0 -s3.port.lance=0 > "$DIR/weed.log" 2>&1 9>&- &
     echo $! > "$DIR/pid"
     for _ in $(seq 1 120); do
+      # Ready when the S3 API answers and the filer behind it (which stores buckets) does too.
       code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/" || true)
-      if [ "$code" = 403 ] || [ "$code" = 200 ]; then echo "http://127.0.0.1:$PORT"; exit 0; fi
+      filer=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((PORT+3))/" || true)
+      if { [ "$code" = 403 ] || [ "$code" = 200 ]; } && [ "$filer" = 200 ]; then echo "http://127.0.0.1:$PORT"; exit 0; fi
       sleep 0.5
     done
     echo "seaweedfs.sh: SeaweedFS did not come up; log: $DIR/weed.log" >&2; tail -20 "$DIR/weed.log" >&2; exit 1

@@ -32,5 +32,9 @@ async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.gateway.is_shutting_down() { (StatusCode::SERVICE_UNAVAILABLE, "draining\n") } else { (StatusCode::OK, "ready\n") }
+    if s.gateway.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
 }

@@ -97,10 +97,10 @@ where
             }
             Some(Err(e)) => Poll::Ready(Some(Err(BodyError::Read(e.into())))),
             None => {
-                if let Some((hasher, expected)) = this.expect_sha256.take() {
-                    if hasher.finalize().as_slice() != expected {
-                        return Poll::Ready(Some(Err(BodyError::Sha256Mismatch)));
-                    }
+                if let Some((hasher, expected)) = this.expect_sha256.take()
+                    && hasher.finalize().as_slice() != expected
+                {
+                    return Poll::Ready(Some(Err(BodyError::Sha256Mismatch)));
                 }
                 Poll::Ready(None)
             }

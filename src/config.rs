@@ -269,7 +269,11 @@ impl Config {
             self.backend.secret_key = Some(SecretKey::new(s.clone()));
         }
         if let Some(ak) = &o.access_key {
-            self.credentials.push(CredentialConfig { access_key: ak.clone(), secret_key: o.secret_key.clone().map(SecretKey::new), secret_key_file: None });
+            self.credentials.push(CredentialConfig {
+                access_key: ak.clone(),
+                secret_key: o.secret_key.clone().map(SecretKey::new),
+                secret_key_file: None,
+            });
         }
     }
 
@@ -300,7 +304,12 @@ impl Config {
             let uri: http::Uri = e.parse().map_err(|err| invalid("backend.endpoint", format!("{e:?}: {err}")))?;
             match uri.scheme_str() {
                 Some("http") => {}
-                Some("https") => return Err(invalid("backend.endpoint", "https endpoints are not supported yet: reach the store over http (e.g. a local sidecar)")),
+                Some("https") => {
+                    return Err(invalid(
+                        "backend.endpoint",
+                        "https endpoints are not supported yet: reach the store over http (e.g. a local sidecar)",
+                    ));
+                }
                 _ => return Err(invalid("backend.endpoint", "must start with http://")),
             }
             if uri.authority().is_none() {
@@ -330,7 +339,10 @@ impl Config {
         }
         if store.is_empty() && !self.allow_anonymous {
             if !self.listen.ip().is_loopback() {
-                return Err(invalid("credentials", "no client credentials configured and allow_anonymous is false; refusing to listen beyond loopback with the development key"));
+                return Err(invalid(
+                    "credentials",
+                    "no client credentials configured and allow_anonymous is false; refusing to listen beyond loopback with the development key",
+                ));
             }
             store.insert(DEV_ACCESS_KEY.to_owned(), SecretKey::new(DEV_SECRET_KEY.to_owned()));
         }
@@ -348,7 +360,11 @@ impl Config {
     /// The backend retry policy.
     #[must_use]
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy { max_retries: self.backend.max_retries, budget: Duration::from_secs(self.backend.retry_budget_secs), ..RetryPolicy::default() }
+        RetryPolicy {
+            max_retries: self.backend.max_retries,
+            budget: Duration::from_secs(self.backend.retry_budget_secs),
+            ..RetryPolicy::default()
+        }
     }
 }
 
@@ -390,7 +406,12 @@ mod tests {
         let c = Config::default();
         let store = c.credential_store().expect("dev key");
         assert!(store.get(DEV_ACCESS_KEY).is_some());
-        let o = Overrides { backend_endpoint: Some("http://127.0.0.1:8333".into()), backend_access_key: Some("a".into()), backend_secret_key: Some("s".into()), ..Overrides::default() };
+        let o = Overrides {
+            backend_endpoint: Some("http://127.0.0.1:8333".into()),
+            backend_access_key: Some("a".into()),
+            backend_secret_key: Some("s".into()),
+            ..Overrides::default()
+        };
         let mut c = Config::default();
         c.apply(&o);
         assert_eq!(c.backend.kind, BackendKind::S3);

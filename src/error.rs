@@ -62,12 +62,16 @@ impl GatewayError {
             Self::Auth(e) => match e {
                 AuthError::AnonymousDenied | AuthError::Expired => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
                 AuthError::MalformedHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationHeaderMalformed", msg),
-                AuthError::MalformedQuery(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationQueryParametersError", msg),
+                AuthError::MalformedQuery(_) => {
+                    S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationQueryParametersError", msg)
+                }
                 AuthError::UnsupportedAlgorithm => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
                 AuthError::UnknownAccessKey => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
                 AuthError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
                 AuthError::TimeTooSkewed => S3ErrorSpec::new(S::FORBIDDEN, "RequestTimeTooSkewed", msg),
-                AuthError::MissingContentSha256 | AuthError::InvalidContentSha256(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
+                AuthError::MissingContentSha256 | AuthError::InvalidContentSha256(_) => {
+                    S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
+                }
                 AuthError::NotImplemented(_) => S3ErrorSpec::new(S::NOT_IMPLEMENTED, "NotImplemented", msg),
             },
             Self::Body(e) => body_spec(e),
@@ -76,15 +80,31 @@ impl GatewayError {
                 RouteError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
             },
             Self::Backend(e) => match e {
-                BackendError::Unreachable { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the storage backend is unreachable; retry later"),
-                BackendError::Timeout { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the storage backend did not answer in time; retry later"),
+                BackendError::Unreachable { .. } => S3ErrorSpec::new(
+                    S::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    "the storage backend is unreachable; retry later",
+                ),
+                BackendError::Timeout { .. } => S3ErrorSpec::new(
+                    S::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    "the storage backend did not answer in time; retry later",
+                ),
                 BackendError::SendBody { .. } => match e.body_error() {
                     Some(b) => body_spec(b),
-                    None => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the connection to the storage backend failed; retry later"),
+                    None => S3ErrorSpec::new(
+                        S::SERVICE_UNAVAILABLE,
+                        "ServiceUnavailable",
+                        "the connection to the storage backend failed; retry later",
+                    ),
                 },
                 BackendError::UnsignableHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 BackendError::UnsafeKey => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
-                BackendError::Internal(_) => S3ErrorSpec::new(S::INTERNAL_SERVER_ERROR, "InternalError", "we encountered an internal error; please try again"),
+                BackendError::Internal(_) => S3ErrorSpec::new(
+                    S::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "we encountered an internal error; please try again",
+                ),
             },
             Self::EntityTooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
             Self::InvalidHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
@@ -104,7 +124,8 @@ impl S3ErrorSpec {
     /// Renders the response.
     #[must_use]
     pub fn into_response(self, resource: &str, request_id: &str, head: bool) -> Response<Body> {
-        let body = if head { Body::empty() } else { Body::from(error_body(self.code, &self.message, resource, request_id)) };
+        let body =
+            if head { Body::empty() } else { Body::from(error_body(self.code, &self.message, resource, request_id)) };
         let mut resp = Response::new(body);
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();
@@ -123,7 +144,9 @@ fn body_spec(e: &BodyError) -> S3ErrorSpec {
     use StatusCode as S;
     let msg = e.to_string();
     match e {
-        BodyError::Read(_) | BodyError::Incomplete | BodyError::LengthMismatch => S3ErrorSpec::new(S::BAD_REQUEST, "IncompleteBody", msg),
+        BodyError::Read(_) | BodyError::Incomplete | BodyError::LengthMismatch => {
+            S3ErrorSpec::new(S::BAD_REQUEST, "IncompleteBody", msg)
+        }
         BodyError::Malformed(_) | BodyError::ChunkTooLarge => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
         BodyError::ChunkSignature => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
         BodyError::Sha256Mismatch => S3ErrorSpec::new(S::BAD_REQUEST, "XAmzContentSHA256Mismatch", msg),
@@ -143,7 +166,10 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         let text = String::from_utf8(body.to_vec()).expect("utf8");
-        assert!(text.contains("<Code>SignatureDoesNotMatch</Code>") && text.contains("<RequestId>req-1</RequestId>"), "{text}");
+        assert!(
+            text.contains("<Code>SignatureDoesNotMatch</Code>") && text.contains("<RequestId>req-1</RequestId>"),
+            "{text}"
+        );
 
         let resp = GatewayError::Overloaded.into_response("/", "r", true);
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -10,7 +10,11 @@ use tensorgate::config::{Config, Overrides};
 const EX_USAGE: u8 = 64;
 
 #[derive(Debug, Parser)]
-#[command(name = "tensorgate", version, about = "S3 gateway that runs the frozen prefix of a neural network next to the data")]
+#[command(
+    name = "tensorgate",
+    version,
+    about = "S3 gateway that runs the frozen prefix of a neural network next to the data"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -19,14 +23,14 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway (the default).
-    Serve(Overrides),
+    Serve(Box<Overrides>),
     /// Validate a config file and exit (non-zero, naming the bad key, if invalid).
     CheckConfig { file: PathBuf },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command.unwrap_or_else(|| Command::Serve(Overrides::parse_from_env())) {
+    match cli.command.unwrap_or_else(|| Command::Serve(Box::new(Overrides::parse_from_env()))) {
         Command::CheckConfig { file } => match Config::from_file(&file).and_then(|c| c.validate().map(|()| c)) {
             Ok(_) => {
                 println!("{}: ok", file.display());

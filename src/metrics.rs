@@ -73,13 +73,25 @@ impl Metrics {
         let in_flight = Gauge::default();
         r.register("in_flight_requests", "Requests whose response has not finished", in_flight.clone());
         let load_shed = Counter::default();
-        r.register("load_shed", "Requests refused with 503 SlowDown because too many were in flight", load_shed.clone());
+        r.register(
+            "load_shed",
+            "Requests refused with 503 SlowDown because too many were in flight",
+            load_shed.clone(),
+        );
         let backend_duration: HistogramFamily<OpOutcome> = Family::new_with_constructor(latency_histogram);
-        r.register("backend_request_duration_seconds", "Backend time to response headers, by operation and outcome", backend_duration.clone());
+        r.register(
+            "backend_request_duration_seconds",
+            "Backend time to response headers, by operation and outcome",
+            backend_duration.clone(),
+        );
         let backend_retries = Counter::default();
         r.register("backend_retries", "Backend requests retried", backend_retries.clone());
         let backend_bytes_received = Counter::default();
-        r.register("backend_response_body_bytes", "Response body bytes received from the backend", backend_bytes_received.clone());
+        r.register(
+            "backend_response_body_bytes",
+            "Response body bytes received from the backend",
+            backend_bytes_received.clone(),
+        );
         Self {
             registry: Arc::new(r),
             requests,

@@ -79,14 +79,19 @@ impl Gateway {
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let head = req.method() == Method::HEAD;
         let in_flight = self.metrics.in_flight_guard();
-        let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned).or_else(|| req.uri().authority().map(|a| a.to_string()));
+        let host = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()));
         let method = req.method().clone();
-        let routed = route::resolve(host.as_deref(), req.uri().path(), &self.cfg.domains)
-            .map(|t| {
-                let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
-                (t, op)
-            });
-        let (target, op) = routed.as_ref().map_or_else(|_| (Target::default(), S3Op::Other), |(t, op)| (t.clone(), *op));
+        let routed = route::resolve(host.as_deref(), req.uri().path(), &self.cfg.domains).map(|t| {
+            let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
+            (t, op)
+        });
+        let (target, op) =
+            routed.as_ref().map_or_else(|_| (Target::default(), S3Op::Other), |(t, op)| (t.clone(), *op));
         let result = match routed {
             Ok((t, op)) => self.forward(req, t, op).await,
             Err(e) => Err(e.into()),
@@ -112,7 +117,12 @@ impl Gateway {
         resp.map(|b| Body::new(Metered::new(b, counter, in_flight)))
     }
 
-    async fn forward(&self, req: Request<Body>, target: Target, op: S3Op) -> Result<(Response<Body>, String), GatewayError> {
+    async fn forward(
+        &self,
+        req: Request<Body>,
+        target: Target,
+        op: S3Op,
+    ) -> Result<(Response<Body>, String), GatewayError> {
         if self.is_shutting_down() {
             return Err(GatewayError::ShuttingDown);
         }
@@ -121,7 +131,15 @@ impl Gateway {
             return Err(GatewayError::Overloaded);
         };
         let (parts, body) = req.into_parts();
-        let Verified { identity, payload, .. } = verify::verify(&parts.method, &parts.uri, &parts.headers, &self.creds, self.cfg.allow_anonymous, OffsetDateTime::now_utc())?;
+        let Verified { identity, payload, .. } = verify::verify(
+            &parts.method,
+            &parts.uri,
+            target.bucket.as_deref().filter(|_| target.virtual_host),
+            &parts.headers,
+            &self.creds,
+            self.cfg.allow_anonymous,
+            OffsetDateTime::now_utc(),
+        )?;
         let mut headers = forwarded_headers(&parts.headers);
         let declared = content_length(&parts.headers)?;
         let limit = self.cfg.max_body_bytes;
@@ -156,7 +174,15 @@ impl Gateway {
                 self.verified_body(op, data, decoded_length, &mut headers, &failure).await?
             }
         };
-        let fwd = ForwardRequest { op, method: parts.method, target, query: forwarded_query(parts.uri.query()), headers, body, payload: fwd_payload };
+        let fwd = ForwardRequest {
+            op,
+            method: parts.method,
+            target,
+            query: forwarded_query(parts.uri.query()),
+            headers,
+            body,
+            payload: fwd_payload,
+        };
         let result = self.backend.send(fwd).await;
         // A body the gateway refused mid-stream: the backend rejected the poisoned upload; tell
         // the client why, not what the backend said about the checksum.
@@ -174,7 +200,14 @@ impl Gateway {
     /// - any other operation (XML bodies: tagging, multi-delete, completion): read whole, at most
     ///   [`MAX_BUFFERED_BODY`], verified, then forwarded with its hash, since S3 servers accept
     ///   `aws-chunked` only on data uploads.
-    async fn verified_body<S>(&self, op: S3Op, mut data: S, decoded_length: u64, headers: &mut HeaderMap, failure: &FailureSlot) -> Result<(Body, ForwardPayload), GatewayError>
+    async fn verified_body<S>(
+        &self,
+        op: S3Op,
+        mut data: S,
+        decoded_length: u64,
+        headers: &mut HeaderMap,
+        failure: &FailureSlot,
+    ) -> Result<(Body, ForwardPayload), GatewayError>
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
     {
@@ -203,7 +236,9 @@ impl Gateway {
             .keys()
             .find(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type")
             .cloned()
-            .and_then(|k| headers.remove(&k).and_then(|v| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned()))));
+            .and_then(|k| {
+                headers.remove(&k).and_then(|v| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned())))
+            });
         let checksum = match given {
             Some((name, value)) => TrailerChecksum::Given { name, value },
             None => TrailerChecksum::Crc32(crc32fast::Hasher::new()),
@@ -227,7 +262,9 @@ impl Gateway {
 fn content_length(h: &HeaderMap) -> Result<Option<u64>, GatewayError> {
     match h.get(http::header::CONTENT_LENGTH) {
         None => Ok(None),
-        Some(v) => v.to_str().ok().and_then(|s| s.parse().ok()).map(Some).ok_or(GatewayError::InvalidHeader("content-length")),
+        Some(v) => {
+            v.to_str().ok().and_then(|s| s.parse().ok()).map(Some).ok_or(GatewayError::InvalidHeader("content-length"))
+        }
     }
 }
 
@@ -280,14 +317,24 @@ mod tests {
 
     #[test]
     fn query_drops_presign_params_and_normalizes() {
-        assert_eq!(forwarded_query(Some("X-Amz-Signature=abc&uploads&prefix=a%2Fb c")).as_deref(), Some("uploads&prefix=a%2Fb%20c"));
+        assert_eq!(
+            forwarded_query(Some("X-Amz-Signature=abc&uploads&prefix=a%2Fb c")).as_deref(),
+            Some("uploads&prefix=a%2Fb%20c")
+        );
         assert_eq!(forwarded_query(Some("X-Amz-Date=1")), None);
     }
 
     #[test]
     fn auth_and_hop_headers_are_not_forwarded_but_unknown_ones_are() {
         let mut h = HeaderMap::new();
-        for (k, v) in [("authorization", "x"), ("x-amz-date", "d"), ("connection", "close"), ("x-custom-thing", "kept"), ("x-amz-meta-a", "b"), ("host", "h")] {
+        for (k, v) in [
+            ("authorization", "x"),
+            ("x-amz-date", "d"),
+            ("connection", "close"),
+            ("x-custom-thing", "kept"),
+            ("x-amz-meta-a", "b"),
+            ("host", "h"),
+        ] {
             h.insert(k, v.parse().expect("value"));
         }
         let out = forwarded_headers(&h);

@@ -60,12 +60,20 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
     Ok(match config.backend.kind {
         BackendKind::Fs => {
             let root = &config.backend.root;
-            Backend::Fs(FsBackend::new(root).map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?)
+            Backend::Fs(
+                FsBackend::new(root)
+                    .map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?,
+            )
         }
         BackendKind::S3 => {
             let b = &config.backend;
-            let endpoint = b.endpoint.as_deref().unwrap_or_default().parse().map_err(|e| ConfigError::Invalid { key: "backend.endpoint", message: format!("{e}") })?;
-            Backend::S3(S3Backend::new(
+            let endpoint = b
+                .endpoint
+                .as_deref()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| ConfigError::Invalid { key: "backend.endpoint", message: format!("{e}") })?;
+            Backend::S3(Box::new(S3Backend::new(
                 S3BackendConfig {
                     endpoint,
                     region: b.region.clone(),
@@ -77,7 +85,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                     retry: config.retry_policy(),
                 },
                 metrics.clone(),
-            ))
+            )))
         }
     })
 }
@@ -106,7 +114,8 @@ impl Server {
         let s3_listener = bind(config.listen).await?;
         let admin_listener = bind(config.admin_listen).await?;
         let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
-        let admin_addr = admin_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.admin_listen, source })?;
+        let admin_addr =
+            admin_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.admin_listen, source })?;
 
         let app = Router::new().fallback(handle).with_state(gateway.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -125,7 +134,15 @@ impl Server {
             }
         });
         tracing::info!(%s3_addr, %admin_addr, backend = gateway.backend().kind(), "Listening.");
-        Ok(Self { s3_addr, admin_addr, gateway, stop: Some(stop), task, admin_task, grace: Duration::from_secs(config.shutdown_grace_secs) })
+        Ok(Self {
+            s3_addr,
+            admin_addr,
+            gateway,
+            stop: Some(stop),
+            task,
+            admin_task,
+            grace: Duration::from_secs(config.shutdown_grace_secs),
+        })
     }
 
     /// Graceful shutdown: refuse new requests, stop accepting, drain under the deadline.

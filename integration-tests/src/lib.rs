@@ -11,7 +11,10 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, bail};
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{BehaviorVersion, Region};
-use aws_sigv4::http_request::{PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings, UriPathNormalizationMode, sign};
+use aws_sigv4::http_request::{
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings,
+    UriPathNormalizationMode, sign,
+};
 use aws_sigv4::sign::v4;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -53,7 +56,11 @@ pub fn seaweedfs(port: u16) -> anyhow::Result<String> {
 
 /// Stops the SeaweedFS on `port`.
 pub fn stop_seaweedfs(port: u16) {
-    let _ = Command::new("bash").arg(repo_root().join("scripts/seaweedfs.sh")).arg("stop").env("SEAWEED_PORT", port.to_string()).status();
+    let _ = Command::new("bash")
+        .arg(repo_root().join("scripts/seaweedfs.sh"))
+        .arg("stop")
+        .env("SEAWEED_PORT", port.to_string())
+        .status();
 }
 
 /// A gateway configuration on ephemeral ports with one client credential, in front of `endpoint`.
@@ -77,9 +84,17 @@ pub fn fs_config(root: &Path) -> Config {
 }
 
 fn base_config() -> Config {
-    let mut c = Config { listen: SocketAddr::from(([127, 0, 0, 1], 0)), admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..Config::default() };
+    let mut c = Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..Config::default()
+    };
     c.domains = vec!["s3.test".to_owned()];
-    c.credentials = vec![CredentialConfig { access_key: CLIENT_AK.into(), secret_key: Some(SecretKey::new(CLIENT_SK.into())), secret_key_file: None }];
+    c.credentials = vec![CredentialConfig {
+        access_key: CLIENT_AK.into(),
+        secret_key: Some(SecretKey::new(CLIENT_SK.into())),
+        secret_key_file: None,
+    }];
     c.shutdown_grace_secs = 5;
     c.backend.retry_budget_secs = 2;
     c.backend.response_timeout_secs = 5;
@@ -142,7 +157,15 @@ pub enum Auth<'a> {
 ///
 /// # Errors
 /// Transport failures.
-pub async fn raw(addr: SocketAddr, method: &str, host: &str, path_and_query: &str, headers: &[(&str, &str)], body: Bytes, auth: Auth<'_>) -> anyhow::Result<RawResponse> {
+pub async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path_and_query: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+    auth: Auth<'_>,
+) -> anyhow::Result<RawResponse> {
     let uri = format!("http://{host}{path_and_query}");
     let mut req = http::Request::builder().method(method).uri(&uri);
     for (k, v) in headers {
@@ -158,7 +181,8 @@ pub async fn raw(addr: SocketAddr, method: &str, host: &str, path_and_query: &st
         Auth::Presign(ak, sk, expires, at) => sign_request(&mut req, ak, sk, Some(expires), at, "UNSIGNED-PAYLOAD")?,
     }
     // Send to the gateway's address whatever the Host header says (virtual-host tests).
-    *req.uri_mut() = format!("http://{addr}{}", req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/")).parse()?;
+    *req.uri_mut() =
+        format!("http://{addr}{}", req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/")).parse()?;
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let resp = client.request(req).await?;
     let status = resp.status().as_u16();
@@ -167,7 +191,14 @@ pub async fn raw(addr: SocketAddr, method: &str, host: &str, path_and_query: &st
     Ok(RawResponse { status, headers, body })
 }
 
-fn sign_request(req: &mut http::Request<Full<Bytes>>, ak: &str, sk: &str, presign: Option<Duration>, at: SystemTime, content_sha: &str) -> anyhow::Result<()> {
+fn sign_request(
+    req: &mut http::Request<Full<Bytes>>,
+    ak: &str,
+    sk: &str,
+    presign: Option<Duration>,
+    at: SystemTime,
+    content_sha: &str,
+) -> anyhow::Result<()> {
     let identity = Credentials::new(ak, sk, None, None, "raw").into();
     let mut settings = SigningSettings::default();
     settings.percent_encoding_mode = PercentEncodingMode::Single;
@@ -178,10 +209,23 @@ fn sign_request(req: &mut http::Request<Full<Bytes>>, ak: &str, sk: &str, presig
     } else {
         settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
     }
-    let params = v4::SigningParams::builder().identity(&identity).region("us-east-1").name("s3").time(at).settings(settings).build()?.into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(at)
+        .settings(settings)
+        .build()?
+        .into();
     let uri = req.uri().to_string();
-    let hdrs: Vec<(String, String)> = req.headers().iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned())).collect();
-    let signable = SignableRequest::new(req.method().as_str(), &uri, hdrs.iter().map(|(k, v)| (k.as_str(), v.as_str())), SignableBody::Precomputed(content_sha.to_owned()))?;
+    let hdrs: Vec<(String, String)> =
+        req.headers().iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned())).collect();
+    let signable = SignableRequest::new(
+        req.method().as_str(),
+        &uri,
+        hdrs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::Precomputed(content_sha.to_owned()),
+    )?;
     let (instructions, _) = sign(signable, &params)?.into_parts();
     instructions.apply_to_request_http1x(req);
     Ok(())
@@ -194,7 +238,15 @@ fn sign_request(req: &mut http::Request<Full<Bytes>>, ak: &str, sk: &str, presig
 ///
 /// # Errors
 /// Signing failures.
-pub fn signed_chunked_upload(host: &str, path: &str, ak: &str, sk: &str, data: &[u8], chunk: usize, tamper: bool) -> anyhow::Result<(Vec<(String, String)>, Bytes)> {
+pub fn signed_chunked_upload(
+    host: &str,
+    path: &str,
+    ak: &str,
+    sk: &str,
+    data: &[u8],
+    chunk: usize,
+    tamper: bool,
+) -> anyhow::Result<(Vec<(String, String)>, Bytes)> {
     use tensorgate::s3::sigv4::{chunk_string_to_sign, scope, sha256_hex, signature, signing_key};
     let now = SystemTime::now();
     let mut req = http::Request::builder()
@@ -227,6 +279,11 @@ pub fn signed_chunked_upload(host: &str, path: &str, ak: &str, sk: &str, data: &
         body.extend_from_slice(b"\r\n");
         prev = sig;
     }
-    let headers = req.headers().iter().filter(|(k, _)| *k != "host").map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned())).collect();
+    let headers = req
+        .headers()
+        .iter()
+        .filter(|(k, _)| *k != "host")
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+        .collect();
     Ok((headers, Bytes::from(body)))
 }

@@ -70,7 +70,8 @@ impl FsBackend {
 /// Removes the `aws-chunked` token from `Content-Encoding` (the body has been decoded).
 pub fn strip_aws_chunked(h: &mut http::HeaderMap) {
     let Some(v) = h.get(http::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) else { return };
-    let rest: Vec<&str> = v.split(',').map(str::trim).filter(|t| !t.eq_ignore_ascii_case("aws-chunked") && !t.is_empty()).collect();
+    let rest: Vec<&str> =
+        v.split(',').map(str::trim).filter(|t| !t.eq_ignore_ascii_case("aws-chunked") && !t.is_empty()).collect();
     if rest.is_empty() {
         h.remove(http::header::CONTENT_ENCODING);
     } else if let Ok(v) = HeaderValue::from_str(&rest.join(", ")) {

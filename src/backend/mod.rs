@@ -69,7 +69,9 @@ impl BackendError {
     #[must_use]
     pub fn body_error(&self) -> Option<&BodyError> {
         match self {
-            Self::SendBody { source } | Self::Internal(source) | Self::Unreachable { source } => find_body_error(source.as_ref()),
+            Self::SendBody { source } | Self::Internal(source) | Self::Unreachable { source } => {
+                find_body_error(source.as_ref())
+            }
             _ => None,
         }
     }
@@ -78,7 +80,7 @@ impl BackendError {
 /// The configured backend.
 #[derive(Debug, Clone)]
 pub enum Backend {
-    S3(s3::S3Backend),
+    S3(Box<s3::S3Backend>),
     Fs(fs::FsBackend),
 }
 

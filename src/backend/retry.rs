@@ -22,7 +22,12 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { max_retries: 3, base: Duration::from_millis(50), cap: Duration::from_secs(2), budget: Duration::from_secs(10) }
+        Self {
+            max_retries: 3,
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(2),
+            budget: Duration::from_secs(10),
+        }
     }
 }
 

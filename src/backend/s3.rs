@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode, sign};
+use aws_sigv4::http_request::{
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
+    sign,
+};
 use aws_sigv4::sign::v4;
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
@@ -70,10 +73,17 @@ impl S3Backend {
     }
 
     fn build(&self, req: &ForwardRequest, url: &str, body: Body) -> Result<Request<Body>, BackendError> {
-        let mut out = Request::builder().method(req.method.clone()).uri(url).body(body).map_err(|e| BackendError::Internal(e.into()))?;
+        let mut out = Request::builder()
+            .method(req.method.clone())
+            .uri(url)
+            .body(body)
+            .map_err(|e| BackendError::Internal(e.into()))?;
         *out.headers_mut() = req.headers.clone();
         let authority = out.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
-        out.headers_mut().insert(http::header::HOST, HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?);
+        out.headers_mut().insert(
+            http::header::HOST,
+            HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?,
+        );
         if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
             out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
@@ -82,7 +92,9 @@ impl S3Backend {
     }
 
     fn sign(&self, req: &mut Request<Body>, payload: &ForwardPayload) -> Result<(), BackendError> {
-        let identity = Credentials::new(&self.cfg.access_key, self.cfg.secret_key.expose(), None, None, "tensorgate-backend").into();
+        let identity =
+            Credentials::new(&self.cfg.access_key, self.cfg.secret_key.expose(), None, None, "tensorgate-backend")
+                .into();
         let mut settings = SigningSettings::default();
         settings.percent_encoding_mode = PercentEncodingMode::Single;
         settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
@@ -105,18 +117,23 @@ impl S3Backend {
             ForwardPayload::Empty => SignableBody::Precomputed(EMPTY_SHA256.to_owned()),
             ForwardPayload::Sha256(hex) => SignableBody::Precomputed(hex.clone()),
             ForwardPayload::Unsigned => SignableBody::UnsignedPayload,
-            ForwardPayload::UnsignedTrailer => SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()),
+            ForwardPayload::UnsignedTrailer => {
+                SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned())
+            }
         };
         let uri = req.uri().to_string();
-        let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body).map_err(|e| BackendError::Internal(e.into()))?;
-        let (instructions, _signature) = sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
+        let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body)
+            .map_err(|e| BackendError::Internal(e.into()))?;
+        let (instructions, _signature) =
+            sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
         instructions.apply_to_request_http1x(req);
         Ok(())
     }
 
     /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
     pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
-        let permit: OwnedSemaphorePermit = self.limit.clone().acquire_owned().await.map_err(|e| BackendError::Internal(e.into()))?;
+        let permit: OwnedSemaphorePermit =
+            self.limit.clone().acquire_owned().await.map_err(|e| BackendError::Internal(e.into()))?;
         let url = self.url(&req);
         let replayable = req.payload == ForwardPayload::Empty && req.op.is_idempotent();
         let started = Instant::now();
@@ -139,18 +156,25 @@ impl S3Backend {
             };
             self.metrics.observe_backend(req.op, outcome, t0.elapsed());
             let retryable = match &result {
-                Ok(r) => matches!(r.status(), StatusCode::INTERNAL_SERVER_ERROR | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT),
+                Ok(r) => matches!(
+                    r.status(),
+                    StatusCode::INTERNAL_SERVER_ERROR
+                        | StatusCode::BAD_GATEWAY
+                        | StatusCode::SERVICE_UNAVAILABLE
+                        | StatusCode::GATEWAY_TIMEOUT
+                ),
                 Err(BackendError::Unreachable { .. } | BackendError::Timeout { .. }) => true,
                 Err(_) => false,
             };
             attempt += 1;
-            if replayable && retryable {
-                if let Some(wait) = self.cfg.retry.backoff(attempt, started) {
-                    self.metrics.backend_retries.inc();
-                    tracing::debug!(op = req.op.name(), attempt, ?wait, "Retrying backend request.");
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
+            if replayable
+                && retryable
+                && let Some(wait) = self.cfg.retry.backoff(attempt, started)
+            {
+                self.metrics.backend_retries.inc();
+                tracing::debug!(op = req.op.name(), attempt, ?wait, "Retrying backend request.");
+                tokio::time::sleep(wait).await;
+                continue;
             }
             let resp = result?;
             let counter = self.metrics.backend_bytes_received.clone();
@@ -170,5 +194,9 @@ fn status_outcome(s: StatusCode) -> &'static str {
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> BackendError {
-    if e.is_connect() { BackendError::Unreachable { source: e.into() } } else { BackendError::SendBody { source: e.into() } }
+    if e.is_connect() {
+        BackendError::Unreachable { source: e.into() }
+    } else {
+        BackendError::SendBody { source: e.into() }
+    }
 }

@@ -37,4 +37,8 @@ pub const PRESIGN_QUERY: &[&str] = &[
     "X-Amz-Signature",
     "X-Amz-Security-Token",
     "X-Amz-Content-Sha256",
+    // SigV2 presigned URLs.
+    "AWSAccessKeyId",
+    "Expires",
+    "Signature",
 ];

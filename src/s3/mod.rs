@@ -3,5 +3,6 @@
 pub mod credentials;
 pub mod headers;
 pub mod route;
+pub mod sigv2;
 pub mod sigv4;
 pub mod xml;

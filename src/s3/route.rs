@@ -19,6 +19,8 @@ pub struct Target {
     pub bucket: Option<String>,
     /// Decoded key; `None` for bucket- and service-level requests.
     pub key: Option<String>,
+    /// The bucket came from the `Host` header (virtual-host style).
+    pub virtual_host: bool,
 }
 
 impl Target {
@@ -50,9 +52,12 @@ pub enum RouteError {
 pub fn resolve(host: Option<&str>, raw_path: &str, domains: &[String]) -> Result<Target, RouteError> {
     let path = uri_decode(raw_path);
     let path = path.strip_prefix('/').unwrap_or(&path);
-    let host = host.map(|h| h.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(h, |(h, _)| h));
+    let host =
+        host.map(|h| h.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(h, |(h, _)| h));
     let vhost_bucket = host.and_then(|h| {
-        domains.iter().find_map(|d| h.strip_suffix(d.as_str()).and_then(|b| b.strip_suffix('.')).filter(|b| !b.is_empty()))
+        domains
+            .iter()
+            .find_map(|d| h.strip_suffix(d.as_str()).and_then(|b| b.strip_suffix('.')).filter(|b| !b.is_empty()))
     });
     let (bucket, key) = match vhost_bucket {
         Some(b) => (Some(b.to_owned()), (!path.is_empty()).then(|| path.to_owned())),
@@ -69,7 +74,7 @@ pub fn resolve(host: Option<&str>, raw_path: &str, domains: &[String]) -> Result
     if key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
         return Err(RouteError::KeyTooLong);
     }
-    Ok(Target { bucket, key })
+    Ok(Target { bucket, key, virtual_host: vhost_bucket.is_some() })
 }
 
 /// Bucket names: the union of current and legacy S3 rules (letters, digits, `.`, `-`, `_`), and never
@@ -163,13 +168,23 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
     let m = method.as_str();
     match (&target.bucket, &target.key) {
-        (None, _) => if m == "GET" { S3Op::ListBuckets } else { S3Op::Other },
+        (None, _) => {
+            if m == "GET" {
+                S3Op::ListBuckets
+            } else {
+                S3Op::Other
+            }
+        }
         (Some(_), None) => match m {
             "GET" if has("location") => S3Op::GetBucketLocation,
             "GET" if has("uploads") => S3Op::ListMultipartUploads,
             "GET" if has("versions") => S3Op::ListObjectVersions,
             "GET" if query.is_some_and(|q| q.split('&').any(|p| p == "list-type=2")) => S3Op::ListObjectsV2,
-            "GET" if query.is_none_or(|q| q.split('&').all(|p| is_list_v1_param(p.split('=').next().unwrap_or("")))) => S3Op::ListObjects,
+            "GET"
+                if query.is_none_or(|q| q.split('&').all(|p| is_list_v1_param(p.split('=').next().unwrap_or("")))) =>
+            {
+                S3Op::ListObjects
+            }
             "GET" => S3Op::BucketSubresource,
             "PUT" if query.is_none_or(str::is_empty) => S3Op::CreateBucket,
             "PUT" => S3Op::BucketSubresource,
@@ -182,7 +197,9 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
         (Some(_), Some(_)) => match m {
             "GET" if has("uploadId") => S3Op::ListParts,
             "GET" if has("tagging") => S3Op::GetObjectTagging,
-            "GET" if has("acl") || has("attributes") || has("retention") || has("legal-hold") => S3Op::ObjectSubresource,
+            "GET" if has("acl") || has("attributes") || has("retention") || has("legal-hold") => {
+                S3Op::ObjectSubresource
+            }
             "GET" => S3Op::GetObject,
             "HEAD" => S3Op::HeadObject,
             "PUT" if has("tagging") => S3Op::PutObjectTagging,
@@ -210,15 +227,19 @@ mod tests {
     use super::*;
 
     fn t(b: Option<&str>, k: Option<&str>) -> Target {
-        Target { bucket: b.map(Into::into), key: k.map(Into::into) }
+        Target { bucket: b.map(Into::into), key: k.map(Into::into), virtual_host: false }
+    }
+
+    fn vt(b: &str, k: Option<&str>) -> Target {
+        Target { virtual_host: true, ..t(Some(b), k) }
     }
 
     #[test]
     fn path_and_virtual_host_style() {
         let d = vec!["s3.example.com".to_owned()];
         assert_eq!(resolve(Some("localhost:9000"), "/b/a/b%20c", &d).expect("ok"), t(Some("b"), Some("a/b c")));
-        assert_eq!(resolve(Some("b.s3.example.com:9000"), "/a/b", &d).expect("ok"), t(Some("b"), Some("a/b")));
-        assert_eq!(resolve(Some("b.s3.example.com"), "/", &d).expect("ok"), t(Some("b"), None));
+        assert_eq!(resolve(Some("b.s3.example.com:9000"), "/a/b", &d).expect("ok"), vt("b", Some("a/b")));
+        assert_eq!(resolve(Some("b.s3.example.com"), "/", &d).expect("ok"), vt("b", None));
         assert_eq!(resolve(Some("s3.example.com"), "/", &d).expect("ok"), t(None, None));
         assert_eq!(resolve(None, "/b/", &d).expect("ok"), t(Some("b"), None));
         assert!(matches!(resolve(None, "/../x", &d), Err(RouteError::InvalidBucketName)));

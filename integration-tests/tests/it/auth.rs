@@ -13,7 +13,14 @@ async fn setup() -> (Server, aws_sdk_s3::Client, String) {
     let client = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
     let bucket = unique_bucket("auth");
     client.create_bucket().bucket(&bucket).send().await.expect("create bucket");
-    client.put_object().bucket(&bucket).key("k").body(ByteStream::from_static(b"secret data")).send().await.expect("put");
+    client
+        .put_object()
+        .bucket(&bucket)
+        .key("k")
+        .body(ByteStream::from_static(b"secret data"))
+        .send()
+        .await
+        .expect("put");
     (server, client, bucket)
 }
 
@@ -55,9 +62,23 @@ async fn presigned_urls_work_until_they_expire() {
     assert_eq!(bad.status, 403);
 
     let old = SystemTime::now() - Duration::from_secs(3600);
-    let expired = raw(server.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::Presign(CLIENT_AK, CLIENT_SK, Duration::from_secs(60), old)).await.expect("get");
+    let expired = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        &format!("/{b}/k"),
+        &[],
+        Bytes::new(),
+        Auth::Presign(CLIENT_AK, CLIENT_SK, Duration::from_secs(60), old),
+    )
+    .await
+    .expect("get");
     assert_eq!(expired.status, 403);
-    assert!(expired.text().contains("<Code>AccessDenied</Code>") && expired.text().contains("expired"), "{}", expired.text());
+    assert!(
+        expired.text().contains("<Code>AccessDenied</Code>") && expired.text().contains("expired"),
+        "{}",
+        expired.text()
+    );
     server.shutdown().await;
 }
 
@@ -85,12 +106,42 @@ async fn tampered_signed_payload_is_not_stored() {
     let (server, _c, b) = setup().await;
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     let claimed = tensorgate::s3::sigv4::sha256_hex(b"the real body");
-    let r = raw(server.s3_addr, "PUT", &host, &format!("/{b}/sha"), &[], "another body!".into(), Auth::Header(CLIENT_AK, CLIENT_SK, &claimed)).await.expect("put");
+    let r = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/sha"),
+        &[],
+        "another body!".into(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, &claimed),
+    )
+    .await
+    .expect("put");
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("XAmzContentSHA256Mismatch"), "{}", r.text());
-    let absent = raw(server.s3_addr, "HEAD", &host, &format!("/{b}/sha"), &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("head");
+    let absent = raw(
+        server.s3_addr,
+        "HEAD",
+        &host,
+        &format!("/{b}/sha"),
+        &[],
+        Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("head");
     assert_eq!(absent.status, 404, "a body that does not match its signed hash must not be stored");
-    let ok = raw(server.s3_addr, "PUT", &host, &format!("/{b}/sha"), &[], "the real body".into(), Auth::Header(CLIENT_AK, CLIENT_SK, &claimed)).await.expect("put");
+    let ok = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/sha"),
+        &[],
+        "the real body".into(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, &claimed),
+    )
+    .await
+    .expect("put");
     assert_eq!(ok.status, 200, "{}", ok.text());
     server.shutdown().await;
 }

@@ -21,11 +21,22 @@ async fn backend_killed_mid_test_gives_503_xml() {
     stop_seaweedfs(DOOMED_PORT);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
-    let r = raw(server.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("get");
+    let r = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        &format!("/{b}/k"),
+        &[],
+        Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("get");
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("<Code>ServiceUnavailable</Code>"), "{}", r.text());
     assert!(r.headers.contains_key("retry-after"));
-    let admin = raw(server.admin_addr, "GET", "admin", "/metrics", &[], Bytes::new(), Auth::None).await.expect("metrics");
+    let admin =
+        raw(server.admin_addr, "GET", "admin", "/metrics", &[], Bytes::new(), Auth::None).await.expect("metrics");
     assert!(admin.text().contains("tensorgate_backend_retries_total"), "{}", admin.text());
     server.shutdown().await;
 }
@@ -38,12 +49,42 @@ async fn oversized_bodies_are_refused() {
     let server = Server::start(&cfg).await.expect("gateway");
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     let b = unique_bucket("limit");
-    let r = raw(server.s3_addr, "PUT", &host, &format!("/{b}"), &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, tensorgate::s3::sigv4::EMPTY_SHA256)).await.expect("create");
+    let r = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}"),
+        &[],
+        Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, tensorgate::s3::sigv4::EMPTY_SHA256),
+    )
+    .await
+    .expect("create");
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = raw(server.s3_addr, "PUT", &host, &format!("/{b}/big"), &[], Bytes::from(vec![0u8; 4096]), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("put");
+    let r = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/big"),
+        &[],
+        Bytes::from(vec![0u8; 4096]),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("put");
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("EntityTooLarge"));
-    let r = raw(server.s3_addr, "PUT", &host, &format!("/{b}/small"), &[], Bytes::from(vec![0u8; 512]), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("put");
+    let r = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/small"),
+        &[],
+        Bytes::from(vec![0u8; 512]),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("put");
     assert_eq!(r.status, 200);
     server.shutdown().await;
 }
@@ -58,7 +99,12 @@ async fn health_readiness_and_metrics() {
     assert_eq!(get("/healthz").await.expect("healthz").status, 200);
     assert_eq!(get("/readyz").await.expect("readyz").status, 200);
     let m = get("/metrics").await.expect("metrics").text();
-    for needle in [r#"tensorgate_requests_total{op="ListBuckets",status_class="2xx"}"#, "tensorgate_backend_request_duration_seconds_bucket", "tensorgate_in_flight_requests", "tensorgate_response_body_bytes_total"] {
+    for needle in [
+        r#"tensorgate_requests_total{op="ListBuckets",status_class="2xx"}"#,
+        "tensorgate_backend_request_duration_seconds_bucket",
+        "tensorgate_in_flight_requests",
+        "tensorgate_response_body_bytes_total",
+    ] {
         assert!(m.contains(needle), "{needle} missing from\n{m}");
     }
     assert!(!m.contains(CLIENT_SK) && !m.contains(SEAWEED_SK));
@@ -97,13 +143,27 @@ async fn load_shedding_and_graceful_drain() {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     let mut rx = rx;
     let body = StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
-    let req = http::Request::put(presigned.uri()).header("content-length", "8").header("host", &host).body(body).expect("request");
+    let req = http::Request::put(presigned.uri())
+        .header("content-length", "8")
+        .header("host", &host)
+        .body(body)
+        .expect("request");
     let client = Client::builder(TokioExecutor::new()).build_http();
     let slow = tokio::spawn(async move { client.request(req).await.map(|r| r.status().as_u16()) });
     tx.send(Ok(Frame::data(Bytes::from_static(b"1234")))).await.expect("send");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let shed = raw(server.s3_addr, "GET", &host, "/", &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("list");
+    let shed = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        "/",
+        &[],
+        Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("list");
     assert_eq!(shed.status, 503, "{}", shed.text());
     assert!(shed.text().contains("SlowDown"));
 

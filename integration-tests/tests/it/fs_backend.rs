@@ -24,7 +24,17 @@ async fn fs_backend_serves_s3_and_refuses_traversal() {
 
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     for evil in ["/local/..%2Fother%2Fx", "/local/a%2F..%2F..%2Fescape", "/local/%2Fetc%2Fpasswd"] {
-        let r = raw(server.s3_addr, "PUT", &host, evil, &[], Bytes::from_static(b"evil"), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("put");
+        let r = raw(
+            server.s3_addr,
+            "PUT",
+            &host,
+            evil,
+            &[],
+            Bytes::from_static(b"evil"),
+            Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+        )
+        .await
+        .expect("put");
         assert_eq!(r.status, 400, "{evil}: {}", r.text());
         assert!(r.text().contains("InvalidArgument"), "{}", r.text());
     }

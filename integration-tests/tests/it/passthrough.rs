@@ -1,7 +1,9 @@
 //! Every S3 operation clients use, through the gateway to a real SeaweedFS, with the real SDK.
 
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier, Tag, Tagging};
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, ChecksumMode, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier, Tag, Tagging,
+};
 use integration_tests::*;
 use tensorgate::Server;
 
@@ -23,7 +25,17 @@ async fn buckets_objects_metadata_and_tagging() {
     // GetBucketLocation passes through as the backend answers it (SeaweedFS 4.48 wraps the
     // element in a way the Rust SDK's parser rejects, so check the raw response).
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
-    let loc = raw(server.s3_addr, "GET", &host, &format!("/{b}?location"), &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("location");
+    let loc = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        &format!("/{b}?location"),
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("location");
     assert_eq!(loc.status, 200);
     assert!(loc.text().contains("LocationConstraint"), "{}", loc.text());
 
@@ -46,13 +58,20 @@ async fn buckets_objects_metadata_and_tagging() {
     let head = c.head_object().bucket(&b).key("dir/ü nicode+key.txt").send().await.expect("head");
     assert_eq!(head.content_length(), Some(11));
 
-    let tagging = Tagging::builder().tag_set(Tag::builder().key("k").value("v").build().expect("tag")).build().expect("tagging");
+    let tagging =
+        Tagging::builder().tag_set(Tag::builder().key("k").value("v").build().expect("tag")).build().expect("tagging");
     c.put_object_tagging().bucket(&b).key("dir/ü nicode+key.txt").tagging(tagging).send().await.expect("put tagging");
     let tags = c.get_object_tagging().bucket(&b).key("dir/ü nicode+key.txt").send().await.expect("get tagging");
     assert_eq!(tags.tag_set().first().map(|t| t.value()), Some("v"));
     c.delete_object_tagging().bucket(&b).key("dir/ü nicode+key.txt").send().await.expect("delete tagging");
 
-    c.copy_object().bucket(&b).key("copy.txt").copy_source(format!("{b}/dir/%C3%BC%20nicode%2Bkey.txt")).send().await.expect("copy");
+    c.copy_object()
+        .bucket(&b)
+        .key("copy.txt")
+        .copy_source(format!("{b}/dir/%C3%BC%20nicode%2Bkey.txt"))
+        .send()
+        .await
+        .expect("copy");
     let copied = c.get_object().bucket(&b).key("copy.txt").send().await.expect("get copy");
     assert_eq!(copied.body.collect().await.expect("body").into_bytes().as_ref(), b"hello world");
 
@@ -79,7 +98,15 @@ async fn listing_v1_v2_prefix_delimiter_pagination() {
     let mut keys = Vec::new();
     let mut token = None;
     loop {
-        let page = c.list_objects_v2().bucket(&b).prefix("a/").max_keys(2).set_continuation_token(token).send().await.expect("list v2");
+        let page = c
+            .list_objects_v2()
+            .bucket(&b)
+            .prefix("a/")
+            .max_keys(2)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .expect("list v2");
         keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_owned)));
         token = page.next_continuation_token().map(str::to_owned);
         if token.is_none() {
@@ -94,7 +121,8 @@ async fn listing_v1_v2_prefix_delimiter_pagination() {
     let v1 = c.list_objects().bucket(&b).max_keys(3).send().await.expect("list v1");
     assert_eq!(v1.contents().len(), 3);
     assert_eq!(v1.is_truncated(), Some(true));
-    let v1b = c.list_objects().bucket(&b).marker(v1.contents()[2].key().expect("key")).send().await.expect("list v1 page 2");
+    let v1b =
+        c.list_objects().bucket(&b).marker(v1.contents()[2].key().expect("key")).send().await.expect("list v1 page 2");
     assert_eq!(v1b.contents().len(), 2);
     server.shutdown().await;
 }
@@ -102,7 +130,8 @@ async fn listing_v1_v2_prefix_delimiter_pagination() {
 #[tokio::test]
 async fn ranged_conditional_and_missing() {
     let (server, c, b) = setup().await;
-    let put = c.put_object().bucket(&b).key("r").body(ByteStream::from_static(b"0123456789")).send().await.expect("put");
+    let put =
+        c.put_object().bucket(&b).key("r").body(ByteStream::from_static(b"0123456789")).send().await.expect("put");
     let etag = put.e_tag().expect("etag").to_owned();
     let r = c.get_object().bucket(&b).key("r").range("bytes=2-5").send().await.expect("range");
     assert_eq!(r.content_range(), Some("bytes 2-5/10"));
@@ -124,22 +153,59 @@ async fn multipart_lifecycle_and_checksums() {
     let id = up.upload_id().expect("upload id").to_owned();
     let uploads = c.list_multipart_uploads().bucket(&b).send().await.expect("list uploads");
     assert!(uploads.uploads().iter().any(|u| u.upload_id() == Some(id.as_str())));
-    let p1 = c.upload_part().bucket(&b).key("mp").upload_id(&id).part_number(1).body(ByteStream::from(part.clone())).send().await.expect("part 1");
+    let p1 = c
+        .upload_part()
+        .bucket(&b)
+        .key("mp")
+        .upload_id(&id)
+        .part_number(1)
+        .body(ByteStream::from(part.clone()))
+        .send()
+        .await
+        .expect("part 1");
     c.put_object().bucket(&b).key("src").body(ByteStream::from_static(b"tail-bytes")).send().await.expect("put src");
-    let p2 = c.upload_part_copy().bucket(&b).key("mp").upload_id(&id).part_number(2).copy_source(format!("{b}/src")).send().await.expect("part copy");
+    let p2 = c
+        .upload_part_copy()
+        .bucket(&b)
+        .key("mp")
+        .upload_id(&id)
+        .part_number(2)
+        .copy_source(format!("{b}/src"))
+        .send()
+        .await
+        .expect("part copy");
     let parts = c.list_parts().bucket(&b).key("mp").upload_id(&id).send().await.expect("list parts");
     assert_eq!(parts.parts().len(), 2);
     let done = CompletedMultipartUpload::builder()
         .parts(CompletedPart::builder().part_number(1).e_tag(p1.e_tag().expect("etag")).build())
-        .parts(CompletedPart::builder().part_number(2).e_tag(p2.copy_part_result().and_then(|r| r.e_tag()).expect("etag")).build())
+        .parts(
+            CompletedPart::builder()
+                .part_number(2)
+                .e_tag(p2.copy_part_result().and_then(|r| r.e_tag()).expect("etag"))
+                .build(),
+        )
         .build();
-    let fin = c.complete_multipart_upload().bucket(&b).key("mp").upload_id(&id).multipart_upload(done).send().await.expect("complete");
+    let fin = c
+        .complete_multipart_upload()
+        .bucket(&b)
+        .key("mp")
+        .upload_id(&id)
+        .multipart_upload(done)
+        .send()
+        .await
+        .expect("complete");
     assert!(fin.e_tag().expect("etag").contains("-2"), "multipart ETag: {:?}", fin.e_tag());
     let head = c.head_object().bucket(&b).key("mp").send().await.expect("head mp");
     assert_eq!(head.content_length(), Some(5 * 1024 * 1024 + 10));
 
     let up2 = c.create_multipart_upload().bucket(&b).key("aborted").send().await.expect("create");
-    c.abort_multipart_upload().bucket(&b).key("aborted").upload_id(up2.upload_id().expect("id")).send().await.expect("abort");
+    c.abort_multipart_upload()
+        .bucket(&b)
+        .key("aborted")
+        .upload_id(up2.upload_id().expect("id"))
+        .send()
+        .await
+        .expect("abort");
 
     let put = c
         .put_object()
@@ -161,13 +227,43 @@ async fn virtual_host_style_and_unknown_headers() {
     let (server, _c, b) = setup().await;
     let host = format!("{b}.s3.test:{}", server.s3_addr.port());
     let sha = "UNSIGNED-PAYLOAD";
-    let put = raw(server.s3_addr, "PUT", &host, "/vh/key.txt", &[("x-custom-unknown", "kept"), ("x-amz-meta-color", "blue")], "vhost body".into(), Auth::Header(CLIENT_AK, CLIENT_SK, sha)).await.expect("put");
+    let put = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        "/vh/key.txt",
+        &[("x-custom-unknown", "kept"), ("x-amz-meta-color", "blue")],
+        "vhost body".into(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, sha),
+    )
+    .await
+    .expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let got = raw(server.s3_addr, "GET", &host, "/vh/key.txt", &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, sha)).await.expect("get");
+    let got = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        "/vh/key.txt",
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, sha),
+    )
+    .await
+    .expect("get");
     assert_eq!(got.status, 200);
     assert_eq!(got.body.as_ref(), b"vhost body");
     assert_eq!(got.headers.get("x-amz-meta-color").map(|v| v.as_bytes()), Some(&b"blue"[..]));
-    let listed = raw(server.s3_addr, "GET", &host, "/?list-type=2&prefix=vh%2F", &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, sha)).await.expect("list");
+    let listed = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        "/?list-type=2&prefix=vh%2F",
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, sha),
+    )
+    .await
+    .expect("list");
     assert!(listed.text().contains("<Key>vh/key.txt</Key>"), "{}", listed.text());
     server.shutdown().await;
 }
@@ -179,32 +275,89 @@ async fn aws_chunked_uploads_signed_and_with_trailer() {
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
 
     let path = format!("/{b}/signed-chunks");
-    let (headers, body) = signed_chunked_upload(&host, &path, CLIENT_AK, CLIENT_SK, &data, 64 * 1024, false).expect("encode");
+    let (headers, body) =
+        signed_chunked_upload(&host, &path, CLIENT_AK, CLIENT_SK, &data, 64 * 1024, false).expect("encode");
     let hv: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let put = raw(server.s3_addr, "PUT", &host, &path, &hv, body, Auth::None).await.expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let got = raw(server.s3_addr, "GET", &host, &path, &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("get");
+    let got = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        &path,
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("get");
     assert_eq!(got.body.as_ref(), data.as_slice());
 
-    let (headers, body) = signed_chunked_upload(&host, &format!("/{b}/tampered"), CLIENT_AK, CLIENT_SK, &data, 64 * 1024, true).expect("encode");
+    let (headers, body) =
+        signed_chunked_upload(&host, &format!("/{b}/tampered"), CLIENT_AK, CLIENT_SK, &data, 64 * 1024, true)
+            .expect("encode");
     let hv: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let bad = raw(server.s3_addr, "PUT", &host, &format!("/{b}/tampered"), &hv, body, Auth::None).await.expect("put");
     assert_eq!(bad.status, 403, "{}", bad.text());
     assert!(bad.text().contains("SignatureDoesNotMatch"));
-    let absent = raw(server.s3_addr, "HEAD", &host, &format!("/{b}/tampered"), &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("head");
+    let absent = raw(
+        server.s3_addr,
+        "HEAD",
+        &host,
+        &format!("/{b}/tampered"),
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("head");
     assert_eq!(absent.status, 404, "a tampered upload must not be stored");
 
     // STREAMING-UNSIGNED-PAYLOAD-TRAILER, as current SDKs and CLIs send by default.
     let body = "d\r\nhello trailer\r\n0\r\nx-amz-checksum-crc32:WzGbuw==\r\n\r\n";
     let path = format!("/{b}/trailer");
-    let headers = [("content-encoding", "aws-chunked"), ("x-amz-decoded-content-length", "13"), ("x-amz-trailer", "x-amz-checksum-crc32")];
-    let put = raw(server.s3_addr, "PUT", &host, &path, &headers, body.into(), Auth::Header(CLIENT_AK, CLIENT_SK, "STREAMING-UNSIGNED-PAYLOAD-TRAILER")).await.expect("put");
+    let headers = [
+        ("content-encoding", "aws-chunked"),
+        ("x-amz-decoded-content-length", "13"),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+    ];
+    let put = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &path,
+        &headers,
+        body.into(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+    )
+    .await
+    .expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let got = raw(server.s3_addr, "GET", &host, &path, &[], bytes::Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD")).await.expect("get");
+    let got = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        &path,
+        &[],
+        bytes::Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("get");
     assert_eq!(got.body.as_ref(), b"hello trailer");
     // A wrong trailing checksum is caught by the backend, which sees the raw trailer.
     let bad = body.replace("WzGbuw==", "AAAAAA==");
-    let put = raw(server.s3_addr, "PUT", &host, &format!("/{b}/bad-trailer"), &headers, bad.into(), Auth::Header(CLIENT_AK, CLIENT_SK, "STREAMING-UNSIGNED-PAYLOAD-TRAILER")).await.expect("put");
+    let put = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/bad-trailer"),
+        &headers,
+        bad.into(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+    )
+    .await
+    .expect("put");
     assert_eq!(put.status, 400, "{}", put.text());
     server.shutdown().await;
 }

@@ -100,11 +100,11 @@ where
                 None => self.eof = true,
                 Some(Err(e)) => return Err(BodyError::Read(e.into())),
                 Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        if !data.is_empty() {
-                            self.buf.extend_from_slice(&data);
-                            return Ok(true);
-                        }
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.buf.extend_from_slice(&data);
+                        return Ok(true);
                     }
                 }
             }
@@ -150,7 +150,8 @@ where
             return Err(BodyError::Malformed("chunk data not followed by CRLF"));
         }
         if let Some(signer) = &self.mode.signer {
-            let sent = ext.trim().strip_prefix("chunk-signature=").ok_or(BodyError::Malformed("missing chunk-signature"))?;
+            let sent =
+                ext.trim().strip_prefix("chunk-signature=").ok_or(BodyError::Malformed("missing chunk-signature"))?;
             let sts = chunk_string_to_sign(&signer.amz_date, &signer.scope, &self.prev_signature, &sha256_hex(&data));
             let expected = signature(&signer.key, &sts);
             if !bool::from(expected.as_bytes().ct_eq(sent.as_bytes())) {
@@ -240,15 +241,21 @@ mod tests {
 
     fn doc_body(tamper: bool) -> Bytes {
         let mut b = Vec::new();
-        b.extend_from_slice(b"10000;chunk-signature=ad80c730a21e5b8d04586a2213dd63b9a0e99e0e2307b0ade35a65485a288648\r\n");
+        b.extend_from_slice(
+            b"10000;chunk-signature=ad80c730a21e5b8d04586a2213dd63b9a0e99e0e2307b0ade35a65485a288648\r\n",
+        );
         let mut first = vec![b'a'; 65536];
         if tamper {
             first[100] = b'b';
         }
         b.extend_from_slice(&first);
-        b.extend_from_slice(b"\r\n400;chunk-signature=0055627c9e194cb4542bae2aa5492e3c1575bbb81b612b7d234b86a503ef5497\r\n");
+        b.extend_from_slice(
+            b"\r\n400;chunk-signature=0055627c9e194cb4542bae2aa5492e3c1575bbb81b612b7d234b86a503ef5497\r\n",
+        );
         b.extend_from_slice(&[b'a'; 1024]);
-        b.extend_from_slice(b"\r\n0;chunk-signature=b6c6ea8a5354eaf15b3cb7646744f4275b71ea724fed81ceb9323e279d449df9\r\n\r\n");
+        b.extend_from_slice(
+            b"\r\n0;chunk-signature=b6c6ea8a5354eaf15b3cb7646744f4275b71ea724fed81ceb9323e279d449df9\r\n\r\n",
+        );
         Bytes::from(b)
     }
 
@@ -290,7 +297,8 @@ mod tests {
     #[tokio::test]
     async fn reframed_bodies_end_with_a_checksum_that_fails_on_error() {
         use futures_util::StreamExt;
-        let ok = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"trailer"))]);
+        let ok =
+            futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"trailer"))]);
         let slot = FailureSlot::default();
         let out: Vec<_> = reframe(ok, TrailerChecksum::Crc32(crc32fast::Hasher::new()), slot.clone()).collect().await;
         let text: Vec<u8> = out.into_iter().flat_map(|b| b.expect("ok").to_vec()).collect();
@@ -348,7 +356,11 @@ pub type FailureSlot = std::sync::Arc<std::sync::Mutex<Option<BodyError>>>;
 /// what they received. Instead, the body is ended cleanly with a checksum that cannot match, so
 /// the backend itself rejects the upload and nothing is stored. The failure is recorded in
 /// `failure` and the client gets the gateway's error, not the backend's.
-pub fn reframe<S>(data: S, mut checksum: TrailerChecksum, failure: FailureSlot) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
+pub fn reframe<S>(
+    data: S,
+    mut checksum: TrailerChecksum,
+    failure: FailureSlot,
+) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
 where
     S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
 {

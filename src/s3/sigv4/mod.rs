@@ -261,12 +261,26 @@ mod tests {
         ]);
         let sh = "host;x-amz-content-sha256;x-amz-date";
         let q = canonical_query(Some("lifecycle"), None);
-        let cr = CanonicalRequest { method: "GET", uri: "/", query: &q, headers: &h, signed_headers: sh, payload_hash: EMPTY_SHA256 };
+        let cr = CanonicalRequest {
+            method: "GET",
+            uri: "/",
+            query: &q,
+            headers: &h,
+            signed_headers: sh,
+            payload_hash: EMPTY_SHA256,
+        };
         assert_eq!(sign(&cr), "fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543");
 
         let q = canonical_query(Some("prefix=J&max-keys=2"), None);
         assert_eq!(q, "max-keys=2&prefix=J");
-        let cr = CanonicalRequest { method: "GET", uri: "/", query: &q, headers: &h, signed_headers: sh, payload_hash: EMPTY_SHA256 };
+        let cr = CanonicalRequest {
+            method: "GET",
+            uri: "/",
+            query: &q,
+            headers: &h,
+            signed_headers: sh,
+            payload_hash: EMPTY_SHA256,
+        };
         assert_eq!(sign(&cr), "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
     }
 

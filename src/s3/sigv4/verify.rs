@@ -10,9 +10,12 @@ use subtle::ConstantTimeEq;
 use time::{OffsetDateTime, PrimitiveDateTime, format_description::FormatItem, macros::format_description};
 
 use super::chunked::{ChunkSigner, ChunkedMode};
-use super::{ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature, signing_key, string_to_sign};
+use super::{
+    ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature, signing_key,
+    string_to_sign,
+};
 use crate::s3::credentials::CredentialStore;
-use crate::s3::headers;
+use crate::s3::{headers, sigv2};
 
 /// How far a request's `x-amz-date` may be from the gateway's clock: S3's own tolerance.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(15 * 60);
@@ -70,7 +73,7 @@ pub enum AuthError {
     MalformedHeader(&'static str),
     #[error("the presigned URL's query parameters are malformed: {0}")]
     MalformedQuery(&'static str),
-    #[error("only AWS Signature Version 4 (AWS4-HMAC-SHA256) is supported")]
+    #[error("unsupported signature algorithm: use AWS Signature Version 4 (or Version 2)")]
     UnsupportedAlgorithm,
     #[error("the access key does not exist in the gateway's credentials")]
     UnknownAccessKey,
@@ -106,22 +109,34 @@ fn parse_amz_date(s: &str) -> Option<OffsetDateTime> {
     PrimitiveDateTime::parse(s, AMZ_DATE_FORMAT).ok().map(PrimitiveDateTime::assume_utc)
 }
 
-/// Authenticates a request. `now` is the gateway's clock.
+/// Authenticates a request. `vhost_bucket` is the bucket named by the `Host` header (SigV2 signs
+/// it as part of the resource). `now` is the gateway's clock.
 ///
 /// # Errors
 /// Any [`AuthError`]; the request must then be refused.
-pub fn verify(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &CredentialStore, allow_anonymous: bool, now: OffsetDateTime) -> Result<Verified, AuthError> {
+pub fn verify(
+    method: &Method,
+    uri: &Uri,
+    vhost_bucket: Option<&str>,
+    headers: &HeaderMap,
+    creds: &CredentialStore,
+    allow_anonymous: bool,
+    now: OffsetDateTime,
+) -> Result<Verified, AuthError> {
     let query = uri.query();
     let presigned = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("X-Amz-Signature=")));
     if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
         let auth = auth.to_str().map_err(|_| AuthError::MalformedHeader("not ASCII"))?;
+        if let Some(v2) = auth.strip_prefix("AWS ") {
+            return verify_v2_header(method, uri, vhost_bucket, headers, v2, creds, now);
+        }
         return verify_header(method, uri, headers, auth, creds, now);
     }
     if presigned {
         return verify_presigned(method, uri, headers, creds, now);
     }
     if query.is_some_and(|q| q.split('&').any(|p| p.starts_with("AWSAccessKeyId="))) {
-        return Err(AuthError::UnsupportedAlgorithm);
+        return verify_v2_presigned(method, uri, vhost_bucket, headers, creds, now);
     }
     if allow_anonymous {
         let payload = match headers.get(headers::X_AMZ_CONTENT_SHA256) {
@@ -133,9 +148,20 @@ pub fn verify(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &Credentia
     Err(AuthError::AnonymousDenied)
 }
 
-fn verify_header(method: &Method, uri: &Uri, headers: &HeaderMap, auth: &str, creds: &CredentialStore, now: OffsetDateTime) -> Result<Verified, AuthError> {
+fn verify_header(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    auth: &str,
+    creds: &CredentialStore,
+    now: OffsetDateTime,
+) -> Result<Verified, AuthError> {
     let Some(rest) = auth.strip_prefix(ALGORITHM) else {
-        return Err(if auth.starts_with("AWS4-ECDSA") { AuthError::NotImplemented("SigV4a") } else { AuthError::UnsupportedAlgorithm });
+        return Err(if auth.starts_with("AWS4-ECDSA") {
+            AuthError::NotImplemented("SigV4a")
+        } else {
+            AuthError::UnsupportedAlgorithm
+        });
     };
     let (mut credential, mut signed_headers, mut sig) = (None, None, None);
     for part in rest.split(',') {
@@ -166,13 +192,77 @@ fn verify_header(method: &Method, uri: &Uri, headers: &HeaderMap, auth: &str, cr
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
     let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
-    let expected = matching_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key, sig)?;
+    let expected =
+        matching_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key, sig)?;
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
 }
 
-fn verify_presigned(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &CredentialStore, now: OffsetDateTime) -> Result<Verified, AuthError> {
+fn verify_v2_header(
+    method: &Method,
+    uri: &Uri,
+    vhost_bucket: Option<&str>,
+    headers: &HeaderMap,
+    credential: &str,
+    creds: &CredentialStore,
+    now: OffsetDateTime,
+) -> Result<Verified, AuthError> {
+    let (access_key, sig) =
+        credential.split_once(':').ok_or(AuthError::MalformedHeader("expected AWS key:signature"))?;
+    let amz_date = header_str(headers, headers::X_AMZ_DATE);
+    let date = amz_date.or_else(|| header_str(headers, "date")).ok_or(AuthError::MalformedHeader("missing Date"))?;
+    let when = httpdate::parse_http_date(date)
+        .ok()
+        .map(OffsetDateTime::from)
+        .or_else(|| parse_amz_date(date))
+        .ok_or(AuthError::MalformedHeader("bad Date"))?;
+    if (now - when).unsigned_abs() > MAX_CLOCK_SKEW {
+        return Err(AuthError::TimeTooSkewed);
+    }
+    let secret = creds.get(access_key).ok_or(AuthError::UnknownAccessKey)?;
+    let resource = sigv2::canonical_resource(vhost_bucket, uri.path(), uri.query());
+    let date_line = if amz_date.is_some() { "" } else { date };
+    let expected =
+        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, date_line, &resource));
+    check(&expected, sig)?;
+    Ok(Verified { identity: Identity::AccessKey(access_key.to_owned()), payload: Payload::Unsigned, presigned: false })
+}
+
+fn verify_v2_presigned(
+    method: &Method,
+    uri: &Uri,
+    vhost_bucket: Option<&str>,
+    headers: &HeaderMap,
+    creds: &CredentialStore,
+    now: OffsetDateTime,
+) -> Result<Verified, AuthError> {
+    let q = uri.query().unwrap_or_default();
+    let param = |name: &str| -> Option<String> {
+        q.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
+    };
+    let access_key = param("AWSAccessKeyId").ok_or(AuthError::MalformedQuery("missing AWSAccessKeyId"))?;
+    let expires = param("Expires").ok_or(AuthError::MalformedQuery("missing Expires"))?;
+    let sig = param("Signature").ok_or(AuthError::MalformedQuery("missing Signature"))?;
+    let expires_at: i64 = expires.parse().map_err(|_| AuthError::MalformedQuery("bad Expires"))?;
+    if now.unix_timestamp() > expires_at {
+        return Err(AuthError::Expired);
+    }
+    let secret = creds.get(&access_key).ok_or(AuthError::UnknownAccessKey)?;
+    let resource = sigv2::canonical_resource(vhost_bucket, uri.path(), uri.query());
+    let expected =
+        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, &expires, &resource));
+    check(&expected, &sig)?;
+    Ok(Verified { identity: Identity::AccessKey(access_key), payload: Payload::Unsigned, presigned: true })
+}
+
+fn verify_presigned(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    creds: &CredentialStore,
+    now: OffsetDateTime,
+) -> Result<Verified, AuthError> {
     let q = uri.query().unwrap_or_default();
     let param = |name: &str| -> Option<String> {
         q.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
@@ -182,8 +272,11 @@ fn verify_presigned(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &Cre
     }
     let credential = param("X-Amz-Credential").ok_or(AuthError::MalformedQuery("missing X-Amz-Credential"))?;
     let amz_date = param("X-Amz-Date").ok_or(AuthError::MalformedQuery("missing X-Amz-Date"))?;
-    let expires: u64 = param("X-Amz-Expires").and_then(|e| e.parse().ok()).ok_or(AuthError::MalformedQuery("missing or bad X-Amz-Expires"))?;
-    let signed_headers = param("X-Amz-SignedHeaders").ok_or(AuthError::MalformedQuery("missing X-Amz-SignedHeaders"))?;
+    let expires: u64 = param("X-Amz-Expires")
+        .and_then(|e| e.parse().ok())
+        .ok_or(AuthError::MalformedQuery("missing or bad X-Amz-Expires"))?;
+    let signed_headers =
+        param("X-Amz-SignedHeaders").ok_or(AuthError::MalformedQuery("missing X-Amz-SignedHeaders"))?;
     let sig = param("X-Amz-Signature").ok_or(AuthError::MalformedQuery("missing X-Amz-Signature"))?;
     let cs = parse_credential(&credential).ok_or(AuthError::MalformedQuery("bad X-Amz-Credential"))?;
     if cs.service != "s3" {
@@ -206,7 +299,18 @@ fn verify_presigned(method: &Method, uri: &Uri, headers: &HeaderMap, creds: &Cre
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
     let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
-    matching_signature(method, uri, headers, &signed_headers, &payload_hash, Some("X-Amz-Signature"), &amz_date, &scope, &key, &sig)?;
+    matching_signature(
+        method,
+        uri,
+        headers,
+        &signed_headers,
+        &payload_hash,
+        Some("X-Amz-Signature"),
+        &amz_date,
+        &scope,
+        &key,
+        &sig,
+    )?;
     let payload = match payload_mode(payload_hash.as_bytes(), headers, None)? {
         Payload::Chunked(_) => return Err(AuthError::NotImplemented("aws-chunked bodies with presigned URLs")),
         p => p,
@@ -236,7 +340,18 @@ fn matching_signature(
     let normalized = canonical_uri(uri.path());
     let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, &normalized] };
     for path in candidates {
-        let expected = request_signature(method, uri, path, headers, signed_headers, payload_hash, skip_query, amz_date, scope, key)?;
+        let expected = request_signature(
+            method,
+            uri,
+            path,
+            headers,
+            signed_headers,
+            payload_hash,
+            skip_query,
+            amz_date,
+            scope,
+            key,
+        )?;
         if check(&expected, sent).is_ok() {
             return Ok(expected);
         }
@@ -329,7 +444,10 @@ mod tests {
     use std::time::SystemTime;
 
     use aws_credential_types::Credentials;
-    use aws_sigv4::http_request::{PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings, UriPathNormalizationMode, sign};
+    use aws_sigv4::http_request::{
+        PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings,
+        UriPathNormalizationMode, sign,
+    };
     use aws_sigv4::sign::v4;
 
     use super::*;
@@ -341,7 +459,13 @@ mod tests {
         s
     }
 
-    fn signed(method: &str, url: &str, extra: &[(&str, &str)], presign: Option<Duration>, at: SystemTime) -> http::Request<()> {
+    fn signed(
+        method: &str,
+        url: &str,
+        extra: &[(&str, &str)],
+        presign: Option<Duration>,
+        at: SystemTime,
+    ) -> http::Request<()> {
         let creds = Credentials::new("AKID", "SECRET", None, None, "test");
         let identity = creds.into();
         let mut settings = SigningSettings::default();
@@ -353,27 +477,43 @@ mod tests {
         } else {
             settings.payload_checksum_kind = aws_sigv4::http_request::PayloadChecksumKind::XAmzSha256;
         }
-        let params = v4::SigningParams::builder().identity(&identity).region("us-east-1").name("s3").time(at).settings(settings).build().expect("params").into();
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region("us-east-1")
+            .name("s3")
+            .time(at)
+            .settings(settings)
+            .build()
+            .expect("params")
+            .into();
         let mut req = http::Request::builder().method(method).uri(url);
         for (k, v) in extra {
             req = req.header(*k, *v);
         }
         let mut req = req.header("host", "gw.example:9000").body(()).expect("request");
-        let hdrs: Vec<(&str, &str)> = req.headers().iter().map(|(k, v)| (k.as_str(), v.to_str().expect("ascii"))).collect();
-        let signable = SignableRequest::new(method, url, hdrs.into_iter(), SignableBody::UnsignedPayload).expect("signable");
+        let hdrs: Vec<(&str, &str)> =
+            req.headers().iter().map(|(k, v)| (k.as_str(), v.to_str().expect("ascii"))).collect();
+        let signable =
+            SignableRequest::new(method, url, hdrs.into_iter(), SignableBody::UnsignedPayload).expect("signable");
         let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
         instructions.apply_to_request_http1x(&mut req);
         req
     }
 
     fn check_req(req: &http::Request<()>, now: SystemTime) -> Result<Verified, AuthError> {
-        verify(req.method(), req.uri(), req.headers(), &store(), false, now.into())
+        verify(req.method(), req.uri(), None, req.headers(), &store(), false, now.into())
     }
 
     #[test]
     fn header_signed_requests_from_aws_sigv4_verify() {
         let now = SystemTime::now();
-        let req = signed("GET", "http://gw.example:9000/bucket/dir/a%20b.txt?list-type=2&prefix=x%2By", &[("x-amz-meta-k", " v  w ")], None, now);
+        let req = signed(
+            "GET",
+            "http://gw.example:9000/bucket/dir/a%20b.txt?list-type=2&prefix=x%2By",
+            &[("x-amz-meta-k", " v  w ")],
+            None,
+            now,
+        );
         let v = check_req(&req, now).expect("valid");
         assert_eq!(v.identity, Identity::AccessKey("AKID".into()));
         assert!(matches!(v.payload, Payload::Unsigned));
@@ -386,11 +526,19 @@ mod tests {
         req.headers_mut().insert("x-amz-meta-k", "changed".parse().expect("value"));
         assert!(matches!(check_req(&req, now), Err(AuthError::SignatureDoesNotMatch)));
         let req = signed("GET", "http://gw.example:9000/bucket/key", &[], None, now);
-        let mut other = verify(req.method(), &"/bucket/other".parse().expect("uri"), req.headers(), &store(), false, now.into());
+        let mut other = verify(
+            req.method(),
+            &"/bucket/other".parse().expect("uri"),
+            None,
+            req.headers(),
+            &store(),
+            false,
+            now.into(),
+        );
         assert!(matches!(other, Err(AuthError::SignatureDoesNotMatch)));
         let mut wrong = CredentialStore::default();
         wrong.insert("AKID".into(), SecretKey::new("WRONG".into()));
-        other = verify(req.method(), req.uri(), req.headers(), &wrong, false, now.into());
+        other = verify(req.method(), req.uri(), None, req.headers(), &wrong, false, now.into());
         assert!(matches!(other, Err(AuthError::SignatureDoesNotMatch)));
     }
 
@@ -406,17 +554,54 @@ mod tests {
 
         let anon = http::Request::get("/bucket/key").body(()).expect("request");
         assert!(matches!(check_req(&anon, now), Err(AuthError::AnonymousDenied)));
-        let ok = verify(anon.method(), anon.uri(), anon.headers(), &store(), true, now.into()).expect("anonymous allowed");
+        let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
+            .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
     }
 
     #[test]
-    fn unknown_key_and_sigv2_are_refused() {
+    fn sigv2_header_and_presigned() {
+        let now = SystemTime::now();
+        let date = httpdate::fmt_http_date(now);
+        let mut h = HeaderMap::new();
+        h.insert("date", date.parse().expect("date"));
+        h.insert("x-amz-meta-a", "b".parse().expect("v"));
+        let resource = sigv2::canonical_resource(Some("vb"), "/k", Some("acl"));
+        let sig = sigv2::signature(b"SECRET", &sigv2::string_to_sign(&Method::PUT, &h, &date, &resource));
+        h.insert("authorization", format!("AWS AKID:{sig}").parse().expect("auth"));
+        let uri: Uri = "/k?acl".parse().expect("uri");
+        let ok = verify(&Method::PUT, &uri, Some("vb"), &h, &store(), false, now.into()).expect("valid");
+        assert!(matches!(ok.payload, Payload::Unsigned));
+        let wrong_bucket = verify(&Method::PUT, &uri, Some("other"), &h, &store(), false, now.into());
+        assert!(matches!(wrong_bucket, Err(AuthError::SignatureDoesNotMatch)));
+
+        let expires = (now + Duration::from_secs(60))
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("epoch")
+            .as_secs()
+            .to_string();
+        let resource = sigv2::canonical_resource(None, "/b/k", None);
+        let sig =
+            sigv2::signature(b"SECRET", &sigv2::string_to_sign(&Method::GET, &HeaderMap::new(), &expires, &resource));
+        let q = format!("/b/k?AWSAccessKeyId=AKID&Expires={expires}&Signature={}", crate::s3::sigv4::uri_encode(&sig));
+        let uri: Uri = q.parse().expect("uri");
+        assert!(
+            verify(&Method::GET, &uri, None, &HeaderMap::new(), &store(), false, now.into()).expect("valid").presigned
+        );
+        let later = now + Duration::from_secs(120);
+        assert!(matches!(
+            verify(&Method::GET, &uri, None, &HeaderMap::new(), &store(), false, later.into()),
+            Err(AuthError::Expired)
+        ));
+    }
+
+    #[test]
+    fn unknown_key_and_other_schemes_are_refused() {
         let now = SystemTime::now();
         let req = signed("GET", "http://gw.example:9000/bucket/key", &[], None, now);
-        let r = verify(req.method(), req.uri(), req.headers(), &CredentialStore::default(), false, now.into());
+        let r = verify(req.method(), req.uri(), None, req.headers(), &CredentialStore::default(), false, now.into());
         assert!(matches!(r, Err(AuthError::UnknownAccessKey)));
-        let v2 = http::Request::get("/b/k").header("authorization", "AWS AKID:c2lnbmF0dXJl").body(()).expect("request");
-        assert!(matches!(check_req(&v2, now), Err(AuthError::UnsupportedAlgorithm)));
+        let other = http::Request::get("/b/k").header("authorization", "Bearer token").body(()).expect("request");
+        assert!(matches!(check_req(&other, now), Err(AuthError::UnsupportedAlgorithm)));
     }
 }

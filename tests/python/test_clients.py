@@ -1,0 +1,159 @@
+"""Real S3 clients through the real gateway binary in front of SeaweedFS: nothing but the endpoint changes."""
+
+import os
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import boto3
+import botocore.exceptions
+import pytest
+from boto3.s3.transfer import TransferConfig
+
+from conftest import BINARY, CLIENT_AK, CLIENT_SK, ROOT, free_port, wait_ready
+
+AWS = str(ROOT / ".venv" / "bin" / "aws")
+
+
+def test_boto3_objects_multipart_listing_presign(s3, bucket, tmp_path):
+    s3.put_object(Bucket=bucket, Key="a.txt", Body=b"hello", Metadata={"k": "v"})
+    got = s3.get_object(Bucket=bucket, Key="a.txt")
+    assert got["Body"].read() == b"hello"
+    assert got["Metadata"] == {"k": "v"}
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(12 * 1024 * 1024))
+    cfg = TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024)
+    s3.upload_file(str(big), bucket, "big.bin", Config=cfg)
+    head = s3.head_object(Bucket=bucket, Key="big.bin")
+    assert head["ContentLength"] == big.stat().st_size
+    assert head["ETag"].endswith('-3"')
+    out = tmp_path / "out.bin"
+    s3.download_file(bucket, "big.bin", str(out), Config=cfg)
+    assert out.read_bytes() == big.read_bytes()
+
+    for i in range(5):
+        s3.put_object(Bucket=bucket, Key=f"p/{i}", Body=b"x")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="p/", PaginationConfig={"PageSize": 2})
+    assert [o["Key"] for page in pages for o in page.get("Contents", [])] == [f"p/{i}" for i in range(5)]
+
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "a.txt"}, ExpiresIn=60)
+    with urllib.request.urlopen(url) as r:
+        assert r.read() == b"hello"
+
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="missing")
+    assert e.value.response["Error"]["Code"] == "NoSuchKey"
+
+
+def test_boto3_wrong_secret_is_refused(gateway, bucket):
+    endpoint, _, _ = gateway
+    bad = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CLIENT_AK, aws_secret_access_key="wrong", region_name="us-east-1")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        bad.list_objects_v2(Bucket=bucket)
+    assert e.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_aws_cli_cp_multipart_sync_presign(gateway, bucket, client_env, tmp_path):
+    endpoint, _, _ = gateway
+    aws = [AWS, "--endpoint-url", endpoint]
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(20 * 1024 * 1024))  # above the CLI's 8 MiB multipart threshold
+    subprocess.run(aws + ["s3", "cp", str(big), f"s3://{bucket}/big.bin"], env=client_env, check=True, capture_output=True)
+    back = tmp_path / "back.bin"
+    subprocess.run(aws + ["s3", "cp", f"s3://{bucket}/big.bin", str(back)], env=client_env, check=True, capture_output=True)
+    assert back.read_bytes() == big.read_bytes()
+
+    src = tmp_path / "tree"
+    (src / "sub").mkdir(parents=True)
+    for name in ["one.txt", "sub/two.txt", "sub/three.txt"]:
+        (src / name).write_text(name)
+    subprocess.run(aws + ["s3", "sync", str(src), f"s3://{bucket}/tree"], env=client_env, check=True, capture_output=True)
+    listing = subprocess.run(aws + ["s3", "ls", "--recursive", f"s3://{bucket}/tree/"], env=client_env, check=True, capture_output=True, text=True).stdout
+    assert all(n in listing for n in ["tree/one.txt", "tree/sub/two.txt", "tree/sub/three.txt"]), listing
+    dest = tmp_path / "synced"
+    subprocess.run(aws + ["s3", "sync", f"s3://{bucket}/tree", str(dest)], env=client_env, check=True, capture_output=True)
+    assert (dest / "sub" / "two.txt").read_text() == "sub/two.txt"
+
+    url = subprocess.run(aws + ["s3", "presign", f"s3://{bucket}/tree/one.txt", "--expires-in", "60"], env=client_env, check=True, capture_output=True, text=True).stdout.strip()
+    with urllib.request.urlopen(url) as r:
+        assert r.read() == b"one.txt"
+    subprocess.run(aws + ["s3", "rm", "--recursive", f"s3://{bucket}/tree"], env=client_env, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("rclone") is None, reason="rclone not installed (scripts/setup.sh installs it as root)")
+def test_rclone(gateway, bucket, tmp_path):
+    endpoint, _, _ = gateway
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+    env.update(
+        RCLONE_CONFIG_TG_TYPE="s3",
+        RCLONE_CONFIG_TG_PROVIDER="Other",
+        RCLONE_CONFIG_TG_ENDPOINT=endpoint,
+        RCLONE_CONFIG_TG_ACCESS_KEY_ID=CLIENT_AK,
+        RCLONE_CONFIG_TG_SECRET_ACCESS_KEY=CLIENT_SK,
+        RCLONE_CONFIG_TG_REGION="us-east-1",
+        RCLONE_CONFIG_TG_FORCE_PATH_STYLE="true",
+    )
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "r.txt").write_text("via rclone")
+    (src / "big.bin").write_bytes(os.urandom(6 * 1024 * 1024))
+    subprocess.run(["rclone", "copy", str(src), f"tg:{bucket}/rc"], env=env, check=True, capture_output=True)
+    cat = subprocess.run(["rclone", "cat", f"tg:{bucket}/rc/r.txt"], env=env, check=True, capture_output=True, text=True).stdout
+    assert cat == "via rclone"
+    check = subprocess.run(["rclone", "check", str(src), f"tg:{bucket}/rc"], env=env, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.skipif(shutil.which("s3cmd") is None, reason="s3cmd not installed (scripts/setup.sh installs it as root)")
+def test_s3cmd(gateway, bucket, tmp_path):
+    endpoint, _, _ = gateway
+    hostport = endpoint.removeprefix("http://")
+    cfg = tmp_path / "s3cfg"
+    cfg.write_text(
+        f"[default]\naccess_key = {CLIENT_AK}\nsecret_key = {CLIENT_SK}\nhost_base = {hostport}\nhost_bucket = {hostport}\n"
+        "use_https = False\nsignature_v2 = False\nbucket_location = us-east-1\n"
+    )
+    f = tmp_path / "s.txt"
+    f.write_text("via s3cmd")
+    base = ["s3cmd", "-c", str(cfg)]
+    subprocess.run(base + ["put", str(f), f"s3://{bucket}/s.txt"], check=True, capture_output=True)
+    ls = subprocess.run(base + ["ls", f"s3://{bucket}/"], check=True, capture_output=True, text=True).stdout
+    assert "s.txt" in ls
+    out = tmp_path / "o.txt"
+    subprocess.run(base + ["get", f"s3://{bucket}/s.txt", str(out)], check=True, capture_output=True)
+    assert out.read_text() == "via s3cmd"
+
+
+def test_gateway_log_has_no_secrets(gateway, s3, bucket):
+    _, _, log = gateway
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    text = Path(log).read_text()
+    assert "Request served." in text
+    assert CLIENT_SK not in text and "seaweed-sk" not in text
+
+
+def test_embedded_default_needs_no_configuration(tmp_path):
+    """`tensorgate` with no flags, env or file: fs backend in ./tensorgate-data, development key."""
+    for port in (9000, 9001):
+        with __import__("socket").socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"port {port} is in use on this machine")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    proc = subprocess.Popen([str(BINARY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready("http://127.0.0.1:9001", proc)
+        c = boto3.client("s3", endpoint_url="http://127.0.0.1:9000", aws_access_key_id="tensorgate-dev", aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
+        c.create_bucket(Bucket="demo")
+        c.put_object(Bucket="demo", Key="hello.txt", Body=b"embedded")
+        assert c.get_object(Bucket="demo", Key="hello.txt")["Body"].read() == b"embedded"
+        assert (tmp_path / "tensorgate-data" / "demo" / "hello.txt").read_bytes() == b"embedded"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen("http://127.0.0.1:9000/demo/hello.txt")
+        assert e.value.code == 403
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
