@@ -176,3 +176,38 @@ async fn load_shedding_and_graceful_drain() {
     assert!(shutdown.await.expect("join"), "drained within the deadline");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
 }
+
+/// A client that goes away mid-download: the gateway drops the backend response (closing that
+/// backend connection) and releases its in-flight slot and backend permit.
+#[tokio::test]
+async fn client_gone_mid_download_releases_the_request() {
+    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
+    let server = Server::start(&s3_config(&endpoint)).await.expect("gateway");
+    let c = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
+    let b = unique_bucket("gone");
+    c.create_bucket().bucket(&b).send().await.expect("create");
+    c.put_object().bucket(&b).key("big").body(ByteStream::from(vec![1u8; 32 * 1024 * 1024])).send().await.expect("put");
+    let in_flight = || async {
+        let m = raw(server.admin_addr, "GET", "admin", "/metrics", &[], Bytes::new(), Auth::None)
+            .await
+            .expect("metrics")
+            .text();
+        m.lines().find(|l| l.starts_with("tensorgate_in_flight_requests ")).map(str::to_owned).unwrap_or_default()
+    };
+    {
+        let mut got = c.get_object().bucket(&b).key("big").send().await.expect("get");
+        let first = got.body.try_next().await.expect("chunk").expect("some data");
+        assert!(!first.is_empty());
+        assert_eq!(in_flight().await, "tensorgate_in_flight_requests 1", "the download is in flight");
+    } // dropped after one chunk
+    let mut last = String::new();
+    for _ in 0..50 {
+        last = in_flight().await;
+        if last == "tensorgate_in_flight_requests 0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, "tensorgate_in_flight_requests 0");
+    server.shutdown().await;
+}

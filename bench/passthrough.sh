@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Passthrough overhead: the same aws-sdk-s3 workload against SeaweedFS directly and through the
+# gateway (release build), alternating, in one run; then the gateway's peak RSS over a 1 GiB PUT + GET.
+# Prints a markdown report and saves it (and the raw JSON lines) under bench/results/.
+#   bench/passthrough.sh            # ROUNDS=2 by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+PORT=18733
+GW=127.0.0.1:19733
+ADMIN=127.0.0.1:19734
+OUT=bench/results
+mkdir -p "$OUT" .tmp
+RAW="$OUT/passthrough-raw.jsonl"
+: > "$RAW"
+
+scripts/setup.sh >/dev/null
+cargo build --release --locked --quiet --bin tensorgate
+cargo build --locked --quiet -p integration-tests --bin s3bench
+BENCH=target/debug/s3bench
+
+GW_PID=
+cleanup() {
+  [ -n "$GW_PID" ] && kill "$GW_PID" 2>/dev/null || true
+  SEAWEED_PORT=$PORT scripts/seaweedfs.sh stop >/dev/null 2>&1 || true
+  rm -f .tmp/bench-1g.bin
+}
+trap cleanup EXIT
+
+ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
+target/release/tensorgate serve --listen "$GW" --admin-listen "$ADMIN" \
+  --backend-endpoint "$ENDPOINT" --backend-access-key seaweed-ak --backend-secret-key seaweed-sk \
+  --access-key bench-ak --secret-key bench-sk --log warn > .tmp/bench-gateway.log 2>&1 &
+GW_PID=$!
+for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
+
+for r in $(seq 1 "$ROUNDS"); do
+  echo "round $r/$ROUNDS: direct" >&2
+  $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct >> "$RAW"
+  echo "round $r/$ROUNDS: gateway" >&2
+  $BENCH "http://$GW" bench-ak bench-sk gateway >> "$RAW"
+done
+
+echo "1 GiB PUT + GET through the gateway" >&2
+head -c $((1024 * 1024 * 1024)) /dev/zero > .tmp/bench-1g.bin
+rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
+$BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
+rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
+echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
+
+.venv/bin/python bench/report.py "$RAW" | tee "$OUT/passthrough.md"

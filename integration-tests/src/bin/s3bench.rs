@@ -1,0 +1,132 @@
+//! Passthrough benchmark client (the real `aws-sdk-s3`): throughput of PUT and GET at several
+//! object sizes and GET latency percentiles, against one endpoint. `bench/passthrough.sh` runs it
+//! against SeaweedFS directly and through the gateway in the same run and reports ratios.
+//!
+//! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE]`; prints one JSON object per line.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::primitives::ByteStream;
+use integration_tests::{sdk_client, unique_bucket};
+use tokio::sync::Semaphore;
+
+async fn drain(mut body: ByteStream) -> u64 {
+    let mut n = 0;
+    while let Ok(Some(chunk)) = body.try_next().await {
+        n += chunk.len() as u64;
+    }
+    n
+}
+
+/// Runs `count` operations with `concurrency` in flight; returns per-op latencies and the wall time.
+async fn run<F, Fut>(count: usize, concurrency: usize, op: F) -> (Vec<Duration>, Duration)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let sem = Arc::new(Semaphore::new(concurrency));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        let permit = sem.clone().acquire_owned().await.expect("semaphore");
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            op(i).await;
+            drop(permit);
+            t.elapsed()
+        }));
+    }
+    let mut lat = Vec::with_capacity(count);
+    for t in tasks {
+        lat.push(t.await.expect("task"));
+    }
+    (lat, start.elapsed())
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (endpoint, ak, sk, label) = (&args[1], &args[2], &args[3], &args[4]);
+    let c = sdk_client(endpoint, ak, sk);
+    let bucket = unique_bucket("bench");
+    c.create_bucket().bucket(&bucket).send().await.expect("create bucket");
+
+    if args.get(5).map(String::as_str) == Some("big") {
+        // One large streamed PUT and GET (used for the gateway's peak-RSS measurement).
+        let path = &args[6];
+        let t = Instant::now();
+        let body = ByteStream::from_path(path).await.expect("file");
+        c.put_object().bucket(&bucket).key("big").body(body).send().await.expect("put big");
+        let put = t.elapsed();
+        let t = Instant::now();
+        let got = c.get_object().bucket(&bucket).key("big").send().await.expect("get big");
+        let n = drain(got.body).await;
+        println!(
+            r#"{{"label":"{label}","test":"big","bytes":{n},"put_s":{:.3},"get_s":{:.3}}}"#,
+            put.as_secs_f64(),
+            t.elapsed().as_secs_f64()
+        );
+        return;
+    }
+
+    for (size, count, conc) in [(4 * 1024, 1500usize, 16usize), (1024 * 1024, 150, 8), (64 * 1024 * 1024, 6, 2)] {
+        let data = bytes::Bytes::from(vec![0x5au8; size]);
+        let (c2, b2, d2) = (c.clone(), bucket.clone(), data.clone());
+        let (_, put_wall) = run(count, conc, move |i| {
+            let (c, b, d) = (c2.clone(), b2.clone(), d2.clone());
+            async move {
+                c.put_object()
+                    .bucket(b)
+                    .key(format!("o{size}-{i}"))
+                    .body(ByteStream::from(d))
+                    .send()
+                    .await
+                    .expect("put");
+            }
+        })
+        .await;
+        let (c2, b2) = (c.clone(), bucket.clone());
+        let (_, get_wall) = run(count, conc, move |i| {
+            let (c, b) = (c2.clone(), b2.clone());
+            async move {
+                let o = c.get_object().bucket(b).key(format!("o{size}-{i}")).send().await.expect("get");
+                assert_eq!(drain(o.body).await as usize, size);
+            }
+        })
+        .await;
+        let mb = (size * count) as f64 / 1e6;
+        println!(
+            r#"{{"label":"{label}","test":"throughput","size":{size},"count":{count},"concurrency":{conc},"put_mb_s":{:.2},"get_mb_s":{:.2},"put_ops_s":{:.1},"get_ops_s":{:.1}}}"#,
+            mb / put_wall.as_secs_f64(),
+            mb / get_wall.as_secs_f64(),
+            count as f64 / put_wall.as_secs_f64(),
+            count as f64 / get_wall.as_secs_f64()
+        );
+    }
+
+    for (conc, count) in [(1usize, 1000usize), (32, 3000)] {
+        let (c2, b2) = (c.clone(), bucket.clone());
+        let (mut lat, _) = run(count, conc, move |i| {
+            let (c, b) = (c2.clone(), b2.clone());
+            async move {
+                let o = c.get_object().bucket(b).key(format!("o4096-{}", i % 1500)).send().await.expect("get");
+                drain(o.body).await;
+            }
+        })
+        .await;
+        lat.sort();
+        println!(
+            r#"{{"label":"{label}","test":"latency","size":4096,"concurrency":{conc},"count":{count},"p50_ms":{:.3},"p99_ms":{:.3}}}"#,
+            pct(&lat, 0.5),
+            pct(&lat, 0.99)
+        );
+    }
+}
