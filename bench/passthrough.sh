@@ -34,11 +34,26 @@ target/release/tensorgate serve --listen "$GW" --admin-listen "$ADMIN" \
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 
+WEED_PID=$(cat ".tmp/seaweedfs-$PORT/pid")
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # utime + stime, in clock ticks
+TCK=$(getconf CLK_TCK)
+# Runs one labelled workload and records the CPU seconds each process spent on it.
+measure() {
+  local label=$1; shift
+  local g0 w0 c0 g1 w1 c1
+  g0=$(cpu "$GW_PID"); w0=$(cpu "$WEED_PID")
+  /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
+  g1=$(cpu "$GW_PID"); w1=$(cpu "$WEED_PID")
+  read -r cu cs < .tmp/bench-client-cpu
+  echo "{\"label\":\"$label\",\"test\":\"cpu\",\"gateway_cpu_s\":$(( (g1 - g0) ))e-2,\"store_cpu_s\":$(( (w1 - w0) ))e-2,\"client_cpu_s\":$(echo "$cu + $cs" | bc)}" >> "$RAW"
+  [ "$TCK" = 100 ] || echo "warning: CLK_TCK=$TCK, CPU seconds above assume 100" >&2
+}
+
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS: direct" >&2
-  $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct >> "$RAW"
+  measure direct $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct
   echo "round $r/$ROUNDS: gateway" >&2
-  $BENCH "http://$GW" bench-ak bench-sk gateway >> "$RAW"
+  measure gateway $BENCH "http://$GW" bench-ak bench-sk gateway
 done
 
 echo "1 GiB PUT + GET through the gateway" >&2

@@ -31,6 +31,18 @@ for (conc, k), v in sorted(lat.items()):
     d, g = statistics.median(v["direct"]), statistics.median(v["gateway"])
     print(f"| {k.split('_')[0]} | {conc} | {d:.3f} | {g:.3f} | {g - d:+.3f} |")
 print()
+cpu = defaultdict(lambda: defaultdict(list))
+for r in rows:
+    if r["test"] == "cpu":
+        for k in ("client_cpu_s", "store_cpu_s", "gateway_cpu_s"):
+            cpu[r["label"]][k].append(r[k])
+if cpu:
+    print("| CPU seconds per full workload run (median) | client | SeaweedFS | gateway |")
+    print("|---|---|---|---|")
+    for label in ("direct", "gateway"):
+        c = cpu[label]
+        print(f"| {label} | {statistics.median(c['client_cpu_s']):.1f} | {statistics.median(c['store_cpu_s']):.1f} | {statistics.median(c['gateway_cpu_s']):.1f} |")
+    print()
 for r in rows:
     if r["test"] == "big":
         print(f"1 GiB through the gateway: PUT {r['put_s']:.1f} s, GET {r['get_s']:.1f} s ({r['bytes']} bytes read back).")

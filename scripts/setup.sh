@@ -10,8 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
-if [ "$(id -u)" = 0 ] && { ! command -v rclone >/dev/null || ! command -v s3cmd >/dev/null; }; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone s3cmd >/dev/null) \
-    || echo "setup: rclone/s3cmd not installed (their smoke tests will report as skipped)" >&2
+# Optional Debian tools: rclone and s3cmd (client smoke tests), time and bc (benchmarks).
+missing=""
+for tool in rclone s3cmd bc; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
+[ -x /usr/bin/time ] || missing="$missing time"
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \
+    || echo "setup: could not install$missing (rclone/s3cmd tests will report as skipped)" >&2
 fi
 echo "setup: ok ($VENV)"

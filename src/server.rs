@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::serve::ListenerExt;
 use axum::extract::{Request, State};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -120,7 +121,11 @@ impl Server {
         let app = Router::new().fallback(handle).with_state(gateway.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let serve = axum::serve(s3_listener, app).with_graceful_shutdown(async move {
+            // No Nagle delay: small S3 responses (4 KiB GETs, XML) must not wait for an ACK.
+            let listener = s3_listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
                 let _ = stopped.await;
             });
             if let Err(e) = serve.await {
