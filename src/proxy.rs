@@ -74,7 +74,15 @@ impl Gateway {
     #[must_use]
     pub fn new(cfg: FrontConfig, creds: CredentialStore, backend: Backend, metrics: Metrics) -> Self {
         let admission = Semaphore::new(cfg.max_in_flight);
-        Self { cfg, creds, backend, metrics, admission, shutting_down: AtomicBool::new(false), request_ids: RequestIds::new() }
+        Self {
+            cfg,
+            creds,
+            backend,
+            metrics,
+            admission,
+            shutting_down: AtomicBool::new(false),
+            request_ids: RequestIds::new(),
+        }
     }
 
     /// Marks the gateway as draining: new requests get `503`, `/readyz` reports not ready.

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::serve::ListenerExt;
 use axum::extract::{Request, State};
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

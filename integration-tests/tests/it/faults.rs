@@ -35,9 +35,68 @@ async fn backend_killed_mid_test_gives_503_xml() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("<Code>ServiceUnavailable</Code>"), "{}", r.text());
     assert!(r.headers.contains_key("retry-after"));
-    let admin =
-        raw(server.admin_addr, "GET", "admin", "/metrics", &[], Bytes::new(), Auth::None).await.expect("metrics");
-    assert!(admin.text().contains("tensorgate_backend_retries_total"), "{}", admin.text());
+    let retries = || async {
+        let m = raw(server.admin_addr, "GET", "admin", "/metrics", &[], Bytes::new(), Auth::None)
+            .await
+            .expect("metrics")
+            .text();
+        m.lines()
+            .find_map(|l| l.strip_prefix("tensorgate_backend_retries_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("retry counter")
+    };
+    let after_get = retries().await;
+    assert!(after_get > 0, "an idempotent GET is retried");
+    // A PUT is not retried (its streamed body cannot be replayed).
+    let r = raw(
+        server.s3_addr,
+        "PUT",
+        &host,
+        &format!("/{b}/k2"),
+        &[],
+        Bytes::from_static(b"data"),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("put");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(retries().await, after_get);
+    server.shutdown().await;
+}
+
+/// A backend that accepts connections but never answers: the client gets `503` after the response
+/// timeout and the retry budget, not a hung request.
+#[tokio::test]
+async fn backend_timeout_gives_503() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let mut cfg = s3_config(&format!("http://{addr}"));
+    cfg.backend.response_timeout_secs = 1;
+    cfg.backend.retry_budget_secs = 2;
+    let server = Server::start(&cfg).await.expect("gateway");
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    let started = std::time::Instant::now();
+    let r = raw(
+        server.s3_addr,
+        "GET",
+        &host,
+        "/b/k",
+        &[],
+        Bytes::new(),
+        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+    )
+    .await
+    .expect("get");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("did not answer in time"), "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    hold.abort();
     server.shutdown().await;
 }
 

@@ -138,7 +138,9 @@ pub fn verify(
     if query.is_some_and(|q| q.split('&').any(|p| p.starts_with("AWSAccessKeyId="))) {
         return verify_v2_presigned(method, uri, vhost_bucket, headers, creds, now);
     }
-    if allow_anonymous {
+    // CORS preflights carry no credentials by design (browsers never sign them); they read nothing
+    // but the bucket's CORS rules, which the backend applies.
+    if allow_anonymous || is_cors_preflight(method, headers) {
         let payload = match headers.get(headers::X_AMZ_CONTENT_SHA256) {
             Some(v) => payload_mode(v.as_bytes(), headers, None)?,
             None => Payload::Unsigned,
@@ -197,6 +199,12 @@ fn verify_header(
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
+}
+
+fn is_cors_preflight(method: &Method, headers: &HeaderMap) -> bool {
+    method == Method::OPTIONS
+        && headers.contains_key(http::header::ORIGIN)
+        && headers.contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
 fn verify_v2_header(
@@ -554,6 +562,14 @@ mod tests {
 
         let anon = http::Request::get("/bucket/key").body(()).expect("request");
         assert!(matches!(check_req(&anon, now), Err(AuthError::AnonymousDenied)));
+        let preflight = http::Request::options("/bucket/key")
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "GET")
+            .body(())
+            .expect("request");
+        assert_eq!(check_req(&preflight, now).expect("preflight").identity, Identity::Anonymous);
+        let bare_options = http::Request::options("/bucket/key").body(()).expect("request");
+        assert!(matches!(check_req(&bare_options, now), Err(AuthError::AnonymousDenied)));
         let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
             .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
