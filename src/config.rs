@@ -113,6 +113,7 @@ pub struct BackendConfig {
     pub max_concurrency: usize,
     pub max_retries: u32,
     pub retry_budget_secs: u64,
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for BackendConfig {
@@ -131,6 +132,7 @@ impl Default for BackendConfig {
             max_concurrency: DEFAULT_BACKEND_CONCURRENCY,
             max_retries: retry.max_retries,
             retry_budget_secs: retry.budget.as_secs(),
+            ca_file: None,
         }
     }
 }
@@ -190,6 +192,9 @@ pub struct Overrides {
     /// Endpoint URL of the s3 backend (implies --backend s3).
     #[arg(long, env = "TENSORGATE_BACKEND_ENDPOINT")]
     pub backend_endpoint: Option<String>,
+    /// Extra CA certificates (PEM) for an https backend.
+    #[arg(long, env = "TENSORGATE_BACKEND_CA_FILE")]
+    pub backend_ca_file: Option<PathBuf>,
     /// Region the backend signs for.
     #[arg(long, env = "TENSORGATE_BACKEND_REGION")]
     pub backend_region: Option<String>,
@@ -262,6 +267,9 @@ impl Config {
                 self.backend.kind = BackendKind::S3;
             }
         }
+        if let Some(ca) = &o.backend_ca_file {
+            self.backend.ca_file = Some(ca.clone());
+        }
         if let Some(k) = &o.backend_access_key {
             self.backend.access_key = Some(k.clone());
         }
@@ -302,15 +310,13 @@ impl Config {
         if b.kind == BackendKind::S3 {
             let e = b.endpoint.as_deref().ok_or_else(|| invalid("backend.endpoint", "required for the s3 backend"))?;
             let uri: http::Uri = e.parse().map_err(|err| invalid("backend.endpoint", format!("{e:?}: {err}")))?;
-            match uri.scheme_str() {
-                Some("http") => {}
-                Some("https") => {
-                    return Err(invalid(
-                        "backend.endpoint",
-                        "https endpoints are not supported yet: reach the store over http (e.g. a local sidecar)",
-                    ));
-                }
-                _ => return Err(invalid("backend.endpoint", "must start with http://")),
+            if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                return Err(invalid("backend.endpoint", "must start with http:// or https://"));
+            }
+            if let Some(ca) = &b.ca_file
+                && !ca.is_file()
+            {
+                return Err(invalid("backend.ca_file", format!("{} is not a readable file", ca.display())));
             }
             if uri.authority().is_none() {
                 return Err(invalid("backend.endpoint", "missing host"));

@@ -74,19 +74,23 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                 .unwrap_or_default()
                 .parse()
                 .map_err(|e| ConfigError::Invalid { key: "backend.endpoint", message: format!("{e}") })?;
-            Backend::S3(Box::new(S3Backend::new(
-                S3BackendConfig {
-                    endpoint,
-                    region: b.region.clone(),
-                    access_key: b.access_key.clone().unwrap_or_default(),
-                    secret_key: config.backend_secret()?,
-                    connect_timeout: Duration::from_millis(b.connect_timeout_ms),
-                    response_timeout: Duration::from_secs(b.response_timeout_secs),
-                    max_concurrency: b.max_concurrency,
-                    retry: config.retry_policy(),
-                },
-                metrics.clone(),
-            )))
+            Backend::S3(Box::new(
+                S3Backend::new(
+                    S3BackendConfig {
+                        endpoint,
+                        region: b.region.clone(),
+                        access_key: b.access_key.clone().unwrap_or_default(),
+                        secret_key: config.backend_secret()?,
+                        connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+                        response_timeout: Duration::from_secs(b.response_timeout_secs),
+                        max_concurrency: b.max_concurrency,
+                        retry: config.retry_policy(),
+                        ca_file: b.ca_file.clone(),
+                    },
+                    metrics.clone(),
+                )
+                .map_err(|e| ConfigError::Invalid { key: "backend.ca_file", message: e.to_string() })?,
+            ))
         }
     })
 }

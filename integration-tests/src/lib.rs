@@ -287,3 +287,35 @@ pub fn signed_chunked_upload(
         .collect();
     Ok((headers, Bytes::from(body)))
 }
+
+/// A TLS-terminating TCP relay in front of `upstream` (`host:port`), with a fresh self-signed
+/// certificate for `localhost`. Returns the relay's port and the certificate's PEM (the CA to trust).
+///
+/// # Errors
+/// Certificate generation or bind failures.
+pub async fn tls_relay(upstream: String) -> anyhow::Result<(u16, String)> {
+    use std::sync::Arc;
+
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])?;
+    let pem = cert.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    Ok((port, pem))
+}

@@ -1,4 +1,4 @@
-//! The `s3` backend: forwards to an S3-compatible endpoint over HTTP/1.1, re-signing every request
+//! The `s3` backend: forwards to an S3-compatible endpoint over HTTP/1.1 (plain or TLS), re-signing every request
 //! with the backend's own credentials (official `aws-sigv4` signer), streaming bodies both ways.
 //!
 //! Concurrency toward the backend is bounded by a semaphore whose permit lives until the response
@@ -14,6 +14,7 @@ use aws_sigv4::http_request::{
 };
 use aws_sigv4::sign::v4;
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -40,26 +41,35 @@ pub struct S3BackendConfig {
     pub response_timeout: Duration,
     pub max_concurrency: usize,
     pub retry: RetryPolicy,
+    /// Extra PEM CA certificates trusted for an `https` endpoint (besides the system store).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Forwarding client for an S3-compatible endpoint.
 #[derive(Debug, Clone)]
 pub struct S3Backend {
     cfg: Arc<S3BackendConfig>,
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     limit: Arc<Semaphore>,
     metrics: Metrics,
 }
 
 impl S3Backend {
-    #[must_use]
-    pub fn new(cfg: S3BackendConfig, metrics: Metrics) -> Self {
+    /// Builds the client: HTTP/1.1 over plain TCP or TLS (system roots plus `ca_file`).
+    ///
+    /// # Errors
+    /// An unreadable or invalid `ca_file`, or no usable TLS configuration.
+    pub fn new(cfg: S3BackendConfig, metrics: Metrics) -> Result<Self, TlsSetupError> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let tls = tls_config(cfg.ca_file.as_deref())?;
+        let connector =
+            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
         let limit = Arc::new(Semaphore::new(cfg.max_concurrency));
-        Self { cfg: Arc::new(cfg), client, limit, metrics }
+        Ok(Self { cfg: Arc::new(cfg), client, limit, metrics })
     }
 
     fn url(&self, req: &ForwardRequest) -> String {
@@ -181,6 +191,43 @@ impl S3Backend {
             return Ok(resp.map(|b| Body::new(Metered::new(b, counter, permit))));
         }
     }
+}
+
+/// Why TLS for the backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("cannot read CA file {path}: {message}")]
+    CaFile { path: String, message: String },
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, TlsSetupError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    // The system store; certificates it cannot parse are skipped (as curl does).
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        let err = |message: String| TlsSetupError::CaFile { path: path.display().to_string(), message };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| err(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| err(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(err("no certificates found".into()));
+        }
+        for c in certs {
+            roots.add(c).map_err(|e| err(e.to_string()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 fn status_outcome(s: StatusCode) -> &'static str {

@@ -361,3 +361,31 @@ async fn aws_chunked_uploads_signed_and_with_trailer() {
     assert_eq!(put.status, 400, "{}", put.text());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn https_backend_with_private_ca() {
+    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
+    let (port, pem) = tls_relay(endpoint.trim_start_matches("http://").to_owned()).await.expect("relay");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pem).expect("write ca");
+
+    let mut cfg = s3_config(&format!("https://localhost:{port}"));
+    cfg.backend.ca_file = Some(ca);
+    let server = Server::start(&cfg).await.expect("gateway");
+    let c = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
+    let b = unique_bucket("tls");
+    c.create_bucket().bucket(&b).send().await.expect("create over TLS");
+    c.put_object().bucket(&b).key("k").body(ByteStream::from_static(b"over tls")).send().await.expect("put over TLS");
+    let got = c.get_object().bucket(&b).key("k").send().await.expect("get over TLS");
+    assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), b"over tls");
+    server.shutdown().await;
+
+    // Without the CA the certificate is not trusted: the gateway answers 503, it does not skip
+    // verification.
+    let untrusted = Server::start(&s3_config(&format!("https://localhost:{port}"))).await.expect("gateway");
+    let c = sdk_client(&url(untrusted.s3_addr), CLIENT_AK, CLIENT_SK);
+    let e = c.head_bucket().bucket(&b).send().await.expect_err("untrusted certificate");
+    assert_eq!(e.raw_response().map(|r| r.status().as_u16()), Some(503));
+    untrusted.shutdown().await;
+}
