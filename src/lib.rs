@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
+pub mod pushdown;
 pub mod s3;
 pub mod server;
 pub mod telemetry;

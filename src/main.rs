@@ -26,6 +26,25 @@ enum Command {
     Serve(Box<Overrides>),
     /// Validate a config file and exit (non-zero, naming the bad key, if invalid).
     CheckConfig { file: PathBuf },
+    /// Inspect and cut ONNX models.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelsCommand {
+    /// List the tensors a model can be cut at (node outputs, in graph order).
+    Tensors { model: PathBuf },
+    /// Write the prefix of MODEL that computes the given tensors.
+    Cut {
+        model: PathBuf,
+        /// Tensor to compute (repeatable; they become the prefix's outputs in this order).
+        #[arg(long = "split", required = true)]
+        splits: Vec<String>,
+        /// Where to write the prefix (external-data files are referenced relative to it).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -42,7 +61,35 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(o) => serve(&o),
+        Command::Models(m) => match models(m) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tensorgate: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+fn models(cmd: ModelsCommand) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use tensorgate::pushdown::prefix;
+    match cmd {
+        ModelsCommand::Tensors { model } => {
+            let bytes = std::fs::read(&model).with_context(|| format!("reading {}", model.display()))?;
+            for name in prefix::tensor_names(&bytes)? {
+                println!("{name}");
+            }
+        }
+        ModelsCommand::Cut { model, splits, out } => {
+            let bytes = std::fs::read(&model).with_context(|| format!("reading {}", model.display()))?;
+            let names: Vec<&str> = splits.iter().map(String::as_str).collect();
+            let cut = prefix::cut(&bytes, &names)?;
+            std::fs::write(&out, &cut).with_context(|| format!("writing {}", out.display()))?;
+            println!("{}: {} bytes ({} in the full model)", out.display(), cut.len(), bytes.len());
+        }
+    }
+    Ok(())
 }
 
 fn serve(o: &Overrides) -> ExitCode {

@@ -1,0 +1,53 @@
+"""The Rust prefix cut (`tensorgate models cut`) against an independent reference: ONNX Runtime
+(Python) on the full model with the split tensor exposed as an extra output. Bit-identical."""
+
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import BINARY, ROOT
+
+MODEL = ROOT / "models" / "tiny-cnn" / "model.onnx"
+
+
+def full_with_output(name: str) -> bytes:
+    m = onnx.load(str(MODEL))
+    info = next((v for v in m.graph.value_info if v.name == name), None) or onnx.helper.make_empty_tensor_value_info(name)
+    m.graph.output.append(info)
+    return m.SerializeToString()
+
+
+def run(model: bytes, x: np.ndarray, output: str) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    s = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return s.run([output], {"image": x})[0]
+
+
+def test_tensor_listing():
+    out = subprocess.run([str(BINARY), "models", "tensors", str(MODEL)], check=True, capture_output=True, text=True).stdout.split()
+    assert out[:2] == ["conv1", "stem"] and out[-1] == "logits"
+
+
+@pytest.mark.parametrize("split", ["stem", "block1", "block2", "pool", "logits"])
+def test_prefix_matches_full_model(split, tmp_path):
+    prefix = tmp_path / f"{split}.onnx"
+    subprocess.run([str(BINARY), "models", "cut", str(MODEL), "--split", split, "--out", str(prefix)], check=True, capture_output=True)
+    cut = onnx.load(str(prefix))
+    onnx.checker.check_model(cut)
+    assert [o.name for o in cut.graph.output] == [split]
+    assert len(cut.graph.node) <= len(onnx.load(str(MODEL)).graph.node)
+    x = np.random.default_rng(7).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    got = run(prefix.read_bytes(), x, split)
+    want = run(full_with_output(split), x, split)
+    assert got.shape == want.shape
+    assert np.array_equal(got, want), f"max abs diff {np.abs(got - want).max()}"
+
+
+def test_unknown_split_names_what_exists(tmp_path):
+    r = subprocess.run([str(BINARY), "models", "cut", str(MODEL), "--split", "nope", "--out", str(tmp_path / "x.onnx")], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "nope" in r.stderr and "stem" in r.stderr
