@@ -29,6 +29,7 @@ else
   cargo test --workspace --locked --no-fail-fast
 fi
 
-echo "== client smoke tests (boto3, aws CLI, rclone, s3cmd)"
+echo "== python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
 cargo build --quiet --locked --bin tensorgate
+scripts/models.sh
 .venv/bin/python -m pytest -q tests/python

