@@ -32,10 +32,9 @@ JSON
       -s3.port.iceberg=0 -s3.port.lance=0 > "$DIR/weed.log" 2>&1 9>&- &
     echo $! > "$DIR/pid"
     for _ in $(seq 1 120); do
-      # Ready when the S3 API answers and the filer behind it (which stores buckets) does too.
-      code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/" || true)
-      filer=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((PORT+3))/" || true)
-      if { [ "$code" = 403 ] || [ "$code" = 200 ]; } && [ "$filer" = 200 ]; then echo "http://127.0.0.1:$PORT"; exit 0; fi
+      # Ready when a signed ListBuckets succeeds (S3 API, auth and the filer behind it all up).
+      code=$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AK:$SK" "http://127.0.0.1:$PORT/" || true)
+      if [ "$code" = 200 ]; then echo "http://127.0.0.1:$PORT"; exit 0; fi
       sleep 0.5
     done
     echo "seaweedfs.sh: SeaweedFS did not come up; log: $DIR/weed.log" >&2; tail -20 "$DIR/weed.log" >&2; exit 1

@@ -31,10 +31,18 @@ async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
 }
 
+/// Ready while not draining. The body also says whether pushdown can run (passthrough serves
+/// either way, so a missing ONNX Runtime does not make the gateway unready).
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     if s.gateway.is_shutting_down() {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else {
-        (StatusCode::OK, "ready\n")
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_owned());
     }
+    let pushdown = match s.gateway.pushdown() {
+        None => "pushdown: disabled".to_owned(),
+        Some(p) => match p.available() {
+            Ok(()) => format!("pushdown: ready (models: {})", p.registry().names().join(", ")),
+            Err(why) => format!("pushdown: unavailable: {why}"),
+        },
+    };
+    (StatusCode::OK, format!("ready\n{pushdown}\n"))
 }

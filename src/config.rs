@@ -60,6 +60,7 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     pub credentials: Vec<CredentialConfig>,
     pub backend: BackendConfig,
+    pub pushdown: PushdownSettings,
     pub log: LogConfig,
 }
 
@@ -76,6 +77,7 @@ impl Default for Config {
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
             credentials: Vec::new(),
             backend: BackendConfig::default(),
+            pushdown: PushdownSettings::default(),
             log: LogConfig::default(),
         }
     }
@@ -133,6 +135,40 @@ impl Default for BackendConfig {
             max_retries: retry.max_retries,
             retry_budget_secs: retry.budget.as_secs(),
             ca_file: None,
+        }
+    }
+}
+
+/// Near-data pushdown (`[pushdown]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PushdownSettings {
+    pub enabled: bool,
+    /// Directory of `<model>/manifest.toml` entries.
+    pub models_dir: PathBuf,
+    /// The ONNX Runtime shared library; default: `ORT_DYLIB_PATH`, then the `.venv` wheel.
+    pub ort_library: Option<PathBuf>,
+    /// Samples waiting per (model, split) before `503 SlowDown`.
+    pub queue_capacity: usize,
+    /// Most samples per inference run.
+    pub max_batch: usize,
+    /// ONNX Runtime intra-op threads per (model, split) worker.
+    pub intra_threads: usize,
+    /// Largest source object read for pushdown.
+    pub max_object_bytes: u64,
+}
+
+impl Default for PushdownSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            models_dir: PathBuf::from("models"),
+            ort_library: None,
+            // 256 samples: a few shards' worth; beyond that, waiting is better done by the client.
+            queue_capacity: 256,
+            max_batch: 16,
+            intra_threads: 1,
+            max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
         }
     }
 }
@@ -204,6 +240,12 @@ pub struct Overrides {
     /// Backend secret key.
     #[arg(long, env = "TENSORGATE_BACKEND_SECRET_KEY", hide_env_values = true)]
     pub backend_secret_key: Option<String>,
+    /// Directory of model manifests (pushdown).
+    #[arg(long, env = "TENSORGATE_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// ONNX Runtime shared library (pushdown).
+    #[arg(long, env = "TENSORGATE_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "TENSORGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -267,6 +309,10 @@ impl Config {
                 self.backend.kind = BackendKind::S3;
             }
         }
+        set(&mut self.pushdown.models_dir, &o.models_dir);
+        if let Some(lib) = &o.ort_library {
+            self.pushdown.ort_library = Some(lib.clone());
+        }
         if let Some(ca) = &o.backend_ca_file {
             self.backend.ca_file = Some(ca.clone());
         }
@@ -303,6 +349,13 @@ impl Config {
             return Err(invalid("domains", format!("{d:?} is not a host name")));
         }
         self.credential_store()?;
+        let p = &self.pushdown;
+        if p.queue_capacity == 0 || p.max_batch == 0 || p.intra_threads == 0 || p.max_object_bytes == 0 {
+            return Err(invalid(
+                "pushdown",
+                "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
+            ));
+        }
         let b = &self.backend;
         if b.max_concurrency == 0 {
             return Err(invalid("backend.max_concurrency", "must be positive"));

@@ -9,6 +9,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::backend::BackendError;
 use crate::body::{Body, BodyError};
+use crate::pushdown::PushdownError;
 use crate::s3::route::RouteError;
 use crate::s3::sigv4::verify::AuthError;
 use crate::s3::xml::error_body;
@@ -27,10 +28,14 @@ pub enum GatewayError {
     Route(#[from] RouteError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    #[error(transparent)]
+    Pushdown(#[from] PushdownError),
     #[error("the declared body size {declared} exceeds the limit of {limit} bytes")]
     EntityTooLarge { declared: u64, limit: u64 },
     #[error("invalid header {0}")]
     InvalidHeader(&'static str),
+    #[error("the requested range is not satisfiable (the object is {size} bytes)")]
+    InvalidRange { size: usize },
     #[error("too many requests in flight; retry later")]
     Overloaded,
     #[error("the gateway is shutting down")]
@@ -106,8 +111,26 @@ impl GatewayError {
                     "we encountered an internal error; please try again",
                 ),
             },
+            Self::Pushdown(e) => match e {
+                PushdownError::InvalidArgument { .. }
+                | PushdownError::UnknownModel { .. }
+                | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+                PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
+                PushdownError::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
+                PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } => {
+                    S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
+                }
+                PushdownError::Unsupported(_) => S3ErrorSpec::new(S::UNSUPPORTED_MEDIA_TYPE, "InvalidRequest", msg),
+                PushdownError::Model(_) => S3ErrorSpec::new(S::INTERNAL_SERVER_ERROR, "InternalError", msg),
+                PushdownError::Internal(_) => S3ErrorSpec::new(
+                    S::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "we encountered an internal error; please try again",
+                ),
+            },
             Self::EntityTooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
             Self::InvalidHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+            Self::InvalidRange { .. } => S3ErrorSpec::new(S::RANGE_NOT_SATISFIABLE, "InvalidRange", msg),
             Self::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", "please reduce your request rate"),
             Self::ShuttingDown => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
         }

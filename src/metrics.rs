@@ -50,6 +50,16 @@ pub struct Metrics {
     pub backend_duration: HistogramFamily<OpOutcome>,
     pub backend_retries: Counter,
     pub backend_bytes_received: Counter,
+    pub pushdown_requests: Family<ModelSplit, Counter>,
+    pub pushdown_source_bytes: Family<ModelSplit, Counter>,
+    pub pushdown_output_bytes: Family<ModelSplit, Counter>,
+    pub pushdown_infer_duration: HistogramFamily<ModelSplit>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelSplit {
+    pub model: String,
+    pub split: String,
 }
 
 impl Default for Metrics {
@@ -92,8 +102,28 @@ impl Metrics {
             "Response body bytes received from the backend",
             backend_bytes_received.clone(),
         );
+        let pushdown_requests = Family::<ModelSplit, Counter>::default();
+        r.register("pushdown_requests", "Pushdown requests answered, by model and split", pushdown_requests.clone());
+        let pushdown_source_bytes = Family::<ModelSplit, Counter>::default();
+        r.register(
+            "pushdown_source_bytes",
+            "Object bytes read for pushdown (compare with output bytes: the data reduction)",
+            pushdown_source_bytes.clone(),
+        );
+        let pushdown_output_bytes = Family::<ModelSplit, Counter>::default();
+        r.register("pushdown_output_bytes", "Tensor bytes returned by pushdown", pushdown_output_bytes.clone());
+        let pushdown_infer_duration: HistogramFamily<ModelSplit> = Family::new_with_constructor(latency_histogram);
+        r.register(
+            "pushdown_infer_duration_seconds",
+            "Time from enqueueing a request's samples to their last output",
+            pushdown_infer_duration.clone(),
+        );
         Self {
             registry: Arc::new(r),
+            pushdown_requests,
+            pushdown_source_bytes,
+            pushdown_output_bytes,
+            pushdown_infer_duration,
             requests,
             request_duration,
             request_bytes,
@@ -120,6 +150,21 @@ impl Metrics {
 
     pub fn observe_backend(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
         self.backend_duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
+    }
+
+    pub fn observe_pushdown(
+        &self,
+        model: &str,
+        split: &str,
+        source_bytes: usize,
+        output_bytes: usize,
+        infer: Duration,
+    ) {
+        let l = ModelSplit { model: model.to_owned(), split: split.to_owned() };
+        self.pushdown_requests.get_or_create(&l).inc();
+        self.pushdown_source_bytes.get_or_create(&l).inc_by(source_bytes as u64);
+        self.pushdown_output_bytes.get_or_create(&l).inc_by(output_bytes as u64);
+        self.pushdown_infer_duration.get_or_create(&l).observe(infer.as_secs_f64());
     }
 
     /// An RAII guard holding the in-flight gauge up until dropped.

@@ -10,7 +10,11 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 
-use crate::backend::{Backend, ForwardPayload, ForwardRequest, fs::strip_aws_chunked};
+use http_body_util::BodyExt;
+
+use crate::backend::{Backend, BackendError, ForwardPayload, ForwardRequest, fs::strip_aws_chunked};
+use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
+use crate::pushdown::{Pushdown, PushdownError};
 use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::BodyDataStream;
@@ -50,6 +54,7 @@ pub struct Gateway {
     admission: Semaphore,
     shutting_down: AtomicBool,
     request_ids: RequestIds,
+    pushdown: Option<Arc<Pushdown>>,
 }
 
 /// Request ids: a random per-process prefix and a counter. Unique across restarts and replicas
@@ -72,7 +77,13 @@ impl RequestIds {
 
 impl Gateway {
     #[must_use]
-    pub fn new(cfg: FrontConfig, creds: CredentialStore, backend: Backend, metrics: Metrics) -> Self {
+    pub fn new(
+        cfg: FrontConfig,
+        creds: CredentialStore,
+        backend: Backend,
+        metrics: Metrics,
+        pushdown: Option<Arc<Pushdown>>,
+    ) -> Self {
         let admission = Semaphore::new(cfg.max_in_flight);
         Self {
             cfg,
@@ -82,6 +93,7 @@ impl Gateway {
             admission,
             shutting_down: AtomicBool::new(false),
             request_ids: RequestIds::new(),
+            pushdown,
         }
     }
 
@@ -98,6 +110,12 @@ impl Gateway {
     #[must_use]
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The pushdown service, when enabled.
+    #[must_use]
+    pub fn pushdown(&self) -> Option<&Arc<Pushdown>> {
+        self.pushdown.as_ref()
     }
 
     /// Handles one S3 request. Never fails: errors become S3 XML responses.
@@ -167,6 +185,12 @@ impl Gateway {
             self.cfg.allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
+        if matches!(op, S3Op::GetObject | S3Op::HeadObject)
+            && let Some(spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
+        {
+            let resp = self.pushdown_get(&parts, target, spec).await?;
+            return Ok((resp, identity.name().to_owned()));
+        }
         let mut headers = forwarded_headers(&parts.headers);
         let declared = content_length(&parts.headers)?;
         let limit = self.cfg.max_body_bytes;
@@ -217,6 +241,102 @@ impl Gateway {
             return Err(e.into());
         }
         Ok((result?, identity.name().to_owned()))
+    }
+
+    /// A GET (or HEAD) that names a model and a split: fetch the object, run the prefix, answer
+    /// with the tensor. Backend errors (e.g. `NoSuchKey`) pass through as for a plain GET.
+    async fn pushdown_get(
+        &self,
+        parts: &http::request::Parts,
+        target: Target,
+        spec: PushdownSpec,
+    ) -> Result<Response<Body>, GatewayError> {
+        let pd =
+            self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
+        pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
+        pd.resolve(&spec)?;
+        let head = parts.method == Method::HEAD;
+        let mut headers = forwarded_headers(&parts.headers);
+        let names: Vec<http::HeaderName> = headers.keys().filter(|k| is_output_scoped(k.as_str())).cloned().collect();
+        for name in names {
+            headers.remove(name);
+        }
+        let query = forwarded_query(parts.uri.query()).and_then(|q| {
+            let kept: Vec<&str> = q.split('&').filter(|p| !p.starts_with(pushdown_spec::QUERY_PREFIX)).collect();
+            (!kept.is_empty()).then(|| kept.join("&"))
+        });
+        let fetch_start = Instant::now();
+        let fwd = ForwardRequest {
+            op: S3Op::GetObject,
+            method: Method::GET,
+            target,
+            query,
+            headers,
+            body: Body::empty(),
+            payload: ForwardPayload::Empty,
+        };
+        let resp = self.backend.send(fwd).await?;
+        if !resp.status().is_success() {
+            return Ok(if head { resp.map(|_| Body::empty()) } else { resp });
+        }
+        let limit = pd.max_object_bytes();
+        let source_etag =
+            resp.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        let object = match http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX))
+            .collect()
+            .await
+        {
+            Ok(c) => c.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(PushdownError::ObjectTooLarge { limit }.into());
+            }
+            Err(e) => return Err(BackendError::SendBody { source: e }.into()),
+        };
+        let fetch = fetch_start.elapsed();
+        let source_bytes = object.len();
+        let out = pd.compute(&spec, object).await?;
+        self.metrics.observe_pushdown(&spec.model, &out.split, source_bytes, out.body.len(), out.infer);
+        let etag = {
+            let key =
+                format!("{source_etag}|{}|{}|{:?}|{}", out.model_digest, out.split, spec.format, spec.dtype.name());
+            format!("\"{}\"", &crate::s3::sigv4::sha256_hex(key.as_bytes())[..32])
+        };
+        let shape: Vec<String> = out.shape.iter().map(ToString::to_string).collect();
+        let timing = format!(
+            "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
+            fetch.as_secs_f64() * 1e3,
+            out.decode.as_secs_f64() * 1e3,
+            out.infer.as_secs_f64() * 1e3,
+            out.encode.as_secs_f64() * 1e3
+        );
+        let (status, body, range) = match parts.headers.get(http::header::RANGE).and_then(|v| v.to_str().ok()) {
+            Some(r) => match byte_range(r, out.body.len()) {
+                Some((a, b)) => (
+                    http::StatusCode::PARTIAL_CONTENT,
+                    out.body.slice(a..=b),
+                    Some(format!("bytes {a}-{b}/{}", out.body.len())),
+                ),
+                None => return Err(GatewayError::InvalidRange { size: out.body.len() }),
+            },
+            None => (http::StatusCode::OK, out.body, None),
+        };
+        let mut resp = Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, out.content_type)
+            .header(http::header::CONTENT_LENGTH, body.len())
+            .header(http::header::ETAG, etag)
+            .header(http::header::ACCEPT_RANGES, "bytes")
+            .header("x-tensorgate-shape", shape.join(","))
+            .header("x-tensorgate-dtype", spec.dtype.name())
+            .header("x-tensorgate-split", &out.split)
+            .header("x-tensorgate-source-bytes", source_bytes)
+            .header("x-tensorgate-cache", "miss")
+            .header("server-timing", timing);
+        if let Some(r) = range {
+            resp = resp.header(http::header::CONTENT_RANGE, r);
+        }
+        let body = if head { Body::empty() } else { Body::from(body) };
+        resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash
@@ -286,6 +406,30 @@ impl Gateway {
     }
 }
 
+/// Headers that apply to the pushdown output, not to the source object: not forwarded.
+fn is_output_scoped(name: &str) -> bool {
+    name.starts_with(pushdown_spec::HEADER_PREFIX)
+        || matches!(name, "range" | "if-match" | "if-none-match" | "if-modified-since" | "if-unmodified-since")
+}
+
+/// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
+fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
+    let spec = header.strip_prefix("bytes=")?;
+    if spec.contains(',') || len == 0 {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: usize = n.parse().ok()?;
+            (len.checked_sub(n.min(len))?, len - 1)
+        }
+        (a, "") => (a.parse().ok()?, len - 1),
+        (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(len - 1)),
+    };
+    (start <= end && start < len).then_some((start, end))
+}
+
 fn content_length(h: &HeaderMap) -> Result<Option<u64>, GatewayError> {
     match h.get(http::header::CONTENT_LENGTH) {
         None => Ok(None),
@@ -341,6 +485,17 @@ fn forwarded_query(q: Option<&str>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_ranges() {
+        assert_eq!(byte_range("bytes=0-9", 100), Some((0, 9)));
+        assert_eq!(byte_range("bytes=90-", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=-10", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=50-500", 100), Some((50, 99)));
+        assert_eq!(byte_range("bytes=100-", 100), None);
+        assert_eq!(byte_range("bytes=0-1,4-5", 100), None);
+        assert_eq!(byte_range("lines=1-2", 100), None);
+    }
 
     #[test]
     fn query_drops_presign_params_and_normalizes() {

@@ -29,6 +29,8 @@ use crate::backend::{Backend, fs::FsBackend};
 use crate::config::{BackendKind, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::{FrontConfig, Gateway};
+use crate::pushdown::engine::EngineConfig;
+use crate::pushdown::{Pushdown, PushdownConfig};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +117,20 @@ impl Server {
             max_body_bytes: config.max_body_bytes,
             max_in_flight: config.max_in_flight,
         };
-        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone()));
+        let pushdown = config.pushdown.enabled.then(|| {
+            let p = &config.pushdown;
+            Arc::new(Pushdown::new(PushdownConfig {
+                models_dir: p.models_dir.clone(),
+                ort_library: p.ort_library.clone(),
+                engine: EngineConfig {
+                    queue_capacity: p.queue_capacity,
+                    max_batch: p.max_batch,
+                    intra_threads: p.intra_threads,
+                },
+                max_object_bytes: p.max_object_bytes,
+            }))
+        });
+        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown));
         let s3_listener = bind(config.listen).await?;
         let admin_listener = bind(config.admin_listen).await?;
         let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;

@@ -213,6 +213,19 @@ fn graph_of(model: &[u8]) -> Result<&[u8], CutError> {
 /// # Errors
 /// Malformed protobuf, no graph, or a requested tensor no node computes.
 pub fn cut(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
+    rewrite(model, outputs, false)
+}
+
+/// Returns the whole model with `outputs` as its graph outputs instead of the original ones
+/// (every node kept): the reference a prefix is checked against.
+///
+/// # Errors
+/// As for [`cut`].
+pub fn expose(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
+    rewrite(model, outputs, true)
+}
+
+fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, CutError> {
     if outputs.is_empty() {
         return Err(CutError::NothingRequested);
     }
@@ -268,6 +281,11 @@ pub fn cut(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
     let mut out_graph = Vec::with_capacity(graph.len());
     for (i, f) in graph_fields.iter().enumerate() {
         let keep = match f.number {
+            GRAPH_OUTPUT => false,
+            GRAPH_VALUE_INFO if keep_all => {
+                first_string(f.payload, VALUE_INFO_NAME)?.is_none_or(|n| !requested.contains(n))
+            }
+            _ if keep_all => true,
             GRAPH_NODE => keep_nodes.contains(&i),
             GRAPH_INITIALIZER => first_string(f.payload, TENSOR_NAME)?.is_some_and(|n| needed.contains(n)),
             GRAPH_SPARSE_INITIALIZER => {
@@ -278,7 +296,6 @@ pub fn cut(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
                 }
             }
             GRAPH_INPUT => first_string(f.payload, VALUE_INFO_NAME)?.is_some_and(|n| needed.contains(n)),
-            GRAPH_OUTPUT => false,
             GRAPH_VALUE_INFO => first_string(f.payload, VALUE_INFO_NAME)?
                 .is_some_and(|n| (needed.contains(n) || produced.contains(n)) && !requested.contains(n)),
             GRAPH_QUANT_ANNOTATION => first_string(f.payload, ANNOTATION_TENSOR_NAME)?
@@ -415,6 +432,12 @@ mod tests {
         assert!(matches!(cut(b"\xff\xff", &["a"]), Err(CutError::Malformed(_))));
         assert!(matches!(cut(&model(), &[]), Err(CutError::NothingRequested)));
         assert_eq!(tensor_names(&model()).expect("names"), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn expose_keeps_every_node() {
+        let e = expose(&model(), &["a"]).expect("expose");
+        assert_eq!(graph_summary(&e), (vec!["A".into(), "B".into(), "C".into()], vec!["a".into()], vec!["w".into()]));
     }
 
     #[test]

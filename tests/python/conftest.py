@@ -17,6 +17,15 @@ SEAWEED_PORT = 18633
 CLIENT_AK, CLIENT_SK = "py-access-key", "py-secret-key"
 
 
+def ort_library() -> str:
+    """The libonnxruntime.so inside the venv's onnxruntime wheel (the independent reference uses
+    the same build, through Python)."""
+    import onnxruntime
+
+    capi = Path(onnxruntime.__file__).parent / "capi"
+    return str(next(capi.glob("libonnxruntime.so*")))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,6 +69,8 @@ def gateway(seaweed, tmp_path_factory):
         TENSORGATE_ACCESS_KEY=CLIENT_AK,
         TENSORGATE_SECRET_KEY=CLIENT_SK,
         TENSORGATE_LOG="debug",
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        ORT_DYLIB_PATH=ort_library(),
     )
     with open(log, "w") as f:
         proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=f, stderr=subprocess.STDOUT)

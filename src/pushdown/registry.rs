@@ -1,0 +1,126 @@
+//! The model registry: `models/<name>/manifest.toml` files, read and hash-checked at start.
+//! A manifest names the ONNX file and its sha256, the input tensor and its per-sample shape and
+//! layout, the ordered split points (name → tensor), the default freeze split, and where the
+//! weights come from. Prefixes are cut from the verified bytes on first use (see `engine`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Memory layout of the model input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Layout {
+    #[serde(rename = "NCHW")]
+    Nchw,
+    #[serde(rename = "NHWC")]
+    Nhwc,
+}
+
+/// One split point.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitDef {
+    pub name: String,
+    pub tensor: String,
+}
+
+/// `manifest.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    pub file: String,
+    pub sha256: String,
+    pub input: String,
+    /// Per-sample input shape (no batch dimension).
+    pub input_shape: Vec<usize>,
+    pub layout: Layout,
+    /// The default freeze split: the deepest split the model's users keep frozen.
+    pub freeze: String,
+    pub license: String,
+    pub origin: String,
+    pub splits: Vec<SplitDef>,
+}
+
+/// A model whose file matched its manifest.
+#[derive(Debug)]
+pub struct Model {
+    pub manifest: Manifest,
+    /// The ONNX file's bytes.
+    pub bytes: Arc<Vec<u8>>,
+    /// Its sha256 (hex), part of every cache key and ETag.
+    pub digest: String,
+    pub dir: PathBuf,
+}
+
+impl Model {
+    /// The split definition called `name` (or with that index).
+    #[must_use]
+    pub fn split(&self, name: &str) -> Option<&SplitDef> {
+        self.manifest
+            .splits
+            .iter()
+            .find(|s| s.name == name)
+            .or_else(|| name.parse::<usize>().ok().and_then(|i| self.manifest.splits.get(i)))
+    }
+
+    #[must_use]
+    pub fn split_names(&self) -> Vec<&str> {
+        self.manifest.splits.iter().map(|s| s.name.as_str()).collect()
+    }
+}
+
+/// All models, by name, plus the manifests that could not be loaded (and why).
+#[derive(Debug, Default)]
+pub struct Registry {
+    pub models: BTreeMap<String, Arc<Model>>,
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+impl Registry {
+    /// Loads every `*/manifest.toml` under `dir`. A missing directory gives an empty registry.
+    #[must_use]
+    pub fn load(dir: &Path) -> Self {
+        let mut reg = Self::default();
+        let Ok(entries) = std::fs::read_dir(dir) else { return reg };
+        let mut dirs: Vec<PathBuf> =
+            entries.flatten().map(|e| e.path()).filter(|p| p.join("manifest.toml").is_file()).collect();
+        dirs.sort();
+        for d in dirs {
+            match load_one(&d) {
+                Ok(m) => {
+                    reg.models.insert(m.manifest.name.clone(), Arc::new(m));
+                }
+                Err(e) => reg.failed.push((d, e)),
+            }
+        }
+        reg
+    }
+
+    #[must_use]
+    pub fn names(&self) -> Vec<&str> {
+        self.models.keys().map(String::as_str).collect()
+    }
+}
+
+fn load_one(dir: &Path) -> Result<Model, String> {
+    let text = std::fs::read_to_string(dir.join("manifest.toml")).map_err(|e| format!("cannot read manifest: {e}"))?;
+    let manifest: Manifest = toml::from_str(&text).map_err(|e| format!("invalid manifest: {e}"))?;
+    if manifest.splits.is_empty() {
+        return Err("manifest lists no splits".into());
+    }
+    if !manifest.splits.iter().any(|s| s.name == manifest.freeze) {
+        return Err(format!("freeze split {:?} is not among the splits", manifest.freeze));
+    }
+    let path = dir.join(&manifest.file);
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("cannot read {} ({e}); scripts/models.sh fetches the trained models", path.display()))?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    if !digest.eq_ignore_ascii_case(&manifest.sha256) {
+        return Err(format!("sha256 of {} is {digest}, manifest says {}", path.display(), manifest.sha256));
+    }
+    Ok(Model { manifest, bytes: Arc::new(bytes), digest, dir: dir.to_path_buf() })
+}

@@ -1,0 +1,61 @@
+//! Finding and starting ONNX Runtime. The library is loaded at run time (`ort` with
+//! `load-dynamic`) from, in order: `pushdown.ort_library` in the config, `ORT_DYLIB_PATH`, or the
+//! `onnxruntime` wheel in the project's `.venv` (what `scripts/setup.sh` installs). Without it the
+//! gateway still serves passthrough; pushdown answers `503` and `/readyz` says why.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The process-wide ONNX Runtime environment, or why there is none. ONNX Runtime can be loaded
+/// once per process, so the first successful (or failed) start is kept.
+static RUNTIME: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+/// Locates the ONNX Runtime shared library.
+///
+/// # Errors
+/// A message naming where it looked.
+pub fn locate(configured: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = configured {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("pushdown.ort_library {} does not exist", p.display()))
+        };
+    }
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
+        let p = PathBuf::from(p);
+        return if p.is_file() { Ok(p) } else { Err(format!("ORT_DYLIB_PATH={} does not exist", p.display())) };
+    }
+    let lib = Path::new(".venv/lib");
+    let found =
+        std::fs::read_dir(lib).ok().and_then(|entries| {
+            entries.flatten().find_map(|py| {
+                let capi = py.path().join("site-packages/onnxruntime/capi");
+                std::fs::read_dir(&capi).ok()?.flatten().map(|e| e.path()).find(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so"))
+                })
+            })
+        });
+    found.ok_or_else(|| {
+        "ONNX Runtime library not found: set pushdown.ort_library or ORT_DYLIB_PATH, or run scripts/setup.sh (installs the onnxruntime wheel into .venv)".to_owned()
+    })
+}
+
+/// Starts ONNX Runtime once for the process.
+///
+/// # Errors
+/// Why pushdown is unavailable.
+pub fn environment(configured: Option<&Path>) -> Result<ort::environment::Environment, String> {
+    RUNTIME
+        .get_or_init(|| {
+            let path = locate(configured)?;
+            let builder =
+                ort::init_from(&path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
+            builder
+                .with_name("tensorgate")
+                .with_telemetry(false)
+                .build()
+                .map_err(|e| format!("cannot start ONNX Runtime: {e}"))
+        })
+        .clone()
+}

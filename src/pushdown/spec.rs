@@ -1,0 +1,143 @@
+//! The pushdown request: which model, split, output format and dtype a GET asks for, from request
+//! headers (`x-tensorgate-*`) or query parameters (`tensorgate-*`). Pure. Bad values name the
+//! field; DESIGN.md section 2 is the contract.
+
+use http::HeaderMap;
+
+use super::PushdownError;
+
+pub const HEADER_PREFIX: &str = "x-tensorgate-";
+pub const QUERY_PREFIX: &str = "tensorgate-";
+
+/// Output container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    Npy,
+    Safetensors,
+}
+
+/// Output element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+/// What a pushdown GET asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PushdownSpec {
+    pub model: String,
+    /// A split name from the manifest, or `none` for the raw object.
+    pub split: String,
+    pub format: Format,
+    pub dtype: Dtype,
+}
+
+/// Reads the spec from headers, then query parameters (a field may come from either, not both).
+/// `Ok(None)`: not a pushdown request.
+///
+/// # Errors
+/// An unknown field, a repeated field or a bad value, naming the field.
+pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<PushdownSpec>, PushdownError> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for (name, value) in headers {
+        if let Some(field) = name.as_str().strip_prefix(HEADER_PREFIX) {
+            let v = value.to_str().map_err(|_| invalid(field, "is not visible ASCII"))?;
+            fields.push((field.to_owned(), v.trim().to_owned()));
+        }
+    }
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = crate::s3::sigv4::uri_decode(k);
+        if let Some(field) = k.strip_prefix(QUERY_PREFIX) {
+            fields.push((field.to_owned(), crate::s3::sigv4::uri_decode(v)));
+        }
+    }
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let (mut model, mut split, mut format, mut dtype) = (None, None, None, None);
+    for (field, value) in fields {
+        let slot = match field.as_str() {
+            "model" => &mut model,
+            "split" => &mut split,
+            "format" => &mut format,
+            "dtype" => &mut dtype,
+            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype)")),
+        };
+        if slot.replace(value).is_some() {
+            return Err(invalid(&field, "is given more than once"));
+        }
+    }
+    let model = model.filter(|m| !m.is_empty()).ok_or_else(|| invalid("model", "is required"))?;
+    let split = split.filter(|s| !s.is_empty()).ok_or_else(|| invalid("split", "is required"))?;
+    let format = match format.as_deref() {
+        None | Some("npy") => Format::Npy,
+        Some("safetensors") => Format::Safetensors,
+        Some(other) => return Err(invalid("format", &format!("{other:?} is not npy or safetensors"))),
+    };
+    let dtype = match dtype.as_deref() {
+        None | Some("f32") => Dtype::F32,
+        Some("f16") => Dtype::F16,
+        Some("bf16") => Dtype::Bf16,
+        Some(other) => return Err(invalid("dtype", &format!("{other:?} is not f32, f16 or bf16"))),
+    };
+    if format == Format::Npy && dtype == Dtype::Bf16 {
+        return Err(invalid("dtype", "bf16 has no .npy encoding: use format=safetensors"));
+    }
+    Ok(Some(PushdownSpec { model, split, format, dtype }))
+}
+
+fn invalid(field: &str, message: &str) -> PushdownError {
+    PushdownError::InvalidArgument { field: field.to_owned(), message: message.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (k.parse().expect("name"), v.parse().expect("value"))).collect()
+    }
+
+    #[test]
+    fn headers_and_query_give_the_same_spec() {
+        let a = parse(&h(&[("x-tensorgate-model", "tiny-cnn"), ("x-tensorgate-split", "stem")]), None).expect("ok");
+        let b =
+            parse(&HeaderMap::new(), Some("tensorgate-model=tiny-cnn&tensorgate-split=stem&versionId=1")).expect("ok");
+        assert_eq!(a, b);
+        let spec = a.expect("spec");
+        assert_eq!((spec.format, spec.dtype), (Format::Npy, Dtype::F32));
+        assert_eq!(parse(&HeaderMap::new(), Some("list-type=2")).expect("ok"), None);
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let cases = [
+            (h(&[("x-tensorgate-model", "m")]), "split"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "f64")]), "dtype"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-colour", "red")]), "colour"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "bf16")]), "dtype"),
+        ];
+        for (headers, field) in cases {
+            match parse(&headers, None) {
+                Err(PushdownError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        let dup = parse(&h(&[("x-tensorgate-model", "m")]), Some("tensorgate-model=n&tensorgate-split=s"));
+        assert!(matches!(dup, Err(PushdownError::InvalidArgument { field, .. }) if field == "model"));
+    }
+}
