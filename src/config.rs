@@ -156,6 +156,8 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
+    /// Largest image (pixels, from its header) decoded for pushdown.
+    pub max_image_pixels: u64,
 }
 
 impl Default for PushdownSettings {
@@ -169,6 +171,7 @@ impl Default for PushdownSettings {
             max_batch: 16,
             intra_threads: 1,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
+            max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
         }
     }
 }

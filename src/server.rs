@@ -128,6 +128,7 @@ impl Server {
                     intra_threads: p.intra_threads,
                 },
                 max_object_bytes: p.max_object_bytes,
+                max_image_pixels: p.max_image_pixels,
             }))
         });
         let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown));

@@ -6,12 +6,13 @@
 //! [`tensor`] (`.npy` in, `.npy`/safetensors out), [`runtime`] (loading ONNX Runtime).
 //! This module ties them together; HTTP stays in `crate::proxy`.
 //!
-//! Inputs understood so far: `.npy` tensors already preprocessed to the model's per-sample input
-//! shape (one sample, or a batch with a leading dimension). Images and WebDataset shards are
-//! refused with `415` until their decoders land.
+//! Inputs understood so far: JPEG and PNG images (preprocessed per the model's manifest) and `.npy`
+//! tensors already preprocessed to the model's per-sample input shape (one sample, or a batch with
+//! a leading dimension). WebDataset shards are refused with `415` until their reader lands.
 
 pub mod engine;
 pub mod prefix;
+pub mod preprocess;
 pub mod registry;
 pub mod runtime;
 pub mod spec;
@@ -66,6 +67,7 @@ pub struct PushdownConfig {
     pub ort_library: Option<PathBuf>,
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
+    pub max_image_pixels: u64,
 }
 
 /// A computed output, ready to send.
@@ -164,12 +166,14 @@ impl Pushdown {
     pub async fn compute(&self, spec: &PushdownSpec, object: Bytes) -> Result<Output, PushdownError> {
         let (model, split) = self.resolve(spec)?;
         let engine = self.engine(&model, &split)?;
-        let sample_shape = model.manifest.input_shape.clone();
+        let decode_model = model.clone();
+        let max_pixels = self.cfg.max_image_pixels;
 
         let t0 = Instant::now();
-        let (batched, samples) = tokio::task::spawn_blocking(move || decode(&object, &sample_shape))
-            .await
-            .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        let (batched, samples) =
+            tokio::task::spawn_blocking(move || decode(&object, &decode_model.manifest, max_pixels))
+                .await
+                .map_err(|e| PushdownError::Internal(e.to_string()))??;
         let decode_time = t0.elapsed();
 
         let t1 = Instant::now();
@@ -208,10 +212,24 @@ impl Pushdown {
 }
 
 /// Splits an object into per-sample model inputs; `true` if it carried a batch dimension.
-fn decode(object: &[u8], sample_shape: &[usize]) -> Result<(bool, Vec<Vec<f32>>), PushdownError> {
+fn decode(
+    object: &[u8],
+    manifest: &registry::Manifest,
+    max_pixels: u64,
+) -> Result<(bool, Vec<Vec<f32>>), PushdownError> {
+    let sample_shape = manifest.input_shape.as_slice();
+    if preprocess::is_image(object) {
+        let p = manifest.preprocess.as_ref().ok_or_else(|| {
+            PushdownError::Unsupported(format!(
+                "model {} has no [preprocess] in its manifest: send .npy tensors",
+                manifest.name
+            ))
+        })?;
+        return Ok((false, vec![preprocess::image_to_input(object, p, manifest.layout, max_pixels)?]));
+    }
     if !object.starts_with(b"\x93NUMPY") {
         return Err(PushdownError::Unsupported(
-            "the object is not a .npy tensor; JPEG/PNG images and WebDataset shards are not supported yet".into(),
+            "the object is not a JPEG or PNG image or a .npy tensor (WebDataset shards are not supported yet)".into(),
         ));
     }
     let t = tensor::read_npy(object)?;

@@ -42,6 +42,8 @@ pub struct Manifest {
     pub freeze: String,
     pub license: String,
     pub origin: String,
+    /// How images become input tensors; without it the model takes `.npy` inputs only.
+    pub preprocess: Option<super::preprocess::Preprocess>,
     pub splits: Vec<SplitDef>,
 }
 
@@ -114,6 +116,19 @@ fn load_one(dir: &Path) -> Result<Model, String> {
     }
     if !manifest.splits.iter().any(|s| s.name == manifest.freeze) {
         return Err(format!("freeze split {:?} is not among the splits", manifest.freeze));
+    }
+    if let Some(p) = &manifest.preprocess {
+        let [h, w] = p.crop.map(|v| v as usize);
+        let expected = match manifest.layout {
+            Layout::Nchw => vec![3, h, w],
+            Layout::Nhwc => vec![h, w, 3],
+        };
+        if manifest.input_shape != expected {
+            return Err(format!(
+                "input_shape {:?} does not match the {h}x{w} crop in {:?} layout",
+                manifest.input_shape, manifest.layout
+            ));
+        }
     }
     let path = dir.join(&manifest.file);
     let bytes = std::fs::read(&path)

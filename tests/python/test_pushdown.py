@@ -131,7 +131,7 @@ def test_bad_requests_name_what_is_wrong(s3, bucket):
         (dict(model="nope", split="stem"), "s.npy", 400, "tiny-cnn"),
         (dict(model="tiny-cnn", split="nope"), "s.npy", 400, "block2"),
         (dict(model="tiny-cnn", split="stem", dtype="f64"), "s.npy", 400, "dtype"),
-        (dict(model="tiny-cnn", split="stem"), "text.txt", 415, "not a .npy"),
+        (dict(model="tiny-cnn", split="stem"), "text.txt", 415, "not a JPEG or PNG image or a .npy"),
         (dict(model="tiny-cnn", split="stem"), "wrong.npy", 400, "shape"),
     ]
     for fields, key, status, needle in cases:
@@ -143,3 +143,85 @@ def test_bad_requests_name_what_is_wrong(s3, bucket):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         pushdown_get(s3, bucket, "missing.npy", model="tiny-cnn", split="stem")
     assert e.value.response["Error"]["Code"] == "NoSuchKey"
+
+
+def synthetic_photo(w: int, h: int, seed: int):
+    """An ImageNet-like test picture: smooth gradients, shapes and texture (not a flat colour)."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack([xx / w * 255, yy / h * 255, (xx + yy) / (w + h) * 255], axis=-1)
+    base += rng.normal(0, 12, base.shape)
+    img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+    d = ImageDraw.Draw(img)
+    for _ in range(12):
+        x0, y0 = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
+        d.ellipse([x0, y0, x0 + int(rng.integers(20, 120)), y0 + int(rng.integers(20, 120))], fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+    return img
+
+
+def reference_preprocess(img, model: str) -> np.ndarray:
+    """PIL + numpy, torchvision conventions (Resize(shorter) + CenterCrop), from the manifest."""
+    import tomllib
+
+    from PIL import Image
+
+    m = tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
+    p = m["preprocess"]
+    img = img.convert("RGB")
+    w, h = img.size
+    s = p["resize_shorter"]
+    size = (s, s * h // w) if w <= h else (s * w // h, s)
+    img = img.resize(size, Image.BILINEAR)
+    ch, cw = p["crop"]
+    top, left = round((size[1] - ch) / 2), round((size[0] - cw) / 2)
+    a = np.asarray(img, dtype=np.float32)[top : top + ch, left : left + cw]
+    if p.get("channels", "RGB") == "BGR":
+        a = a[..., ::-1]
+    a = (a * np.float32(p["scale"]) - np.array(p["mean"], np.float32)) / np.array(p["std"], np.float32)
+    return a.transpose(2, 0, 1) if m["layout"] == "NCHW" else a
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_pushdown_from_images(s3, bucket, model, fmt):
+    img = synthetic_photo(500, 375, seed=len(model))
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    data = buf.getvalue()
+    s3.put_object(Bucket=bucket, Key=f"img.{fmt.lower()}", Body=data)
+    from PIL import Image
+
+    x = reference_preprocess(Image.open(io.BytesIO(data)), model)[None].astype(np.float32)
+    bound = 1e-3 if fmt == "JPEG" else 1e-4
+    for split in MODELS[model][2]:
+        got = pushdown_get(s3, bucket, f"img.{fmt.lower()}", model=model, split=split)
+        y = np.load(io.BytesIO(got["Body"].read()))
+        want = reference(model, split, x)[0]
+        err = rel_l2(y, want)
+        print(f"{model} {split} from {fmt}: rel L2 {err:.2e}")
+        assert err <= bound, f"{model} {split} from {fmt}: rel L2 {err:.2e} > {bound}"
+
+
+def test_bad_images_get_clear_errors(s3, bucket):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    synthetic_photo(64, 48, 1).save(buf, format="PNG")
+    png = buf.getvalue()
+    s3.put_object(Bucket=bucket, Key="truncated.png", Body=png[: len(png) // 2])
+    s3.put_object(Bucket=bucket, Key="corrupt.jpg", Body=b"\xff\xd8\xff\xe0" + b"\x00garbage" * 100)
+    # A PNG whose header claims 100000 x 100000 pixels: refused before any decoding.
+    import zlib
+
+    huge = bytearray(png)
+    huge[16:24] = (100000).to_bytes(4, "big") + (100000).to_bytes(4, "big")
+    huge[29:33] = zlib.crc32(bytes(huge[12:29])).to_bytes(4, "big")  # keep the IHDR chunk valid
+    s3.put_object(Bucket=bucket, Key="huge.png", Body=bytes(huge))
+    for key, needle in [("truncated.png", "image"), ("corrupt.jpg", "image"), ("huge.png", "100000x100000")]:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(s3, bucket, key, model="tiny-cnn", split="stem")
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, (key, r)
+        assert needle in r["Error"]["Message"], (key, r["Error"])
