@@ -158,6 +158,40 @@ pub struct PushdownSettings {
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown.
     pub max_image_pixels: u64,
+    /// Alias buckets (`[[pushdown.aliases]]`).
+    pub aliases: Vec<AliasConfig>,
+}
+
+/// `[[pushdown.aliases]]`: reading from `bucket` is a pushdown GET on `target` with this model
+/// and split (and optionally format and dtype).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AliasConfig {
+    pub bucket: String,
+    pub target: String,
+    pub model: String,
+    pub split: String,
+    pub format: Option<String>,
+    pub dtype: Option<String>,
+}
+
+impl AliasConfig {
+    /// The pushdown request this alias stands for (validated like a request's fields).
+    ///
+    /// # Errors
+    /// A bad format or dtype, naming the field.
+    pub fn spec(&self) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
+        let mut q = format!("tensorgate-model={}&tensorgate-split={}", self.model, self.split);
+        if let Some(f) = &self.format {
+            q.push_str(&format!("&tensorgate-format={f}"));
+        }
+        if let Some(d) = &self.dtype {
+            q.push_str(&format!("&tensorgate-dtype={d}"));
+        }
+        crate::pushdown::spec::parse(&http::HeaderMap::new(), Some(&q))
+            .map_err(|e| invalid("pushdown.aliases", e.to_string()))?
+            .ok_or_else(|| invalid("pushdown.aliases", "model and split are required"))
+    }
 }
 
 impl Default for PushdownSettings {
@@ -172,6 +206,7 @@ impl Default for PushdownSettings {
             intra_threads: 1,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
+            aliases: Vec::new(),
         }
     }
 }
@@ -358,6 +393,12 @@ impl Config {
                 "pushdown",
                 "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
             ));
+        }
+        for a in &p.aliases {
+            a.spec()?;
+            if a.bucket == a.target {
+                return Err(invalid("pushdown.aliases", format!("alias {} must differ from its target", a.bucket)));
+            }
         }
         let b = &self.backend;
         if b.max_concurrency == 0 {

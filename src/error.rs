@@ -38,6 +38,8 @@ pub enum GatewayError {
     InvalidRange { size: usize },
     #[error("too many requests in flight; retry later")]
     Overloaded,
+    #[error("alias buckets are read-only: write to the bucket they stand for")]
+    AliasReadOnly,
     #[error("the gateway is shutting down")]
     ShuttingDown,
 }
@@ -132,6 +134,7 @@ impl GatewayError {
             Self::InvalidHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
             Self::InvalidRange { .. } => S3ErrorSpec::new(S::RANGE_NOT_SATISFIABLE, "InvalidRange", msg),
             Self::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", "please reduce your request rate"),
+            Self::AliasReadOnly => S3ErrorSpec::new(S::METHOD_NOT_ALLOWED, "MethodNotAllowed", msg),
             Self::ShuttingDown => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
         }
     }

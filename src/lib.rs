@@ -7,6 +7,7 @@ pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod metrics;
 pub mod proxy;

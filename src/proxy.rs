@@ -2,6 +2,7 @@
 //! forward → respond. Errors of any phase become S3 XML in `crate::error`, and each request is
 //! logged once, here at the edge.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -42,6 +43,17 @@ pub struct FrontConfig {
     pub allow_anonymous: bool,
     pub max_body_bytes: u64,
     pub max_in_flight: usize,
+    /// Alias buckets: reading `bucket/key` from one is a pushdown GET of `target/key`.
+    pub aliases: HashMap<String, AliasBucket>,
+}
+
+/// A bucket name that stands for (real bucket, model, split, format, dtype), for loaders that
+/// cannot add headers or query parameters. Read-only: object reads become pushdown GETs, listings
+/// and bucket HEADs go to the real bucket, anything else is refused.
+#[derive(Debug, Clone)]
+pub struct AliasBucket {
+    pub target: String,
+    pub spec: PushdownSpec,
 }
 
 /// Shared state of the S3 front end.
@@ -185,8 +197,32 @@ impl Gateway {
             self.cfg.allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
+        let requested = pushdown_spec::parse(&parts.headers, parts.uri.query())?;
+        let alias = target.bucket.as_ref().and_then(|b| self.cfg.aliases.get(b)).cloned();
+        let mut target = target;
+        if let Some(alias) = &alias {
+            if requested.is_some() {
+                return Err(PushdownError::InvalidArgument {
+                    field: "model".into(),
+                    message: "the alias bucket already names the model and split".into(),
+                }
+                .into());
+            }
+            if !matches!(
+                op,
+                S3Op::GetObject
+                    | S3Op::HeadObject
+                    | S3Op::ListObjects
+                    | S3Op::ListObjectsV2
+                    | S3Op::HeadBucket
+                    | S3Op::GetBucketLocation
+            ) {
+                return Err(GatewayError::AliasReadOnly);
+            }
+            target.bucket = Some(alias.target.clone());
+        }
         if matches!(op, S3Op::GetObject | S3Op::HeadObject)
-            && let Some(spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
+            && let Some(spec) = requested.or_else(|| alias.map(|a| a.spec))
         {
             let resp = self.pushdown_get(&parts, target, spec).await?;
             return Ok((resp, identity.name().to_owned()));
@@ -282,6 +318,8 @@ impl Gateway {
         let limit = pd.max_object_bytes();
         let source_etag =
             resp.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
+        let last_modified = resp.headers().get(http::header::LAST_MODIFIED).cloned();
         let object = match http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX))
             .collect()
             .await
@@ -334,6 +372,9 @@ impl Gateway {
             .header("server-timing", timing);
         if let Some(r) = range {
             resp = resp.header(http::header::CONTENT_RANGE, r);
+        }
+        if let Some(lm) = last_modified {
+            resp = resp.header(http::header::LAST_MODIFIED, lm);
         }
         let body = if head { Body::empty() } else { Body::from(body) };
         resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())

@@ -28,7 +28,7 @@ use crate::backend::s3::{S3Backend, S3BackendConfig};
 use crate::backend::{Backend, fs::FsBackend};
 use crate::config::{BackendKind, Config, ConfigError};
 use crate::metrics::Metrics;
-use crate::proxy::{FrontConfig, Gateway};
+use crate::proxy::{AliasBucket, FrontConfig, Gateway};
 use crate::pushdown::engine::EngineConfig;
 use crate::pushdown::{Pushdown, PushdownConfig};
 
@@ -63,6 +63,11 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
     Ok(match config.backend.kind {
         BackendKind::Fs => {
             let root = &config.backend.root;
+            if !root.exists() {
+                crate::demo::seed(root)
+                    .map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?;
+                tracing::info!(root = %root.display(), bucket = crate::demo::DEMO_BUCKET, "Created the data directory with demo images.");
+            }
             Backend::Fs(
                 FsBackend::new(root)
                     .map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?,
@@ -116,6 +121,12 @@ impl Server {
             allow_anonymous: config.allow_anonymous,
             max_body_bytes: config.max_body_bytes,
             max_in_flight: config.max_in_flight,
+            aliases: config
+                .pushdown
+                .aliases
+                .iter()
+                .map(|a| Ok((a.bucket.clone(), AliasBucket { target: a.target.clone(), spec: a.spec()? })))
+                .collect::<Result<_, ConfigError>>()?,
         };
         let pushdown = config.pushdown.enabled.then(|| {
             let p = &config.pushdown;

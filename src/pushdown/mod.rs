@@ -8,13 +8,15 @@
 //!
 //! Inputs understood so far: JPEG and PNG images (preprocessed per the model's manifest) and `.npy`
 //! tensors already preprocessed to the model's per-sample input shape (one sample, or a batch with
-//! a leading dimension). WebDataset shards are refused with `415` until their reader lands.
+//! a leading dimension), and WebDataset tar shards of those ([`shard`]), answered as safetensors
+//! with `features`, `labels` and the sample keys.
 
 pub mod engine;
 pub mod prefix;
 pub mod preprocess;
 pub mod registry;
 pub mod runtime;
+pub mod shard;
 pub mod spec;
 pub mod tensor;
 
@@ -28,7 +30,7 @@ use futures_util::future::try_join_all;
 
 use self::engine::{Engine, EngineConfig};
 use self::registry::{Model, Registry};
-use self::spec::{Format, PushdownSpec};
+use self::spec::{Dtype, Format, PushdownSpec};
 use self::tensor::Tensor;
 
 /// Largest source object pushdown reads (it is held in memory while decoded). 64 MiB covers a
@@ -159,36 +161,67 @@ impl Pushdown {
         Ok(engine)
     }
 
-    /// Runs the prefix on an object's bytes and encodes the result.
+    /// Runs the prefix on an object's bytes and encodes the result. Samples are preprocessed on
+    /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
+    /// of sample i.
     ///
     /// # Errors
     /// Unusable input, overload, or inference failure.
     pub async fn compute(&self, spec: &PushdownSpec, object: Bytes) -> Result<Output, PushdownError> {
         let (model, split) = self.resolve(spec)?;
         let engine = self.engine(&model, &split)?;
-        let decode_model = model.clone();
-        let max_pixels = self.cfg.max_image_pixels;
 
         let t0 = Instant::now();
-        let (batched, samples) =
-            tokio::task::spawn_blocking(move || decode(&object, &decode_model.manifest, max_pixels))
-                .await
-                .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        let parse_model = model.clone();
+        let parsed = tokio::task::spawn_blocking(move || parse(&object, &parse_model.manifest))
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))??;
         let decode_time = t0.elapsed();
 
         let t1 = Instant::now();
-        let outputs = try_join_all(samples.into_iter().map(|s| engine.infer(s))).await?;
+        let max_pixels = self.cfg.max_image_pixels;
+        let runs = parsed.items.into_iter().enumerate().map(|(i, item)| {
+            let (engine, model, keys) = (engine.clone(), model.clone(), &parsed.keys);
+            async move {
+                let input = match item {
+                    Item::Ready(v) => v,
+                    Item::Image(bytes) => {
+                        let m = model.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
+                            preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels)
+                        })
+                        .await
+                        .map_err(|e| PushdownError::Internal(e.to_string()))?
+                        .map_err(|e| name_sample(e, keys.get(i)))?
+                    }
+                };
+                engine.infer(input).await.map_err(|e| name_sample(e, keys.get(i)))
+            }
+        });
+        let outputs = try_join_all(runs).await?;
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
-        let (format, dtype) = (spec.format, spec.dtype);
-        let meta =
+        let format = spec.format.unwrap_or(if parsed.kind == Kind::Shard || spec.dtype == Dtype::Bf16 {
+            Format::Safetensors
+        } else {
+            Format::Npy
+        });
+        let dtype = spec.dtype;
+        let mut meta =
             HashMap::from([("model".to_owned(), model.manifest.name.clone()), ("split".to_owned(), split.clone())]);
+        if parsed.kind == Kind::Shard {
+            meta.insert("keys".to_owned(), serde_json_array(&parsed.keys));
+        }
+        let (kind, labels) = (parsed.kind, parsed.labels);
         let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
-            let out = stack(outputs, batched);
+            let out = stack(outputs, kind != Kind::Single);
             let body = match format {
                 Format::Npy => tensor::write_npy(&out, dtype),
-                Format::Safetensors => tensor::write_safetensors(&[("features", &out)], dtype, meta)?,
+                Format::Safetensors => {
+                    tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?
+                }
             };
             Ok((body, out.shape))
         })
@@ -211,27 +244,102 @@ impl Pushdown {
     }
 }
 
-/// Splits an object into per-sample model inputs; `true` if it carried a batch dimension.
-fn decode(
-    object: &[u8],
-    manifest: &registry::Manifest,
-    max_pixels: u64,
-) -> Result<(bool, Vec<Vec<f32>>), PushdownError> {
-    let sample_shape = manifest.input_shape.as_slice();
+/// What the object held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One sample: the output has no batch dimension.
+    Single,
+    /// A `.npy` with a leading batch dimension.
+    Batch,
+    /// A WebDataset shard.
+    Shard,
+}
+
+/// A sample's model input: ready, or an image still to preprocess.
+enum Item {
+    Ready(Vec<f32>),
+    Image(Bytes),
+}
+
+struct Parsed {
+    kind: Kind,
+    items: Vec<Item>,
+    keys: Vec<String>,
+    labels: Option<Vec<i64>>,
+}
+
+fn no_preprocess(model: &str) -> PushdownError {
+    PushdownError::Unsupported(format!("model {model} has no [preprocess] in its manifest: send .npy tensors"))
+}
+
+fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownError {
+    match (e, key) {
+        (PushdownError::BadInput(m), Some(k)) => PushdownError::BadInput(format!("sample {k:?}: {m}")),
+        (e, _) => e,
+    }
+}
+
+fn serde_json_array(keys: &[String]) -> String {
+    let quoted: Vec<String> =
+        keys.iter().map(|k| format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""))).collect();
+    format!("[{}]", quoted.join(","))
+}
+
+/// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
+fn parse(object: &Bytes, manifest: &registry::Manifest) -> Result<Parsed, PushdownError> {
+    let one = |kind, item| Parsed { kind, items: vec![item], keys: Vec::new(), labels: None };
     if preprocess::is_image(object) {
-        let p = manifest.preprocess.as_ref().ok_or_else(|| {
-            PushdownError::Unsupported(format!(
-                "model {} has no [preprocess] in its manifest: send .npy tensors",
-                manifest.name
-            ))
-        })?;
-        return Ok((false, vec![preprocess::image_to_input(object, p, manifest.layout, max_pixels)?]));
+        if manifest.preprocess.is_none() {
+            return Err(no_preprocess(&manifest.name));
+        }
+        return Ok(one(Kind::Single, Item::Image(object.clone())));
     }
-    if !object.starts_with(b"\x93NUMPY") {
-        return Err(PushdownError::Unsupported(
-            "the object is not a JPEG or PNG image or a .npy tensor (WebDataset shards are not supported yet)".into(),
-        ));
+    if object.starts_with(b"\x93NUMPY") {
+        let (batched, samples) = npy_samples(object, &manifest.input_shape)?;
+        let kind = if batched { Kind::Batch } else { Kind::Single };
+        return Ok(Parsed {
+            kind,
+            items: samples.into_iter().map(Item::Ready).collect(),
+            keys: Vec::new(),
+            labels: None,
+        });
     }
+    if shard::is_tar(object) {
+        let samples = shard::read(object)?;
+        let mut items = Vec::with_capacity(samples.len());
+        let mut keys = Vec::with_capacity(samples.len());
+        let labels = samples.iter().map(|s| s.label).collect::<Option<Vec<i64>>>();
+        for s in samples {
+            items.push(match s.input {
+                shard::SampleInput::Image(b) => {
+                    if manifest.preprocess.is_none() {
+                        return Err(no_preprocess(&manifest.name));
+                    }
+                    Item::Image(b)
+                }
+                shard::SampleInput::Npy(b) => {
+                    let (batched, mut v) =
+                        npy_samples(&b, &manifest.input_shape).map_err(|e| name_sample(e, Some(&s.key)))?;
+                    if batched || v.len() != 1 {
+                        return Err(PushdownError::BadInput(format!(
+                            "sample {:?}: a shard's .npy must hold one sample",
+                            s.key
+                        )));
+                    }
+                    Item::Ready(v.remove(0))
+                }
+            });
+            keys.push(s.key);
+        }
+        return Ok(Parsed { kind: Kind::Shard, items, keys, labels });
+    }
+    Err(PushdownError::Unsupported(
+        "the object is not a JPEG or PNG image, a .npy tensor or a WebDataset tar shard".into(),
+    ))
+}
+
+/// Splits a `.npy` into per-sample inputs; `true` if it carried a batch dimension.
+fn npy_samples(object: &[u8], sample_shape: &[usize]) -> Result<(bool, Vec<Vec<f32>>), PushdownError> {
     let t = tensor::read_npy(object)?;
     let per: usize = sample_shape.iter().product();
     if t.shape == sample_shape {

@@ -41,7 +41,8 @@ pub struct PushdownSpec {
     pub model: String,
     /// A split name from the manifest, or `none` for the raw object.
     pub split: String,
-    pub format: Format,
+    /// `None`: `.npy` for one sample or a batch (safetensors if `bf16`), safetensors for shards.
+    pub format: Option<Format>,
     pub dtype: Dtype,
 }
 
@@ -84,8 +85,9 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     let model = model.filter(|m| !m.is_empty()).ok_or_else(|| invalid("model", "is required"))?;
     let split = split.filter(|s| !s.is_empty()).ok_or_else(|| invalid("split", "is required"))?;
     let format = match format.as_deref() {
-        None | Some("npy") => Format::Npy,
-        Some("safetensors") => Format::Safetensors,
+        None => None,
+        Some("npy") => Some(Format::Npy),
+        Some("safetensors") => Some(Format::Safetensors),
         Some(other) => return Err(invalid("format", &format!("{other:?} is not npy or safetensors"))),
     };
     let dtype = match dtype.as_deref() {
@@ -94,7 +96,7 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         Some("bf16") => Dtype::Bf16,
         Some(other) => return Err(invalid("dtype", &format!("{other:?} is not f32, f16 or bf16"))),
     };
-    if format == Format::Npy && dtype == Dtype::Bf16 {
+    if format == Some(Format::Npy) && dtype == Dtype::Bf16 {
         return Err(invalid("dtype", "bf16 has no .npy encoding: use format=safetensors"));
     }
     Ok(Some(PushdownSpec { model, split, format, dtype }))
@@ -119,7 +121,7 @@ mod tests {
             parse(&HeaderMap::new(), Some("tensorgate-model=tiny-cnn&tensorgate-split=stem&versionId=1")).expect("ok");
         assert_eq!(a, b);
         let spec = a.expect("spec");
-        assert_eq!((spec.format, spec.dtype), (Format::Npy, Dtype::F32));
+        assert_eq!((spec.format, spec.dtype), (None, Dtype::F32));
         assert_eq!(parse(&HeaderMap::new(), Some("list-type=2")).expect("ok"), None);
     }
 
@@ -129,7 +131,15 @@ mod tests {
             (h(&[("x-tensorgate-model", "m")]), "split"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "f64")]), "dtype"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-colour", "red")]), "colour"),
-            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "bf16")]), "dtype"),
+            (
+                h(&[
+                    ("x-tensorgate-model", "m"),
+                    ("x-tensorgate-split", "s"),
+                    ("x-tensorgate-format", "npy"),
+                    ("x-tensorgate-dtype", "bf16"),
+                ]),
+                "dtype",
+            ),
         ];
         for (headers, field) in cases {
             match parse(&headers, None) {

@@ -118,12 +118,14 @@ pub fn write_npy(t: &Tensor, dtype: Dtype) -> Vec<u8> {
     out
 }
 
-/// A safetensors file with the named tensors (all in `dtype`) and string metadata.
+/// A safetensors file with the named tensors (all in `dtype`), optional `labels` (i64) and string
+/// metadata.
 ///
 /// # Errors
 /// Only if the safetensors writer rejects the shapes (a bug).
 pub fn write_safetensors(
     tensors: &[(&str, &Tensor)],
+    labels: Option<&[i64]>,
     dtype: Dtype,
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>, PushdownError> {
@@ -132,12 +134,22 @@ pub fn write_safetensors(
         Dtype::F16 => safetensors::Dtype::F16,
         Dtype::Bf16 => safetensors::Dtype::BF16,
     };
-    let encoded: Vec<(String, Vec<usize>, Vec<u8>)> =
-        tensors.iter().map(|(name, t)| ((*name).to_owned(), t.shape.clone(), encode_values(&t.data, dtype))).collect();
+    let mut encoded: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, t)| ((*name).to_owned(), st_dtype, t.shape.clone(), encode_values(&t.data, dtype)))
+        .collect();
+    if let Some(l) = labels {
+        encoded.push((
+            "labels".to_owned(),
+            safetensors::Dtype::I64,
+            vec![l.len()],
+            l.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ));
+    }
     let views = encoded
         .iter()
-        .map(|(name, shape, bytes)| {
-            safetensors::tensor::TensorView::new(st_dtype, shape.clone(), bytes).map(|v| (name.clone(), v))
+        .map(|(name, dt, shape, bytes)| {
+            safetensors::tensor::TensorView::new(*dt, shape.clone(), bytes).map(|v| (name.clone(), v))
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| PushdownError::Internal(format!("safetensors: {e}")))?;
@@ -177,10 +189,11 @@ mod tests {
     fn safetensors_holds_features_and_metadata() {
         let t = Tensor { shape: vec![2, 2], data: vec![1.0, 2.0, 3.0, 4.0] };
         let meta = HashMap::from([("keys".to_owned(), "a,b".to_owned())]);
-        let bytes = write_safetensors(&[("features", &t)], Dtype::Bf16, meta).expect("write");
+        let bytes = write_safetensors(&[("features", &t)], Some(&[4, 2]), Dtype::Bf16, meta).expect("write");
         let (_, parsed) = safetensors::SafeTensors::read_metadata(&bytes).expect("parse");
         let info = parsed.info("features").expect("features");
         assert_eq!(info.shape, vec![2, 2]);
+        assert_eq!(parsed.info("labels").expect("labels").dtype, safetensors::Dtype::I64);
         assert_eq!(parsed.metadata().as_ref().and_then(|m| m.get("keys")).map(String::as_str), Some("a,b"));
     }
 }

@@ -58,9 +58,15 @@ def seaweed() -> str:
 def gateway(seaweed, tmp_path_factory):
     """The tensorgate binary on free ports; yields (endpoint, admin, log path)."""
     port, admin_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    gwdir = tmp_path_factory.mktemp("gw")
+    log = gwdir / "gateway.log"
+    config = gwdir / "tensorgate.toml"
+    config.write_text(
+        '[[pushdown.aliases]]\nbucket = "alias-tiny-pool"\ntarget = "alias-target"\nmodel = "tiny-cnn"\nsplit = "pool"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
     env.update(
+        TENSORGATE_CONFIG=str(config),
         TENSORGATE_LISTEN=f"127.0.0.1:{port}",
         TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
         TENSORGATE_BACKEND_ENDPOINT=seaweed,

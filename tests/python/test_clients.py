@@ -143,17 +143,32 @@ def test_embedded_default_needs_no_configuration(tmp_path):
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 pytest.skip(f"port {port} is in use on this machine")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    # Run from a copy of the repository layout the README assumes: models/ and .venv beside.
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     proc = subprocess.Popen([str(BINARY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready("http://127.0.0.1:9001", proc)
         c = boto3.client("s3", endpoint_url="http://127.0.0.1:9000", aws_access_key_id="tensorgate-dev", aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
-        c.create_bucket(Bucket="demo")
+        listed = [o["Key"] for o in c.list_objects_v2(Bucket="demo")["Contents"]]
+        assert listed == ["sample-0.png", "sample-1.png", "sample-2.png"], listed
         c.put_object(Bucket="demo", Key="hello.txt", Body=b"embedded")
         assert c.get_object(Bucket="demo", Key="hello.txt")["Body"].read() == b"embedded"
         assert (tmp_path / "tensorgate-data" / "demo" / "hello.txt").read_bytes() == b"embedded"
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen("http://127.0.0.1:9000/demo/hello.txt")
         assert e.value.code == 403
+        # The README's one-line pushdown: curl signs the request itself (SigV4, query included).
+        url = "http://127.0.0.1:9000/demo/sample-0.png?tensorgate-model=tiny-cnn&tensorgate-split=pool"
+        out = subprocess.run(
+            ["curl", "-sf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "tensorgate-dev:tensorgate-dev-secret", url],
+            check=True, capture_output=True,
+        ).stdout
+        import io
+
+        import numpy as np
+
+        assert np.load(io.BytesIO(out)).shape == (16, 1, 1)
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0

@@ -131,7 +131,7 @@ def test_bad_requests_name_what_is_wrong(s3, bucket):
         (dict(model="nope", split="stem"), "s.npy", 400, "tiny-cnn"),
         (dict(model="tiny-cnn", split="nope"), "s.npy", 400, "block2"),
         (dict(model="tiny-cnn", split="stem", dtype="f64"), "s.npy", 400, "dtype"),
-        (dict(model="tiny-cnn", split="stem"), "text.txt", 415, "not a JPEG or PNG image or a .npy"),
+        (dict(model="tiny-cnn", split="stem"), "text.txt", 415, "not a JPEG or PNG image, a .npy tensor"),
         (dict(model="tiny-cnn", split="stem"), "wrong.npy", 400, "shape"),
     ]
     for fields, key, status, needle in cases:
@@ -225,3 +225,127 @@ def test_bad_images_get_clear_errors(s3, bucket):
         r = e.value.response
         assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, (key, r)
         assert needle in r["Error"]["Message"], (key, r["Error"])
+
+
+def test_webdataset_shard_gives_features_labels_and_keys(s3, bucket):
+    import tarfile
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    images = {}
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+
+        def add(name, data):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        for i in range(5):
+            img = io.BytesIO()
+            synthetic_photo(320, 240, seed=100 + i).save(img, format="JPEG" if i % 2 else "PNG")
+            key = f"train/{i:04d}"
+            images[key] = img.getvalue()
+            add(f"{key}.{'jpg' if i % 2 else 'png'}", images[key])
+            add(f"{key}.cls", str(i * 10).encode())
+            add(f"{key}.json", b'{"ignored": true}')
+    s3.put_object(Bucket=bucket, Key="shard-000.tar", Body=buf.getvalue())
+
+    got = pushdown_get(s3, bucket, "shard-000.tar", model="tiny-cnn", split="pool")
+    assert got["ContentType"] == "application/vnd.safetensors"
+    raw = got["Body"].read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    feat_info, label_info = header["features"], header["labels"]
+    feats = np.frombuffer(data[slice(*feat_info["data_offsets"])], dtype=np.float32).reshape(feat_info["shape"])
+    labels = np.frombuffer(data[slice(*label_info["data_offsets"])], dtype=np.int64)
+    keys = json.loads(header["__metadata__"]["keys"])
+    assert keys == list(images)
+    assert labels.tolist() == [0, 10, 20, 30, 40]
+    x = np.stack([reference_preprocess(Image.open(io.BytesIO(images[k])), "tiny-cnn") for k in keys]).astype(np.float32)
+    want = reference("tiny-cnn", "pool", x)
+    assert feats.shape == want.shape
+    err = rel_l2(feats, want)
+    print(f"shard of 5 (PNG and JPEG): rel L2 {err:.2e}")
+    assert err <= 1e-5
+
+
+def test_bad_shards(s3, bucket):
+    import tarfile
+
+    def tar_of(members):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    s3.put_object(Bucket=bucket, Key="empty.tar", Body=tar_of([("README.txt", b"nothing here")]))
+    s3.put_object(Bucket=bucket, Key="junk.tar", Body=tar_of([("a.jpg", b"\xff\xd8\xffnot really\xff\xd9")]))
+    for key, needle in [("empty.tar", "no samples"), ("junk.tar", '"a"')]:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(s3, bucket, key, model="tiny-cnn", split="stem")
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, (key, r)
+        assert needle in r["Error"]["Message"], (key, r["Error"])
+
+
+def test_alias_bucket_with_the_aws_cli(gateway, s3, client_env, tmp_path):
+    """A loader that cannot add headers reads alias-tiny-pool/KEY and gets features of alias-target/KEY."""
+    import subprocess
+
+    from conftest import ROOT
+
+    try:
+        s3.create_bucket(Bucket="alias-target")
+    except botocore.exceptions.ClientError as e:
+        assert e.response["Error"]["Code"] in ("BucketAlreadyExists", "BucketAlreadyOwnedByYou")
+    x = np.random.default_rng(2).random((3, 32, 32), dtype=np.float32)
+    s3.put_object(Bucket="alias-target", Key="x.npy", Body=npy_bytes(x))
+    endpoint, _, _ = gateway
+    out = tmp_path / "features.npy"
+    subprocess.run([str(ROOT / ".venv/bin/aws"), "--endpoint-url", endpoint, "s3", "cp", "s3://alias-tiny-pool/x.npy", str(out)], env=client_env, check=True, capture_output=True)
+    y = np.load(out)
+    assert rel_l2(y, reference("tiny-cnn", "pool", x[None])[0]) <= 1e-5
+    listed = s3.list_objects_v2(Bucket="alias-tiny-pool")
+    assert "x.npy" in [o["Key"] for o in listed.get("Contents", [])]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket="alias-tiny-pool", Key="y.npy", Body=b"x")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 405
+
+
+def test_without_onnx_runtime_passthrough_serves_and_pushdown_says_why(tmp_path):
+    import os
+    import subprocess
+
+    from conftest import BINARY, free_port, wait_ready
+
+    port, admin = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "ORT_"))}
+    env.update(
+        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
+        TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"),
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        TENSORGATE_ORT_LIBRARY=str(tmp_path / "missing" / "libonnxruntime.so"),
+    )
+    proc = subprocess.Popen([str(BINARY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{admin}", proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz") as r:
+            text = r.read().decode()
+        assert "pushdown: unavailable" in text and "missing" in text, text
+        import boto3
+
+        c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev", aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
+        assert c.get_object(Bucket="demo", Key="sample-0.png")["Body"].read().startswith(b"\x89PNG")
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(c, "demo", "sample-0.png", model="tiny-cnn", split="pool")
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        assert "pushdown is unavailable" in e.value.response["Error"]["Message"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -190,7 +190,14 @@ fn verify_header(
     if (now - when).unsigned_abs() > MAX_CLOCK_SKEW {
         return Err(AuthError::TimeTooSkewed);
     }
-    let payload_hash = header_str(headers, headers::X_AMZ_CONTENT_SHA256).ok_or(AuthError::MissingContentSha256)?;
+    // S3 requires x-amz-content-sha256. Generic SigV4 signers (curl's --aws-sigv4 among them) omit
+    // it and sign the hash of the body instead; for a request without a body that is the hash of
+    // the empty string, which covers it completely, so such requests are accepted.
+    let payload_hash = match header_str(headers, headers::X_AMZ_CONTENT_SHA256) {
+        Some(h) => h,
+        None if !has_body(headers) => super::EMPTY_SHA256,
+        None => return Err(AuthError::MissingContentSha256),
+    };
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
     let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
@@ -199,6 +206,11 @@ fn verify_header(
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
+}
+
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
 }
 
 fn is_cors_preflight(method: &Method, headers: &HeaderMap) -> bool {
@@ -573,6 +585,46 @@ mod tests {
         let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
             .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
+    }
+
+    #[test]
+    fn bodyless_requests_may_omit_the_payload_hash() {
+        // As curl --aws-sigv4 signs: the empty body's hash in the canonical request, no header.
+        let now = SystemTime::now();
+        let mut req = signed("GET", "http://gw.example:9000/bucket/key", &[], None, now);
+        // Re-sign without the header: aws-sigv4 with PayloadChecksumKind::NoHeader.
+        req.headers_mut().remove("x-amz-content-sha256");
+        let auth = req.headers()["authorization"].to_str().expect("ascii").to_owned();
+        let creds = Credentials::new("AKID", "SECRET", None, None, "test");
+        let identity = creds.into();
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region("us-east-1")
+            .name("s3")
+            .time(now)
+            .settings(settings)
+            .build()
+            .expect("params")
+            .into();
+        let mut fresh = http::Request::get("http://gw.example:9000/bucket/key")
+            .header("host", "gw.example:9000")
+            .body(())
+            .expect("request");
+        let signable = SignableRequest::new(
+            "GET",
+            "http://gw.example:9000/bucket/key",
+            [("host", "gw.example:9000")].into_iter(),
+            SignableBody::Bytes(b""),
+        )
+        .expect("signable");
+        sign(signable, &params).expect("sign").into_parts().0.apply_to_request_http1x(&mut fresh);
+        assert!(!fresh.headers().contains_key("x-amz-content-sha256"));
+        assert_ne!(fresh.headers()["authorization"], auth.as_str());
+        assert!(check_req(&fresh, now).is_ok());
+        fresh.headers_mut().insert("content-length", "5".parse().expect("v"));
+        assert!(matches!(check_req(&fresh, now), Err(AuthError::MissingContentSha256)));
     }
 
     #[test]

@@ -1,0 +1,150 @@
+"""Pushdown benchmarks (issue 3), one run, same machine, printed as markdown:
+
+(a) data reduction: bytes per sample at every split of each model vs the JPEG and the decoded
+    input tensor (HAPI's table);
+(b) images/s: pushdown through the gateway (release build, fs backend, 1 and 2 inference threads
+    across concurrent requests) vs a Python pipeline doing the same work (PIL decode + resize +
+    numpy normalisation + onnxruntime on the same prefix) with 1 and 2 worker threads;
+(c) the ceiling: onnxruntime alone on pre-decoded batches of the same prefix.
+
+Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
+"""
+
+import concurrent.futures as cf
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import boto3
+import numpy as np
+import onnx
+import onnxruntime as ort
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from conftest import free_port, ort_library, wait_ready  # noqa: E402
+from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
+
+N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
+MODELS = {"resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
+
+
+def manifest(model):
+    return tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
+
+
+def jpegs():
+    out = []
+    for i in range(N_IMAGES):
+        buf = io.BytesIO()
+        synthetic_photo(500, 375, seed=1000 + i).save(buf, format="JPEG", quality=92)
+        out.append(buf.getvalue())
+    return out
+
+
+def prefix_session(model, split, threads):
+    m = manifest(model)
+    tensor = next(s["tensor"] for s in m["splits"] if s["name"] == split)
+    full = onnx.load(str(ROOT / "models" / model / "model.onnx"))
+    cut = onnx.utils.Extractor(full).extract_model([m["input"]], [tensor])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(cut.SerializeToString(), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
+
+
+def main():
+    images = jpegs()
+    jpeg_mean = np.mean([len(j) for j in images])
+    tmp = Path(tempfile.mkdtemp())
+    port, admin = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    results = {}
+    print(f"{N_IMAGES} synthetic 500x375 JPEGs, mean {jpeg_mean / 1e3:.1f} kB\n")
+    for threads in (1, 2):
+        env.update(
+            TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+            TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
+            TENSORGATE_BACKEND_ROOT=str(tmp / f"data{threads}"),
+            TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+            TENSORGATE_ORT_LIBRARY=ort_library(),
+            TENSORGATE_LOG="warn",
+        )
+        cfg = tmp / f"gw{threads}.toml"
+        cfg.write_text(f"[pushdown]\nintra_threads = {threads}\n")
+        env["TENSORGATE_CONFIG"] = str(cfg)
+        proc = subprocess.Popen([str(ROOT / "target/release/tensorgate")], env=env)
+        try:
+            wait_ready(f"http://127.0.0.1:{admin}", proc)
+            s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
+                              aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
+            s3.create_bucket(Bucket="bench")
+            for i, j in enumerate(images):
+                s3.put_object(Bucket="bench", Key=f"{i}.jpg", Body=j)
+            for model, splits in MODELS.items():
+                for split in splits:
+                    def get(i, model=model, split=split):
+                        url = s3.generate_presigned_url("get_object", Params={"Bucket": "bench", "Key": f"{i}.jpg"}, ExpiresIn=600)
+                        import urllib.request
+                        with urllib.request.urlopen(url + f"&tensorgate-model={model}&tensorgate-split={split}") as r:
+                            return len(r.read())
+                    get(0)  # warm-up: builds and checks the prefix
+                    t = time.perf_counter()
+                    with cf.ThreadPoolExecutor(4) as ex:
+                        sizes = list(ex.map(get, range(N_IMAGES)))
+                    results[("gateway", model, split, threads)] = N_IMAGES / (time.perf_counter() - t)
+                    results[("bytes", model, split)] = np.mean(sizes)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    for model, splits in MODELS.items():
+        for split in splits:
+            for threads in (1, 2):
+                sess, name, tensor = prefix_session(model, split, 1)
+                sessions = [prefix_session(model, split, 1)[0] for _ in range(threads)]
+
+                def python_pipeline(i, model=model):
+                    x = reference_preprocess(Image.open(io.BytesIO(images[i])), model)[None].astype(np.float32)
+                    return sessions[i % threads].run([tensor], {name: x})[0]
+
+                python_pipeline(0)
+                t = time.perf_counter()
+                with cf.ThreadPoolExecutor(threads) as ex:
+                    list(ex.map(python_pipeline, range(N_IMAGES)))
+                results[("python", model, split, threads)] = N_IMAGES / (time.perf_counter() - t)
+                # Ceiling: bare onnxruntime on pre-decoded batches of 8, same thread count.
+                xs = np.stack([reference_preprocess(Image.open(io.BytesIO(images[i])), model) for i in range(16)]).astype(np.float32)
+                ceil_sess = prefix_session(model, split, threads)[0]
+                ceil_sess.run([tensor], {name: xs[:8]})
+                t = time.perf_counter()
+                runs = max(1, N_IMAGES // 8)
+                for r in range(runs):
+                    ceil_sess.run([tensor], {name: xs[(r % 2) * 8 : (r % 2) * 8 + 8]})
+                results[("ceiling", model, split, threads)] = runs * 8 / (time.perf_counter() - t)
+
+    print("(a) bytes per sample (f32 output) vs the JPEG and the decoded input tensor\n")
+    print("| model | split | output bytes | JPEG / output | decoded tensor / output |")
+    print("|---|---|---|---|---|")
+    for model, splits in MODELS.items():
+        decoded = 4 * int(np.prod(manifest(model)["input_shape"]))
+        for split in splits:
+            b = results[("bytes", model, split)]
+            print(f"| {model} | {split} | {b:,.0f} | {jpeg_mean / b:.2f} | {decoded / b:.2f} |")
+    print("\n(b, c) images/s\n")
+    print("| model | split | threads | gateway | Python pipeline | gateway / Python | ORT ceiling | gateway / ceiling |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model, splits in MODELS.items():
+        for split in splits:
+            for threads in (1, 2):
+                g, p, c = (results[(k, model, split, threads)] for k in ("gateway", "python", "ceiling"))
+                print(f"| {model} | {split} | {threads} | {g:.1f} | {p:.1f} | {g / p:.2f} | {c:.1f} | {g / c:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+//! WebDataset shards: a tar archive whose members are grouped into samples by key (the member path
+//! up to the first `.` of its file name), e.g. `n01440764/0001.jpg` + `n01440764/0001.cls`.
+//! Pure: works on the archive in memory, slicing members without copying.
+//!
+//! Per-sample policy (documented in docs/pushdown.md):
+//! - the input is the sample's `.jpg`/`.jpeg`/`.png` image or `.npy` tensor; a sample with two
+//!   inputs is an error naming its key;
+//! - `.cls` holds the integer label; labels are returned when every sample has one, and a shard
+//!   where only some samples have one is an error;
+//! - members with other extensions (`.json`, `.txt`, ...) and non-file entries are ignored; samples
+//!   with no input at all are skipped;
+//! - a shard with no samples, or an input that fails to decode later, fails the whole request
+//!   with a 4xx naming the key: silently dropping training samples is worse than failing loudly.
+
+use bytes::Bytes;
+
+use super::PushdownError;
+
+/// Most samples per shard (WebDataset shards usually hold 64 to 10 000).
+pub const MAX_SAMPLES: usize = 10_000;
+
+/// A sample's model input, still encoded.
+#[derive(Debug, Clone)]
+pub enum SampleInput {
+    Image(Bytes),
+    Npy(Bytes),
+}
+
+/// One sample of a shard.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub key: String,
+    pub input: SampleInput,
+    pub label: Option<i64>,
+}
+
+/// Whether the bytes look like a tar archive (POSIX ustar or GNU magic at offset 257).
+#[must_use]
+pub fn is_tar(bytes: &[u8]) -> bool {
+    bytes.len() >= 512 && &bytes[257..262] == b"ustar"
+}
+
+fn bad(msg: impl Into<String>) -> PushdownError {
+    PushdownError::BadInput(msg.into())
+}
+
+/// Splits a shard into samples, in order of first appearance.
+///
+/// # Errors
+/// A malformed archive, or a sample that breaks the policy above.
+pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
+    struct Partial {
+        key: String,
+        input: Option<SampleInput>,
+        label: Option<i64>,
+    }
+    let mut samples: Vec<Partial> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut tar = tar::Archive::new(std::io::Cursor::new(archive.as_ref()));
+    for entry in tar.entries().map_err(|e| bad(format!("not a readable tar archive: {e}")))? {
+        let entry = entry.map_err(|e| bad(format!("corrupt tar archive: {e}")))?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry.path().map_err(|e| bad(format!("bad member name: {e}")))?.to_string_lossy().into_owned();
+        let (dir, file) = path.rsplit_once('/').map_or(("", path.as_str()), |(d, f)| (d, f));
+        let Some((stem, ext)) = file.split_once('.') else { continue };
+        let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+        let start = usize::try_from(entry.raw_file_position()).map_err(|_| bad("member offset out of range"))?;
+        let size = usize::try_from(entry.size()).map_err(|_| bad("member size out of range"))?;
+        let end = start
+            .checked_add(size)
+            .filter(|&e| e <= archive.len())
+            .ok_or_else(|| bad(format!("member {path} runs past the end of the archive")))?;
+        let data = archive.slice(start..end);
+        let ext = ext.to_ascii_lowercase();
+        let input = match ext.as_str() {
+            "jpg" | "jpeg" | "png" => Some(SampleInput::Image(data.clone())),
+            "npy" => Some(SampleInput::Npy(data.clone())),
+            "cls" => None,
+            _ => continue,
+        };
+        let i = match index.get(&key) {
+            Some(&i) => i,
+            None => {
+                if samples.len() >= MAX_SAMPLES {
+                    return Err(bad(format!("shard has more than {MAX_SAMPLES} samples")));
+                }
+                index.insert(key.clone(), samples.len());
+                samples.push(Partial { key: key.clone(), input: None, label: None });
+                samples.len() - 1
+            }
+        };
+        let s = &mut samples[i];
+        match input {
+            Some(inp) => {
+                if s.input.replace(inp).is_some() {
+                    return Err(bad(format!("sample {key:?} has more than one input member")));
+                }
+            }
+            None => {
+                let text = std::str::from_utf8(&data).map_err(|_| bad(format!("sample {key:?}: .cls is not text")))?;
+                s.label =
+                    Some(text.trim().parse().map_err(|_| bad(format!("sample {key:?}: .cls is not an integer")))?);
+            }
+        }
+    }
+    let samples: Vec<Sample> =
+        samples.into_iter().filter_map(|p| p.input.map(|input| Sample { key: p.key, input, label: p.label })).collect();
+    if samples.is_empty() {
+        return Err(bad("the shard has no samples (no .jpg, .png or .npy members)"));
+    }
+    let labelled = samples.iter().filter(|s| s.label.is_some()).count();
+    if labelled != 0 && labelled != samples.len() {
+        let missing = samples.iter().find(|s| s.label.is_none()).map(|s| s.key.clone()).unwrap_or_default();
+        return Err(bad(format!("sample {missing:?} has no .cls label while other samples do")));
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(members: &[(&str, &[u8])]) -> Bytes {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).expect("append");
+        }
+        Bytes::from(b.into_inner().expect("finish"))
+    }
+
+    #[test]
+    fn groups_members_into_labelled_samples() {
+        let s = shard(&[
+            ("a/0001.jpg", b"img1"),
+            ("a/0001.cls", b"3\n"),
+            ("a/0001.json", b"{}"),
+            ("a/0002.npy", b"npy2"),
+            ("a/0002.cls", b"7"),
+        ]);
+        assert!(is_tar(&s));
+        let samples = read(&s).expect("read");
+        assert_eq!(samples.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["a/0001", "a/0002"]);
+        assert_eq!(samples.iter().map(|s| s.label).collect::<Vec<_>>(), [Some(3), Some(7)]);
+        assert!(matches!(&samples[0].input, SampleInput::Image(b) if b.as_ref() == b"img1"));
+    }
+
+    #[test]
+    fn policy_violations_name_the_sample() {
+        let two = shard(&[("x.jpg", b"1"), ("x.png", b"2")]);
+        assert!(read(&two).expect_err("two inputs").to_string().contains("\"x\""));
+        let partial = shard(&[("x.jpg", b"1"), ("x.cls", b"1"), ("y.jpg", b"2")]);
+        assert!(read(&partial).expect_err("partial labels").to_string().contains("\"y\""));
+        let bad_label = shard(&[("x.jpg", b"1"), ("x.cls", b"cat")]);
+        assert!(read(&bad_label).is_err());
+        let empty = shard(&[("readme.txt", b"hello")]);
+        assert!(read(&empty).expect_err("empty").to_string().contains("no samples"));
+        assert!(!is_tar(b"not a tar"));
+    }
+}
