@@ -120,12 +120,13 @@ pub fn url(addr: SocketAddr) -> String {
     format!("http://{addr}")
 }
 
-/// A bucket name unique within the test run.
+/// A bucket name unique within the test run (nextest runs each test in its own process, so the
+/// process id is part of it).
 #[must_use]
 pub fn unique_bucket(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
-    format!("{prefix}-{}-{}", t % 100_000_000, N.fetch_add(1, Ordering::Relaxed))
+    format!("{prefix}-{}-{}-{}", std::process::id(), t % 100_000_000, N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A response from [`raw`].
