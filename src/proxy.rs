@@ -333,7 +333,13 @@ impl Gateway {
         let fetch = fetch_start.elapsed();
         let source_bytes = object.len();
         let out = pd.compute(&spec, object).await?;
-        self.metrics.observe_pushdown(&spec.model, &out.split, source_bytes, out.body.len(), out.infer);
+        self.metrics.observe_pushdown(
+            &spec.model,
+            &out.split,
+            source_bytes,
+            out.body.len(),
+            [fetch, out.decode, out.infer, out.encode],
+        );
         let etag = {
             let key =
                 format!("{source_etag}|{}|{}|{:?}|{}", out.model_digest, out.split, spec.format, spec.dtype.name());

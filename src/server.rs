@@ -140,6 +140,7 @@ impl Server {
                 },
                 max_object_bytes: p.max_object_bytes,
                 max_image_pixels: p.max_image_pixels,
+                metrics: metrics.clone(),
             }))
         });
         let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown));

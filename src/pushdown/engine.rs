@@ -19,6 +19,7 @@ use super::PushdownError;
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
+use crate::metrics::{Metrics, ModelSplit};
 
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +44,15 @@ pub struct Engine {
     tx: SyncSender<Job>,
     depth: Arc<AtomicUsize>,
     sample_len: usize,
+    gauges: Gauges,
+}
+
+/// The engine's metrics, labelled with its model and split.
+#[derive(Debug, Clone)]
+struct Gauges {
+    queue_depth: prometheus_client::metrics::gauge::Gauge,
+    batch_size: prometheus_client::metrics::histogram::Histogram,
+    samples: prometheus_client::metrics::counter::Counter,
 }
 
 impl Engine {
@@ -54,19 +64,27 @@ impl Engine {
     pub fn start(
         env: ort::environment::Environment,
         model: Arc<Model>,
+        split: &str,
         tensor: String,
         cfg: EngineConfig,
+        metrics: &Metrics,
     ) -> Result<Self, PushdownError> {
+        let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
+        let gauges = Gauges {
+            queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
+            batch_size: metrics.pushdown_batch_size.get_or_create(&label).clone(),
+            samples: metrics.pushdown_samples.get_or_create(&label).clone(),
+        };
         let prefix_bytes = prefix::cut(&model.bytes, &[&tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
         let (tx, rx) = sync_channel(cfg.queue_capacity);
         let depth = Arc::new(AtomicUsize::new(0));
-        let worker_depth = depth.clone();
+        let (worker_depth, worker_gauges) = (depth.clone(), gauges.clone());
         std::thread::Builder::new()
-            .name(format!("infer-{}-{tensor}", model.manifest.name))
-            .spawn(move || worker(&env, &model, &tensor, &prefix_bytes, cfg, &rx, &worker_depth))
+            .name(format!("infer-{}-{split}", model.manifest.name))
+            .spawn(move || worker(&env, &model, &tensor, &prefix_bytes, cfg, &rx, &worker_depth, &worker_gauges))
             .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
-        Ok(Self { tx, depth, sample_len })
+        Ok(Self { tx, depth, sample_len, gauges })
     }
 
     /// Runs one sample (per-sample shape, already preprocessed).
@@ -82,14 +100,16 @@ impl Engine {
             )));
         }
         let (reply, rx) = oneshot::channel();
-        match self.tx.try_send(Job { input, reply }) {
-            Ok(()) => {
-                self.depth.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(TrySendError::Full(_)) => return Err(PushdownError::Overloaded),
-            Err(TrySendError::Disconnected(_)) => {
-                return Err(PushdownError::Internal("inference worker stopped".into()));
-            }
+        // Count the sample before the worker can see it, so the worker's decrement never runs first.
+        let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
+        if let Err(e) = self.tx.try_send(Job { input, reply }) {
+            let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
+            return Err(match e {
+                TrySendError::Full(_) => PushdownError::Overloaded,
+                TrySendError::Disconnected(_) => PushdownError::Internal("inference worker stopped".into()),
+            });
         }
         rx.await.map_err(|_| PushdownError::Internal("inference worker dropped the request".into()))?
     }
@@ -101,9 +121,21 @@ impl Engine {
     }
 }
 
-fn session(env: &ort::environment::Environment, bytes: &[u8], threads: usize) -> Result<Session, String> {
+/// ONNX Runtime's session option naming where external-data files of a model loaded from memory
+/// live (the prefix is cut in memory; its initializers may still point at `weights.bin` beside the
+/// original model file).
+const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
+
+fn session(
+    env: &ort::environment::Environment,
+    bytes: &[u8],
+    threads: usize,
+    model_dir: &std::path::Path,
+) -> Result<Session, String> {
     let builder = Session::builder(env).map_err(|e| e.to_string())?;
-    let mut builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
+    let builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
+    let mut builder =
+        builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
     builder.commit_from_memory(bytes).map_err(|e| e.to_string())
 }
 
@@ -129,7 +161,7 @@ fn check_prefix(
     prefix_session: &mut Session,
 ) -> Result<(), String> {
     let exposed = prefix::expose(&model.bytes, &[tensor]).map_err(|e| e.to_string())?;
-    let mut full = session(env, &exposed, 1)?;
+    let mut full = session(env, &exposed, 1, &model.dir)?;
     let mut shape = vec![1];
     shape.extend(&model.manifest.input_shape);
     let n: usize = shape.iter().product();
@@ -141,6 +173,7 @@ fn check_prefix(
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn worker(
     env: &ort::environment::Environment,
     model: &Model,
@@ -149,8 +182,9 @@ fn worker(
     cfg: EngineConfig,
     rx: &Receiver<Job>,
     depth: &AtomicUsize,
+    gauges: &Gauges,
 ) {
-    let ready = session(env, prefix_bytes, cfg.intra_threads)
+    let ready = session(env, prefix_bytes, cfg.intra_threads, &model.dir)
         .and_then(|mut s| check_prefix(env, model, tensor, &mut s).map(|()| s));
     let mut session = match ready {
         Ok(s) => {
@@ -188,8 +222,11 @@ fn worker(
         for j in &mut jobs {
             data.append(&mut j.input);
         }
+        gauges.batch_size.observe(batch as f64);
+        gauges.samples.inc_by(batch as u64);
         let result = run(&mut session, &model.manifest.input, tensor, &shape, data);
-        depth.fetch_sub(batch, Ordering::Relaxed);
+        let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
+        gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
         match result {
             Ok(out) => {
                 let per = out.data.len() / batch;

@@ -70,6 +70,7 @@ pub struct PushdownConfig {
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
     pub max_image_pixels: u64,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// A computed output, ready to send.
@@ -156,7 +157,8 @@ impl Pushdown {
             .split(split)
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
-        let engine = Arc::new(Engine::start(env.clone(), model.clone(), tensor, self.cfg.engine)?);
+        let engine =
+            Arc::new(Engine::start(env.clone(), model.clone(), split, tensor, self.cfg.engine, &self.cfg.metrics)?);
         engines.insert(key, engine.clone());
         Ok(engine)
     }

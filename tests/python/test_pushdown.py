@@ -21,6 +21,9 @@ MODELS = {
     "tiny-cnn": ("image", (3, 32, 32), ["stem", "block2", "pool"]),
     "pp-lcnet": ("x", (3, 224, 224), ["stem", "block3"]),
     "resnet50-thin": ("input:0", (224, 224, 3), ["stage0", "pool"]),
+    "resnet18": ("input", (3, 224, 224), ["layer3", "pool"]),
+    # Weights in an external-data file beside the model.
+    "tiny-cnn-ext": ("image", (3, 32, 32), ["block1", "pool"]),
 }
 
 
