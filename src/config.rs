@@ -152,8 +152,10 @@ pub struct PushdownSettings {
     pub queue_capacity: usize,
     /// Most samples per inference run.
     pub max_batch: usize,
-    /// ONNX Runtime intra-op threads per (model, split) worker.
+    /// ONNX Runtime intra-op threads per worker session.
     pub intra_threads: usize,
+    /// Inference worker threads per (model, split), each with its own session.
+    pub workers: usize,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown.
@@ -204,6 +206,8 @@ impl Default for PushdownSettings {
             queue_capacity: 256,
             max_batch: 16,
             intra_threads: 1,
+            // One per core on the 2-core storage nodes this targets; raise with the core count.
+            workers: 2,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             aliases: Vec::new(),
@@ -388,7 +392,12 @@ impl Config {
         }
         self.credential_store()?;
         let p = &self.pushdown;
-        if p.queue_capacity == 0 || p.max_batch == 0 || p.intra_threads == 0 || p.max_object_bytes == 0 {
+        if p.queue_capacity == 0
+            || p.max_batch == 0
+            || p.intra_threads == 0
+            || p.workers == 0
+            || p.max_object_bytes == 0
+        {
             return Err(invalid(
                 "pushdown",
                 "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",

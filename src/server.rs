@@ -137,6 +137,7 @@ impl Server {
                     queue_capacity: p.queue_capacity,
                     max_batch: p.max_batch,
                     intra_threads: p.intra_threads,
+                    workers: p.workers,
                 },
                 max_object_bytes: p.max_object_bytes,
                 max_image_pixels: p.max_image_pixels,

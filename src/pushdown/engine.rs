@@ -8,6 +8,7 @@
 //! exposed, on a deterministic probe input: the outputs must be identical.
 
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
@@ -29,8 +30,10 @@ pub struct EngineConfig {
     /// Most samples per inference run.
     pub max_batch: usize,
     /// ONNX Runtime intra-op threads per session (1 is fastest per core on small machines; scale
-    /// with concurrent engines instead).
+    /// with `workers` instead).
     pub intra_threads: usize,
+    /// Worker threads (each owning a session) per (model, split), sharing one queue.
+    pub workers: usize,
 }
 
 struct Job {
@@ -79,11 +82,17 @@ impl Engine {
         let sample_len = model.manifest.input_shape.iter().product();
         let (tx, rx) = sync_channel(cfg.queue_capacity);
         let depth = Arc::new(AtomicUsize::new(0));
-        let (worker_depth, worker_gauges) = (depth.clone(), gauges.clone());
-        std::thread::Builder::new()
-            .name(format!("infer-{}-{split}", model.manifest.name))
-            .spawn(move || worker(&env, &model, &tensor, &prefix_bytes, cfg, &rx, &worker_depth, &worker_gauges))
-            .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
+        let rx = Arc::new(Mutex::new(rx));
+        let prefix_bytes = Arc::new(prefix_bytes);
+        for n in 0..cfg.workers.max(1) {
+            let (env, model, tensor, prefix_bytes, rx) =
+                (env.clone(), model.clone(), tensor.clone(), prefix_bytes.clone(), rx.clone());
+            let (worker_depth, worker_gauges) = (depth.clone(), gauges.clone());
+            std::thread::Builder::new()
+                .name(format!("infer-{}-{split}-{n}", model.manifest.name))
+                .spawn(move || worker(&env, &model, &tensor, &prefix_bytes, cfg, &rx, &worker_depth, &worker_gauges))
+                .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
+        }
         Ok(Self { tx, depth, sample_len, gauges })
     }
 
@@ -173,6 +182,20 @@ fn check_prefix(
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
+/// Waits for a sample, then takes whatever else is queued (up to `max`): one batch. The lock is
+/// held only while taking, so other workers run their batches meanwhile. `None`: queue closed.
+fn next_batch(rx: &Mutex<Receiver<Job>>, max: usize) -> Option<Vec<Job>> {
+    let rx = rx.lock().ok()?;
+    let mut jobs = vec![rx.recv().ok()?];
+    while jobs.len() < max {
+        match rx.try_recv() {
+            Ok(j) => jobs.push(j),
+            Err(_) => break,
+        }
+    }
+    Some(jobs)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn worker(
     env: &ort::environment::Environment,
@@ -180,7 +203,7 @@ fn worker(
     tensor: &str,
     prefix_bytes: &[u8],
     cfg: EngineConfig,
-    rx: &Receiver<Job>,
+    rx: &Mutex<Receiver<Job>>,
     depth: &AtomicUsize,
     gauges: &Gauges,
 ) {
@@ -193,7 +216,7 @@ fn worker(
         }
         Err(e) => {
             tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Prefix unusable.");
-            while let Ok(job) = rx.recv() {
+            while let Some(job) = next_batch(rx, 1).and_then(|mut b| b.pop()) {
                 depth.fetch_sub(1, Ordering::Relaxed);
                 let _ = job.reply.send(Err(PushdownError::Model(e.clone())));
             }
@@ -201,14 +224,7 @@ fn worker(
         }
     };
     let sample_shape = &model.manifest.input_shape;
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < cfg.max_batch {
-            match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
-            }
-        }
+    while let Some(mut jobs) = next_batch(rx, cfg.max_batch) {
         let before = jobs.len();
         jobs.retain(|j| !j.reply.is_closed());
         depth.fetch_sub(before - jobs.len(), Ordering::Relaxed);
