@@ -65,10 +65,10 @@ impl Engine {
     /// # Errors
     /// The prefix cannot be cut or the thread cannot start.
     pub fn start(
-        env: ort::environment::Environment,
-        model: Arc<Model>,
+        env: &ort::environment::Environment,
+        model: &Arc<Model>,
         split: &str,
-        tensor: String,
+        tensor: &str,
         cfg: EngineConfig,
         metrics: &Metrics,
     ) -> Result<Self, PushdownError> {
@@ -78,7 +78,7 @@ impl Engine {
             batch_size: metrics.pushdown_batch_size.get_or_create(&label).clone(),
             samples: metrics.pushdown_samples.get_or_create(&label).clone(),
         };
-        let prefix_bytes = prefix::cut(&model.bytes, &[&tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
+        let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
         let (tx, rx) = sync_channel(cfg.queue_capacity);
         let depth = Arc::new(AtomicUsize::new(0));
@@ -86,7 +86,7 @@ impl Engine {
         let prefix_bytes = Arc::new(prefix_bytes);
         for n in 0..cfg.workers.max(1) {
             let (env, model, tensor, prefix_bytes, rx) =
-                (env.clone(), model.clone(), tensor.clone(), prefix_bytes.clone(), rx.clone());
+                (env.clone(), model.clone(), tensor.to_owned(), prefix_bytes.clone(), rx.clone());
             let (worker_depth, worker_gauges) = (depth.clone(), gauges.clone());
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))

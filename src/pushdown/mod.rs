@@ -157,8 +157,7 @@ impl Pushdown {
             .split(split)
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
-        let engine =
-            Arc::new(Engine::start(env.clone(), model.clone(), split, tensor, self.cfg.engine, &self.cfg.metrics)?);
+        let engine = Arc::new(Engine::start(env, model, split, &tensor, self.cfg.engine, &self.cfg.metrics)?);
         engines.insert(key, engine.clone());
         Ok(engine)
     }
