@@ -208,6 +208,11 @@ fn verify_header(
     Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
 }
 
+/// The decoded value of query parameter `name`.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
+}
+
 fn has_body(headers: &HeaderMap) -> bool {
     headers.contains_key(http::header::TRANSFER_ENCODING)
         || headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
@@ -258,9 +263,7 @@ fn verify_v2_presigned(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let q = uri.query().unwrap_or_default();
-    let param = |name: &str| -> Option<String> {
-        q.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
-    };
+    let param = |name: &str| query_param(q, name);
     let access_key = param("AWSAccessKeyId").ok_or(AuthError::MalformedQuery("missing AWSAccessKeyId"))?;
     let expires = param("Expires").ok_or(AuthError::MalformedQuery("missing Expires"))?;
     let sig = param("Signature").ok_or(AuthError::MalformedQuery("missing Signature"))?;
@@ -284,9 +287,7 @@ fn verify_presigned(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let q = uri.query().unwrap_or_default();
-    let param = |name: &str| -> Option<String> {
-        q.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
-    };
+    let param = |name: &str| query_param(q, name);
     if param("X-Amz-Algorithm").as_deref() != Some(ALGORITHM) {
         return Err(AuthError::UnsupportedAlgorithm);
     }
