@@ -352,3 +352,64 @@ def test_without_onnx_runtime_passthrough_serves_and_pushdown_says_why(tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_head_describes_the_tensor_output(s3, bucket):
+    x = np.random.default_rng(9).random((3, 32, 32), dtype=np.float32)
+    s3.put_object(Bucket=bucket, Key="h.npy", Body=npy_bytes(x))
+    body = pushdown_get(s3, bucket, "h.npy", model="tiny-cnn", split="block1")["Body"].read()
+
+    def add(request, **_):
+        request.headers["x-tensorgate-model"] = "tiny-cnn"
+        request.headers["x-tensorgate-split"] = "block1"
+
+    s3.meta.events.register_first("before-sign.s3.HeadObject", add)
+    try:
+        head = s3.head_object(Bucket=bucket, Key="h.npy")
+    finally:
+        s3.meta.events.unregister("before-sign.s3.HeadObject", add)
+    assert head["ContentLength"] == len(body)
+    assert head["ContentType"] == "application/x-npy"
+    assert head["ResponseMetadata"]["HTTPHeaders"]["x-tensorgate-shape"] == "16,16,16"
+
+
+def test_full_queue_answers_slowdown(tmp_path):
+    """A tiny queue and a 64-sample batch: samples beyond the queue get 503 SlowDown + Retry-After."""
+    import os
+    import subprocess
+
+    import boto3
+
+    from conftest import BINARY, free_port, ort_library, wait_ready
+
+    port, admin = free_port(), free_port()
+    cfg = tmp_path / "small-queue.toml"
+    cfg.write_text("[pushdown]\nqueue_capacity = 2\nmax_batch = 1\nworkers = 1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    env.update(
+        TENSORGATE_CONFIG=str(cfg),
+        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
+        TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"),
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        TENSORGATE_ORT_LIBRARY=ort_library(),
+    )
+    proc = subprocess.Popen([str(BINARY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{admin}", proc)
+        c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
+                         aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1",
+                         config=__import__("botocore.config", fromlist=["Config"]).Config(retries={"max_attempts": 1}))
+        c.put_object(Bucket="demo", Key="big.npy", Body=npy_bytes(np.zeros((64, 3, 224, 224), np.float32)))
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(c, "demo", "big.npy", model="resnet18", split="layer3")
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 503, r
+        assert r["Error"]["Code"] == "SlowDown"
+        assert r["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "1"
+        # The gateway stays up and serves the next (small) request.
+        c.put_object(Bucket="demo", Key="one.npy", Body=npy_bytes(np.zeros((3, 224, 224), np.float32)))
+        assert pushdown_get(c, "demo", "one.npy", model="resnet18", split="layer3")["ContentType"] == "application/x-npy"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
