@@ -413,3 +413,80 @@ def test_full_queue_answers_slowdown(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_bad_inputs_under_repetition_do_not_crash_or_leak(tmp_path):
+    """300 bad pushdown requests (corrupt, truncated, oversized-header images, junk shards, wrong
+    shapes): the process stays up and its resident memory settles (growth after warm-up bounded)."""
+    import os
+    import subprocess
+    import tarfile
+    import zlib
+
+    import boto3
+
+    from conftest import BINARY, free_port, ort_library, wait_ready
+
+    port, admin = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    env.update(
+        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
+        TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"),
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        TENSORGATE_ORT_LIBRARY=ort_library(),
+    )
+    proc = subprocess.Popen([str(BINARY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def rss_kib():
+        with open(f"/proc/{proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+    try:
+        wait_ready(f"http://127.0.0.1:{admin}", proc)
+        c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
+                         aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
+        buf = io.BytesIO()
+        synthetic_photo(64, 48, 1).save(buf, format="PNG")
+        png = buf.getvalue()
+        huge = bytearray(png)
+        huge[16:24] = (100000).to_bytes(4, "big") + (100000).to_bytes(4, "big")
+        huge[29:33] = zlib.crc32(bytes(huge[12:29])).to_bytes(4, "big")
+        jpg = io.BytesIO()
+        synthetic_photo(64, 48, 2).save(jpg, format="JPEG")
+        tar = io.BytesIO()
+        with tarfile.open(fileobj=tar, mode="w") as t:
+            info = tarfile.TarInfo("a.jpg")
+            info.size = 20
+            t.addfile(info, io.BytesIO(b"\xff\xd8\xff" + b"\x00" * 15 + b"\xff\xd9"))
+        bad = {
+            "truncated.png": png[: len(png) // 2],
+            "huge.png": bytes(huge),
+            "corrupt.jpg": jpg.getvalue()[:200] + b"\x00" * 500 + b"\xff\xd9",
+            "junk.tar": tar.getvalue(),
+            "shape.npy": npy_bytes(np.zeros((3, 8, 8), np.float32)),
+            "text.bin": b"hello" * 100,
+        }
+        for k, v in bad.items():
+            c.put_object(Bucket="demo", Key=k, Body=v)
+
+        def round_():
+            for k in bad:
+                try:
+                    pushdown_get(c, "demo", k, model="tiny-cnn", split="pool")
+                    raise AssertionError(f"{k} was accepted")
+                except botocore.exceptions.ClientError as e:
+                    assert e.response["ResponseMetadata"]["HTTPStatusCode"] in (400, 415), (k, e.response)
+
+        for _ in range(10):
+            round_()
+        warm = rss_kib()
+        for _ in range(40):
+            round_()
+        grown = rss_kib() - warm
+        print(f"RSS after warm-up {warm / 1024:.1f} MiB, growth over 240 more bad requests {grown / 1024:.1f} MiB")
+        assert proc.poll() is None, "the gateway exited"
+        assert grown < 16 * 1024, f"RSS grew {grown / 1024:.1f} MiB"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
