@@ -144,7 +144,7 @@ impl Metrics {
         let pushdown_stage_duration: HistogramFamily<ModelSplitStage> = Family::new_with_constructor(latency_histogram);
         r.register(
             "pushdown_stage_duration_seconds",
-            "Pushdown time by stage: fetch, decode, infer, encode",
+            "Pushdown time by stage: fetch, decode, queue (per sample), infer, encode",
             pushdown_stage_duration.clone(),
         );
         Self {

@@ -20,7 +20,7 @@ use super::PushdownError;
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
-use crate::metrics::{Metrics, ModelSplit};
+use crate::metrics::{Metrics, ModelSplit, ModelSplitStage};
 
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +39,7 @@ pub struct EngineConfig {
 struct Job {
     input: Vec<f32>,
     reply: oneshot::Sender<Result<Tensor, PushdownError>>,
+    enqueued: std::time::Instant,
 }
 
 /// A running worker for one (model, split).
@@ -56,6 +57,8 @@ struct Gauges {
     queue_depth: prometheus_client::metrics::gauge::Gauge,
     batch_size: prometheus_client::metrics::histogram::Histogram,
     samples: prometheus_client::metrics::counter::Counter,
+    /// Time samples wait in the queue (the `queue` stage of the stage histogram).
+    queue_wait: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Engine {
@@ -77,6 +80,14 @@ impl Engine {
             queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
             batch_size: metrics.pushdown_batch_size.get_or_create(&label).clone(),
             samples: metrics.pushdown_samples.get_or_create(&label).clone(),
+            queue_wait: metrics
+                .pushdown_stage_duration
+                .get_or_create(&ModelSplitStage {
+                    model: label.model.clone(),
+                    split: label.split.clone(),
+                    stage: "queue",
+                })
+                .clone(),
         };
         let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
@@ -112,7 +123,7 @@ impl Engine {
         // Count the sample before the worker can see it, so the worker's decrement never runs first.
         let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
-        if let Err(e) = self.tx.try_send(Job { input, reply }) {
+        if let Err(e) = self.tx.try_send(Job { input, reply, enqueued: std::time::Instant::now() }) {
             let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
             return Err(match e {
@@ -239,6 +250,9 @@ fn worker(
             data.append(&mut j.input);
         }
         gauges.batch_size.observe(batch as f64);
+        for j in &jobs {
+            gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
+        }
         gauges.samples.inc_by(batch as u64);
         let result = run(&mut session, &model.manifest.input, tensor, &shape, data);
         let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);

@@ -492,3 +492,25 @@ def test_bad_inputs_under_repetition_do_not_crash_or_leak(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_pushdown_metrics(gateway, s3, bucket):
+    x = np.random.default_rng(4).random((4, 3, 32, 32), dtype=np.float32)
+    s3.put_object(Bucket=bucket, Key="m.npy", Body=npy_bytes(x))
+    body = pushdown_get(s3, bucket, "m.npy", model="tiny-cnn", split="stem")["Body"].read()
+    _, admin, _ = gateway
+    with urllib.request.urlopen(f"{admin}/metrics") as r:
+        text = r.read().decode()
+    for needle in [
+        'tensorgate_pushdown_requests_total{model="tiny-cnn",split="stem"}',
+        'tensorgate_pushdown_samples_total{model="tiny-cnn",split="stem"}',
+        'tensorgate_pushdown_source_bytes_total{model="tiny-cnn",split="stem"}',
+        'tensorgate_pushdown_output_bytes_total{model="tiny-cnn",split="stem"}',
+        'tensorgate_pushdown_batch_size_bucket{',
+        'tensorgate_pushdown_queue_depth{model="tiny-cnn",split="stem"}',
+        'stage="queue"',
+        'stage="decode"',
+    ]:
+        assert needle in text, needle
+    out_line = next(l for l in text.splitlines() if l.startswith('tensorgate_pushdown_output_bytes_total{model="tiny-cnn",split="stem"}'))
+    assert float(out_line.split()[-1]) >= len(body)
