@@ -341,9 +341,10 @@ fn verify_presigned(
 
 /// Computes the expected signature and compares it with `sent`, returning it on a match.
 ///
-/// The canonical URI is tried as the client sent the path first (SDKs sign exactly the path they
-/// send, `%2F` included), then in SigV4's normalized encoding (for clients that send some
-/// characters raw that the spec escapes). The second try only runs after a mismatch.
+/// Canonical headers and query are built once. The canonical URI is tried as the client sent the
+/// path first (SDKs sign exactly the path they send, `%2F` included), then in SigV4's normalized
+/// encoding (for clients that send some characters raw that the spec escapes); the second try only
+/// runs after a mismatch.
 #[allow(clippy::too_many_arguments)]
 fn matching_signature(
     method: &Method,
@@ -357,42 +358,9 @@ fn matching_signature(
     key: &[u8; 32],
     sent: &str,
 ) -> Result<String, AuthError> {
-    let raw = if uri.path().is_empty() { "/" } else { uri.path() };
-    let normalized = canonical_uri(uri.path());
-    let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, &normalized] };
-    for path in candidates {
-        let expected = request_signature(
-            method,
-            uri,
-            path,
-            headers,
-            signed_headers,
-            payload_hash,
-            skip_query,
-            amz_date,
-            scope,
-            key,
-        )?;
-        if check(&expected, sent).is_ok() {
-            return Ok(expected);
-        }
+    if !signed_headers.split(';').any(|h| h == "host") {
+        return Err(AuthError::MalformedHeader("host must be a signed header"));
     }
-    Err(AuthError::SignatureDoesNotMatch)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn request_signature(
-    method: &Method,
-    uri: &Uri,
-    canonical_path: &str,
-    headers: &HeaderMap,
-    signed_headers: &str,
-    payload_hash: &str,
-    skip_query: Option<&str>,
-    amz_date: &str,
-    scope: &str,
-    key: &[u8; 32],
-) -> Result<String, AuthError> {
     let mut canon_headers = Vec::new();
     for name in signed_headers.split(';') {
         let values: Vec<String> = if name == "host" && !headers.contains_key(http::header::HOST) {
@@ -406,18 +374,25 @@ fn request_signature(
         }
         canon_headers.push((name.to_owned(), values.join(",")));
     }
-    if !signed_headers.split(';').any(|h| h == "host") {
-        return Err(AuthError::MalformedHeader("host must be a signed header"));
+    let query = canonical_query(uri.query(), skip_query);
+    let raw = if uri.path().is_empty() { "/" } else { uri.path() };
+    let normalized = canonical_uri(uri.path());
+    let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, &normalized] };
+    for path in candidates {
+        let cr = CanonicalRequest {
+            method: method.as_str(),
+            uri: path,
+            query: &query,
+            headers: &canon_headers,
+            signed_headers,
+            payload_hash,
+        };
+        let expected = signature(key, &string_to_sign(amz_date, scope, &cr.render()));
+        if check(&expected, sent).is_ok() {
+            return Ok(expected);
+        }
     }
-    let cr = CanonicalRequest {
-        method: method.as_str(),
-        uri: canonical_path,
-        query: &canonical_query(uri.query(), skip_query),
-        headers: &canon_headers,
-        signed_headers,
-        payload_hash,
-    };
-    Ok(signature(key, &string_to_sign(amz_date, scope, &cr.render())))
+    Err(AuthError::SignatureDoesNotMatch)
 }
 
 fn check(expected: &str, sent: &str) -> Result<(), AuthError> {
