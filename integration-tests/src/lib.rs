@@ -192,6 +192,15 @@ pub async fn raw(
     Ok(RawResponse { status, headers, body })
 }
 
+/// A GET signed with the test client's key (header SigV4, `UNSIGNED-PAYLOAD`).
+///
+/// # Errors
+/// Transport failures.
+pub async fn signed_get(addr: SocketAddr, host: &str, path_and_query: &str) -> anyhow::Result<RawResponse> {
+    raw(addr, "GET", host, path_and_query, &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"))
+        .await
+}
+
 fn sign_request(
     req: &mut http::Request<Full<Bytes>>,
     ak: &str,

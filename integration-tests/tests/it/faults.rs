@@ -21,17 +21,7 @@ async fn backend_killed_mid_test_gives_503_xml() {
     stop_seaweedfs(DOOMED_PORT);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
-    let r = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        &format!("/{b}/k"),
-        &[],
-        Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("get");
+    let r = signed_get(server.s3_addr, &host, &format!("/{b}/k")).await.expect("get");
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("<Code>ServiceUnavailable</Code>"), "{}", r.text());
     assert!(r.headers.contains_key("retry-after"));
@@ -82,17 +72,7 @@ async fn backend_timeout_gives_503() {
     let server = Server::start(&cfg).await.expect("gateway");
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     let started = std::time::Instant::now();
-    let r = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        "/b/k",
-        &[],
-        Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("get");
+    let r = signed_get(server.s3_addr, &host, "/b/k").await.expect("get");
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("did not answer in time"), "{}", r.text());
     assert!(started.elapsed() < Duration::from_secs(10));
@@ -212,17 +192,7 @@ async fn load_shedding_and_graceful_drain() {
     tx.send(Ok(Frame::data(Bytes::from_static(b"1234")))).await.expect("send");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let shed = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        "/",
-        &[],
-        Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("list");
+    let shed = signed_get(server.s3_addr, &host, "/").await.expect("list");
     assert_eq!(shed.status, 503, "{}", shed.text());
     assert!(shed.text().contains("SlowDown"));
 

@@ -25,17 +25,7 @@ async fn buckets_objects_metadata_and_tagging() {
     // GetBucketLocation passes through as the backend answers it (SeaweedFS 4.48 wraps the
     // element in a way the Rust SDK's parser rejects, so check the raw response).
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
-    let loc = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        &format!("/{b}?location"),
-        &[],
-        bytes::Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("location");
+    let loc = signed_get(server.s3_addr, &host, &format!("/{b}?location")).await.expect("location");
     assert_eq!(loc.status, 200);
     assert!(loc.text().contains("LocationConstraint"), "{}", loc.text());
 
@@ -280,17 +270,7 @@ async fn aws_chunked_uploads_signed_and_with_trailer() {
     let hv: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let put = raw(server.s3_addr, "PUT", &host, &path, &hv, body, Auth::None).await.expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let got = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        &path,
-        &[],
-        bytes::Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("get");
+    let got = signed_get(server.s3_addr, &host, &path).await.expect("get");
     assert_eq!(got.body.as_ref(), data.as_slice());
 
     let (headers, body) =
@@ -333,17 +313,7 @@ async fn aws_chunked_uploads_signed_and_with_trailer() {
     .await
     .expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let got = raw(
-        server.s3_addr,
-        "GET",
-        &host,
-        &path,
-        &[],
-        bytes::Bytes::new(),
-        Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
-    )
-    .await
-    .expect("get");
+    let got = signed_get(server.s3_addr, &host, &path).await.expect("get");
     assert_eq!(got.body.as_ref(), b"hello trailer");
     // A wrong trailing checksum is caught by the backend, which sees the raw trailer.
     let bad = body.replace("WzGbuw==", "AAAAAA==");
