@@ -162,6 +162,56 @@ pub struct PushdownSettings {
     pub max_image_pixels: u64,
     /// Alias buckets (`[[pushdown.aliases]]`).
     pub aliases: Vec<AliasConfig>,
+    /// The tensor cache (`[pushdown.cache]`).
+    pub cache: CacheSettings,
+}
+
+/// Default memory tier: 256 MiB holds about 2,600 ResNet-18 `layer4` tensors (100 KiB each in f32),
+/// a small dataset's epoch, while leaving most of a small storage node's memory to the store.
+pub const DEFAULT_CACHE_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
+
+/// `[pushdown.cache]`: see `crate::cache` for the freshness rules.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheSettings {
+    pub enabled: bool,
+    /// Memory tier size in bytes (tensors plus a small per-entry charge).
+    pub memory_bytes: u64,
+    /// Memory tier policy when full: `tinylfu`, `lru` or `pin`.
+    pub policy: crate::cache::Policy,
+    /// How long a validated entry is served without asking the backend; 0 asks on every request
+    /// (a conditional GET: one round trip, no object bytes).
+    pub revalidate_after_ms: u64,
+    /// Directory of the disk tier; none disables it.
+    pub disk_dir: Option<PathBuf>,
+    /// Disk tier size in bytes.
+    pub disk_bytes: u64,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            memory_bytes: DEFAULT_CACHE_MEMORY_BYTES,
+            policy: crate::cache::Policy::default(),
+            revalidate_after_ms: 0,
+            disk_dir: None,
+            disk_bytes: 0,
+        }
+    }
+}
+
+impl CacheSettings {
+    /// The cache's configuration, or `None` when disabled.
+    #[must_use]
+    pub fn cache_config(&self) -> Option<crate::cache::CacheConfig> {
+        self.enabled.then(|| crate::cache::CacheConfig {
+            memory_bytes: self.memory_bytes,
+            policy: self.policy,
+            revalidate_after: Duration::from_millis(self.revalidate_after_ms),
+            disk: self.disk_dir.clone().map(|dir| crate::cache::DiskConfig { dir, max_bytes: self.disk_bytes }),
+        })
+    }
 }
 
 /// `[[pushdown.aliases]]`: reading from `bucket` is a pushdown GET on `target` with this model
@@ -211,6 +261,7 @@ impl Default for PushdownSettings {
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             aliases: Vec::new(),
+            cache: CacheSettings::default(),
         }
     }
 }
@@ -402,6 +453,9 @@ impl Config {
                 "pushdown",
                 "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
             ));
+        }
+        if p.cache.disk_dir.is_some() && p.cache.disk_bytes == 0 {
+            return Err(invalid("pushdown.cache.disk_bytes", "must be positive when disk_dir is set"));
         }
         for a in &p.aliases {
             a.spec()?;

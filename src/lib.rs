@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod backend;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod demo;
 pub mod error;

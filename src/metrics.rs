@@ -57,6 +57,24 @@ pub struct Metrics {
     pub pushdown_batch_size: HistogramFamily<ModelSplit>,
     pub pushdown_queue_depth: Family<ModelSplit, Gauge>,
     pub pushdown_stage_duration: HistogramFamily<ModelSplitStage>,
+    pub cache_hits: Family<TierLabel, Counter>,
+    pub cache_misses: Counter,
+    pub cache_revalidations: Family<OutcomeLabel, Counter>,
+    pub cache_evictions: Family<TierLabel, Counter>,
+    pub cache_resident_bytes: Family<TierLabel, Gauge>,
+    pub cache_served_bytes: Family<TierLabel, Counter>,
+    pub cache_corrupt: Counter,
+}
+
+/// A cache tier: `memory` or `disk`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    pub tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -147,8 +165,41 @@ impl Metrics {
             "Pushdown time by stage: fetch, decode, queue (per sample), infer, encode",
             pushdown_stage_duration.clone(),
         );
+        let cache_hits = Family::<TierLabel, Counter>::default();
+        r.register("cache_hits", "Pushdown requests answered from the tensor cache, by tier", cache_hits.clone());
+        let cache_misses = Counter::default();
+        r.register("cache_misses", "Pushdown requests that ran the prefix", cache_misses.clone());
+        let cache_revalidations = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "cache_revalidations",
+            "Conditional GETs confirming a cached output's source: unchanged, changed or gone",
+            cache_revalidations.clone(),
+        );
+        let cache_evictions = Family::<TierLabel, Counter>::default();
+        r.register("cache_evictions", "Entries evicted for space, by tier", cache_evictions.clone());
+        let cache_resident_bytes = Family::<TierLabel, Gauge>::default();
+        r.register("cache_resident_bytes", "Bytes held by the tensor cache, by tier", cache_resident_bytes.clone());
+        let cache_served_bytes = Family::<TierLabel, Counter>::default();
+        r.register(
+            "cache_served_bytes",
+            "Output bytes served from the tensor cache, by tier",
+            cache_served_bytes.clone(),
+        );
+        let cache_corrupt = Counter::default();
+        r.register(
+            "cache_corrupt_entries",
+            "Disk cache entries dropped for failing their check",
+            cache_corrupt.clone(),
+        );
         Self {
             registry: Arc::new(r),
+            cache_hits,
+            cache_misses,
+            cache_revalidations,
+            cache_evictions,
+            cache_resident_bytes,
+            cache_served_bytes,
+            cache_corrupt,
             pushdown_samples,
             pushdown_batch_size,
             pushdown_queue_depth,

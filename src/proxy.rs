@@ -21,6 +21,7 @@ use futures_util::Stream;
 use http_body_util::BodyDataStream;
 
 use crate::body::{Body, BodyError, Guarded, Metered};
+use crate::cache::{CacheKey, Cached, Lookup, ObjectId, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::s3::credentials::CredentialStore;
@@ -67,6 +68,7 @@ pub struct Gateway {
     shutting_down: AtomicBool,
     request_ids: RequestIds,
     pushdown: Option<Arc<Pushdown>>,
+    cache: Option<Arc<TensorCache>>,
 }
 
 /// Request ids: a random per-process prefix and a counter. Unique across restarts and replicas
@@ -95,6 +97,7 @@ impl Gateway {
         backend: Backend,
         metrics: Metrics,
         pushdown: Option<Arc<Pushdown>>,
+        cache: Option<Arc<TensorCache>>,
     ) -> Self {
         let admission = Semaphore::new(cfg.max_in_flight);
         Self {
@@ -106,6 +109,7 @@ impl Gateway {
             shutting_down: AtomicBool::new(false),
             request_ids: RequestIds::new(),
             pushdown,
+            cache,
         }
     }
 
@@ -261,6 +265,7 @@ impl Gateway {
                 self.verified_body(op, data, decoded_length, &mut headers, &failure).await?
             }
         };
+        let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
         let fwd = ForwardRequest {
             op,
             method: parts.method,
@@ -271,6 +276,14 @@ impl Gateway {
             payload: fwd_payload,
         };
         let result = self.backend.send(fwd).await;
+        // After the backend answered (or failed: the write may still have landed), so any output
+        // computed from the old bytes carries an older generation (see `crate::cache`).
+        if let Some((cache, (bucket, key))) = written {
+            match key {
+                Some(k) => cache.object_written(&bucket, &k),
+                None => cache.bucket_written(&bucket),
+            }
+        }
         // A body the gateway refused mid-stream: the backend rejected the poisoned upload; tell
         // the client why, not what the backend said about the checksum.
         if let Some(e) = failure.lock().ok().and_then(|mut f| f.take()) {
@@ -279,8 +292,9 @@ impl Gateway {
         Ok((result?, identity.name().to_owned()))
     }
 
-    /// A GET (or HEAD) that names a model and a split: fetch the object, run the prefix, answer
-    /// with the tensor. Backend errors (e.g. `NoSuchKey`) pass through as for a plain GET.
+    /// A GET (or HEAD) that names a model and a split: answer from the tensor cache, or fetch the
+    /// object, run the prefix and cache the tensor. Backend errors (e.g. `NoSuchKey`) pass through
+    /// as for a plain GET. See `crate::cache` for when a cached tensor is served without asking.
     async fn pushdown_get(
         &self,
         parts: &http::request::Parts,
@@ -290,8 +304,7 @@ impl Gateway {
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
         pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
-        pd.resolve(&spec)?;
-        let head = parts.method == Method::HEAD;
+        let (model, split) = pd.resolve(&spec)?;
         let mut headers = forwarded_headers(&parts.headers);
         let names: Vec<http::HeaderName> = headers.keys().filter(|k| is_output_scoped(k.as_str())).cloned().collect();
         for name in names {
@@ -301,6 +314,39 @@ impl Gateway {
             let kept: Vec<&str> = q.split('&').filter(|p| !p.starts_with(pushdown_spec::QUERY_PREFIX)).collect();
             (!kept.is_empty()).then(|| kept.join("&"))
         });
+        let key = CacheKey {
+            object: ObjectId {
+                bucket: target.bucket.clone().unwrap_or_default(),
+                key: target.key.clone().unwrap_or_default(),
+                query: query.clone().unwrap_or_default(),
+            },
+            variant: format!("{}|{split}|{:?}|{}", model.digest, spec.format, spec.dtype.name()),
+        };
+        // Objects encrypted with a customer key are never cached: a hit would skip the backend's
+        // key check.
+        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
+
+        let mut revalidating = None;
+        let (mut _flight, mut generation) = (None, 0);
+        if let Some(cache) = cache {
+            if let Lookup::Fresh(e, tier) = cache.lookup(&key).await {
+                return output_response(parts, &key, &e.data, CacheStatus::Hit(tier), None);
+            }
+            // One request per key fetches and computes; the rest wait here and then hit.
+            _flight = Some(cache.flight(&key).await);
+            generation = cache.generation(&key.object);
+            match cache.lookup(&key).await {
+                Lookup::Fresh(e, tier) => return output_response(parts, &key, &e.data, CacheStatus::Hit(tier), None),
+                Lookup::Stale(e, tier) => {
+                    if let Ok(v) = HeaderValue::from_str(&e.data.source_etag) {
+                        headers.insert(http::header::IF_NONE_MATCH, v);
+                    }
+                    revalidating = Some((e, tier));
+                }
+                Lookup::Miss => {}
+            }
+        }
+
         let fetch_start = Instant::now();
         let fwd = ForwardRequest {
             op: S3Op::GetObject,
@@ -312,14 +358,32 @@ impl Gateway {
             payload: ForwardPayload::Empty,
         };
         let resp = self.backend.send(fwd).await?;
-        if !resp.status().is_success() {
-            return Ok(if head { resp.map(|_| Body::empty()) } else { resp });
-        }
-        let limit = pd.max_object_bytes();
         let source_etag =
             resp.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        if let (Some(cache), Some((entry, tier))) = (cache, revalidating) {
+            let outcome = if resp.status() == http::StatusCode::NOT_MODIFIED
+                || (resp.status().is_success() && source_etag == entry.data.source_etag)
+            {
+                cache.validated(&entry, generation);
+                "unchanged"
+            } else if resp.status().is_success() {
+                "changed"
+            } else {
+                "gone"
+            };
+            cache.record_revalidation(outcome);
+            if outcome == "unchanged" {
+                return output_response(parts, &key, &entry.data, CacheStatus::Revalidated(tier), None);
+            }
+            cache.remove(&key).await;
+        }
+        if !resp.status().is_success() {
+            return Ok(if parts.method == Method::HEAD { resp.map(|_| Body::empty()) } else { resp });
+        }
+        let limit = pd.max_object_bytes();
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
-        let last_modified = resp.headers().get(http::header::LAST_MODIFIED).cloned();
+        let source_last_modified =
+            resp.headers().get(http::header::LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let object = match http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX))
             .collect()
             .await
@@ -340,12 +404,6 @@ impl Gateway {
             out.body.len(),
             [fetch, out.decode, out.infer, out.encode],
         );
-        let etag = {
-            let key =
-                format!("{source_etag}|{}|{}|{:?}|{}", out.model_digest, out.split, spec.format, spec.dtype.name());
-            format!("\"{}\"", &crate::s3::sigv4::sha256_hex(key.as_bytes())[..32])
-        };
-        let shape: Vec<String> = out.shape.iter().map(ToString::to_string).collect();
         let timing = format!(
             "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
             fetch.as_secs_f64() * 1e3,
@@ -353,37 +411,21 @@ impl Gateway {
             out.infer.as_secs_f64() * 1e3,
             out.encode.as_secs_f64() * 1e3
         );
-        let (status, body, range) = match parts.headers.get(http::header::RANGE).and_then(|v| v.to_str().ok()) {
-            Some(r) => match byte_range(r, out.body.len()) {
-                Some((a, b)) => (
-                    http::StatusCode::PARTIAL_CONTENT,
-                    out.body.slice(a..=b),
-                    Some(format!("bytes {a}-{b}/{}", out.body.len())),
-                ),
-                None => return Err(GatewayError::InvalidRange { size: out.body.len() }),
-            },
-            None => (http::StatusCode::OK, out.body, None),
-        };
-        let mut resp = Response::builder()
-            .status(status)
-            .header(http::header::CONTENT_TYPE, out.content_type)
-            .header(http::header::CONTENT_LENGTH, body.len())
-            .header(http::header::ETAG, etag)
-            .header(http::header::ACCEPT_RANGES, "bytes")
-            .header("x-tensorgate-shape", shape.join(","))
-            .header("x-tensorgate-dtype", spec.dtype.name())
-            .header("x-tensorgate-split", &out.split)
-            .header("x-tensorgate-source-bytes", source_bytes)
-            .header("x-tensorgate-cache", "miss")
-            .header("server-timing", timing);
-        if let Some(r) = range {
-            resp = resp.header(http::header::CONTENT_RANGE, r);
+        let data = Arc::new(Cached {
+            body: out.body,
+            content_type: out.content_type.to_owned(),
+            shape: out.shape,
+            split: out.split,
+            dtype: spec.dtype.name().to_owned(),
+            source_etag,
+            source_last_modified,
+            source_bytes: source_bytes as u64,
+        });
+        if let Some(cache) = cache {
+            cache.record_miss();
+            cache.insert(key.clone(), data.clone(), generation).await;
         }
-        if let Some(lm) = last_modified {
-            resp = resp.header(http::header::LAST_MODIFIED, lm);
-        }
-        let body = if head { Body::empty() } else { Body::from(body) };
-        resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
+        output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash
@@ -451,6 +493,84 @@ impl Gateway {
         }
         Ok((Body::from_stream(chunked::reframe(data, checksum, failure.clone())), ForwardPayload::UnsignedTrailer))
     }
+}
+
+/// The objects a write may change, for cache invalidation: `(bucket, Some(key))` for one object,
+/// `(bucket, None)` for an unknown set (multi-object delete, bucket delete).
+fn written_scope(op: S3Op, target: &Target) -> Option<(String, Option<String>)> {
+    let bucket = target.bucket.clone()?;
+    match op {
+        S3Op::PutObject | S3Op::CopyObject | S3Op::DeleteObject | S3Op::CompleteMultipartUpload => {
+            Some((bucket, Some(target.key.clone()?)))
+        }
+        S3Op::DeleteObjects | S3Op::DeleteBucket => Some((bucket, None)),
+        _ => None,
+    }
+}
+
+/// Where a pushdown output came from (`x-tensorgate-cache`).
+#[derive(Debug, Clone, Copy)]
+enum CacheStatus {
+    Miss,
+    Hit(Tier),
+    /// Cached, served after the backend confirmed the source is unchanged.
+    Revalidated(Tier),
+}
+
+/// The response for a pushdown output, honouring `HEAD` and `Range`. The ETag names the source
+/// version and the variant, so it changes exactly when the output can.
+fn output_response(
+    parts: &http::request::Parts,
+    key: &CacheKey,
+    data: &Cached,
+    status: CacheStatus,
+    timing: Option<String>,
+) -> Result<Response<Body>, GatewayError> {
+    let etag = format!(
+        "\"{}\"",
+        &crate::s3::sigv4::sha256_hex(format!("{}|{}", data.source_etag, key.variant).as_bytes())[..32]
+    );
+    let len = data.body.len();
+    let (code, body, range) = match parts.headers.get(http::header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(r) => match byte_range(r, len) {
+            Some((a, b)) => {
+                (http::StatusCode::PARTIAL_CONTENT, data.body.slice(a..=b), Some(format!("bytes {a}-{b}/{len}")))
+            }
+            None => return Err(GatewayError::InvalidRange { size: len }),
+        },
+        None => (http::StatusCode::OK, data.body.clone(), None),
+    };
+    let (cache, tier) = match status {
+        CacheStatus::Miss => ("miss", None),
+        CacheStatus::Hit(t) => ("hit", Some(t)),
+        CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
+    };
+    let shape: Vec<String> = data.shape.iter().map(ToString::to_string).collect();
+    let mut resp = Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, &data.content_type)
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .header(http::header::ETAG, etag)
+        .header(http::header::ACCEPT_RANGES, "bytes")
+        .header("x-tensorgate-shape", shape.join(","))
+        .header("x-tensorgate-dtype", &data.dtype)
+        .header("x-tensorgate-split", &data.split)
+        .header("x-tensorgate-source-bytes", data.source_bytes)
+        .header("x-tensorgate-cache", cache);
+    if let Some(t) = tier {
+        resp = resp.header("x-tensorgate-cache-tier", t.name());
+    }
+    if let Some(t) = timing {
+        resp = resp.header("server-timing", t);
+    }
+    if let Some(r) = range {
+        resp = resp.header(http::header::CONTENT_RANGE, r);
+    }
+    if let Some(lm) = &data.source_last_modified {
+        resp = resp.header(http::header::LAST_MODIFIED, lm);
+    }
+    let body = if parts.method == Method::HEAD { Body::empty() } else { Body::from(body) };
+    resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
 }
 
 /// Headers that apply to the pushdown output, not to the source object: not forwarded.

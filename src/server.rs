@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use crate::admin;
 use crate::backend::s3::{S3Backend, S3BackendConfig};
 use crate::backend::{Backend, fs::FsBackend};
+use crate::cache::TensorCache;
 use crate::config::{BackendKind, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::{AliasBucket, FrontConfig, Gateway};
@@ -144,7 +145,14 @@ impl Server {
                 metrics: metrics.clone(),
             }))
         });
-        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown));
+        let cache = match config.pushdown.cache.cache_config().filter(|_| pushdown.is_some()) {
+            Some(c) => Some(Arc::new(
+                TensorCache::new(&c, metrics.clone())
+                    .map_err(|e| ConfigError::Invalid { key: "pushdown.cache.disk_dir", message: e.to_string() })?,
+            )),
+            None => None,
+        };
+        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache));
         let s3_listener = bind(config.listen).await?;
         let admin_listener = bind(config.admin_listen).await?;
         let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
