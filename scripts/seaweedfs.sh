@@ -29,7 +29,7 @@ JSON
     nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
       -s3.config="$DIR/s3.json" -s3.port="$PORT" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
       -filer.port=$((PORT+3)) -admin.port=$((PORT+4)) -webdav=false -admin.ui=false \
-      -s3.port.iceberg=0 -s3.port.lance=0 > "$DIR/weed.log" 2>&1 9>&- &
+      -s3.port.iceberg=0 -s3.port.lance=0 -master.volumeSizeLimitMB=64 > "$DIR/weed.log" 2>&1 9>&- &
     echo $! > "$DIR/pid"
     for _ in $(seq 1 120); do
       # Ready when a signed ListBuckets succeeds (S3 API, auth and the filer behind it all up).

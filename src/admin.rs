@@ -28,6 +28,9 @@ pub fn router(gateway: Arc<Gateway>, metrics: Metrics) -> Router {
 }
 
 async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
+    if let Some(cache) = s.gateway.cache() {
+        cache.settle().await;
+    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
 }
 

@@ -21,7 +21,7 @@ use futures_util::Stream;
 use http_body_util::BodyDataStream;
 
 use crate::body::{Body, BodyError, Guarded, Metered};
-use crate::cache::{CacheKey, Cached, Lookup, ObjectId, TensorCache, Tier};
+use crate::cache::{CacheKey, Cached, Entry, Lookup, ObjectId, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::s3::credentials::CredentialStore;
@@ -126,6 +126,12 @@ impl Gateway {
     #[must_use]
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The tensor cache, when enabled.
+    #[must_use]
+    pub fn cache(&self) -> Option<&Arc<TensorCache>> {
+        self.cache.as_ref()
     }
 
     /// The pushdown service, when enabled.
@@ -330,13 +336,13 @@ impl Gateway {
         let (mut _flight, mut generation) = (None, 0);
         if let Some(cache) = cache {
             if let Lookup::Fresh(e, tier) = cache.lookup(&key).await {
-                return output_response(parts, &key, &e.data, CacheStatus::Hit(tier), None);
+                return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
             }
             // One request per key fetches and computes; the rest wait here and then hit.
             _flight = Some(cache.flight(&key).await);
             generation = cache.generation(&key.object);
             match cache.lookup(&key).await {
-                Lookup::Fresh(e, tier) => return output_response(parts, &key, &e.data, CacheStatus::Hit(tier), None),
+                Lookup::Fresh(e, tier) => return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier)),
                 Lookup::Stale(e, tier) => {
                     if let Ok(v) = HeaderValue::from_str(&e.data.source_etag) {
                         headers.insert(http::header::IF_NONE_MATCH, v);
@@ -373,7 +379,7 @@ impl Gateway {
             };
             cache.record_revalidation(outcome);
             if outcome == "unchanged" {
-                return output_response(parts, &key, &entry.data, CacheStatus::Revalidated(tier), None);
+                return served_from(cache, parts, &key, &entry, CacheStatus::Revalidated(tier));
             }
             cache.remove(&key).await;
         }
@@ -515,6 +521,20 @@ enum CacheStatus {
     Hit(Tier),
     /// Cached, served after the backend confirmed the source is unchanged.
     Revalidated(Tier),
+}
+
+/// Answers from a cache entry and counts the hit.
+fn served_from(
+    cache: &TensorCache,
+    parts: &http::request::Parts,
+    key: &CacheKey,
+    entry: &Entry,
+    status: CacheStatus,
+) -> Result<Response<Body>, GatewayError> {
+    if let CacheStatus::Hit(tier) | CacheStatus::Revalidated(tier) = status {
+        cache.record_hit(tier, entry.data.body.len());
+    }
+    output_response(parts, key, &entry.data, status, None)
 }
 
 /// The response for a pushdown output, honouring `HEAD` and `Range`. The ETag names the source

@@ -378,10 +378,12 @@ impl TensorCache {
         self.metrics.cache_misses.inc();
     }
 
-    /// Waits for moka's pending maintenance (evictions, invalidation closures); tests and
-    /// benchmarks call it before reading sizes.
+    /// Waits for moka's pending maintenance (evictions, invalidation closures) and updates the
+    /// memory tier's resident-bytes gauge; the admin port calls it on each scrape.
     pub async fn settle(&self) {
         self.memory.run_pending_tasks().await;
+        let resident = i64::try_from(self.memory.weighted_size()).unwrap_or(i64::MAX);
+        self.metrics.cache_resident_bytes.get_or_create(&crate::metrics::TierLabel { tier: "memory" }).set(resident);
     }
 
     /// Bytes held in memory (after [`Self::settle`], exact).

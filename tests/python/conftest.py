@@ -1,5 +1,6 @@
 """Fixtures: a real SeaweedFS (scripts/seaweedfs.sh) and the real tensorgate binary in front of it."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -44,6 +45,72 @@ def wait_ready(admin: str, proc: subprocess.Popen, timeout: float = 30.0) -> Non
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("tensorgate did not become ready")
+
+
+@contextlib.contextmanager
+def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, env: dict | None = None):
+    """Starts one more tensorgate with `config` (TOML) in front of SeaweedFS (when `seaweed` is
+    its endpoint) or of a local directory; yields (endpoint, admin, boto3 client). The dev key
+    signs requests."""
+    port, admin_port = free_port(), free_port()
+    cfg = tmp_path / f"gateway-{port}.toml"
+    cfg.write_text(config)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "ORT_"))}
+    full.update(
+        TENSORGATE_CONFIG=str(cfg),
+        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        TENSORGATE_ORT_LIBRARY=ort_library(),
+        TENSORGATE_LOG="info",
+    )
+    if seaweed:
+        full.update(
+            TENSORGATE_BACKEND_ENDPOINT=seaweed,
+            TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
+            TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
+        )
+    else:
+        full.update(TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"))
+    full.update(env or {})
+    log = open(tmp_path / f"gateway-{port}.log", "w")
+    proc = subprocess.Popen([str(BINARY), "serve"], env=full, stdout=log, stderr=subprocess.STDOUT)
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        wait_ready(admin, proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="tensorgate-dev",
+            aws_secret_access_key="tensorgate-dev-secret",
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+        yield endpoint, admin, client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def direct_client(seaweed: str):
+    """A boto3 client straight to SeaweedFS, bypassing the gateway (out-of-band writes)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=seaweed,
+        aws_access_key_id="seaweed-ak",
+        aws_secret_access_key="seaweed-sk",
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+
+
+def metric(admin: str, name: str) -> float:
+    """Sum of a metric's samples whose line starts with `name` (labels included in `name` or not)."""
+    with urllib.request.urlopen(f"{admin}/metrics") as r:
+        text = r.read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name))
 
 
 @pytest.fixture(scope="session")
