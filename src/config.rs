@@ -177,8 +177,10 @@ pub struct CacheSettings {
     pub enabled: bool,
     /// Memory tier size in bytes (tensors plus a small per-entry charge).
     pub memory_bytes: u64,
-    /// Memory tier policy when full: `tinylfu`, `lru` or `pin`.
+    /// Memory tier policy when full: `pin` (keep what is cached), `tinylfu` or `lru`.
     pub policy: crate::cache::Policy,
+    /// Seconds after which a memory entry nobody read is dropped (lets a finished dataset go).
+    pub idle_expiry_secs: u64,
     /// How long a validated entry is served without asking the backend; 0 asks on every request
     /// (a conditional GET: one round trip, no object bytes).
     pub revalidate_after_ms: u64,
@@ -195,6 +197,9 @@ impl Default for CacheSettings {
             memory_bytes: DEFAULT_CACHE_MEMORY_BYTES,
             policy: crate::cache::Policy::default(),
             revalidate_after_ms: 0,
+            // An hour: longer than an epoch of the datasets this targets, so a scan keeps its
+            // entries alive, short enough that yesterday's dataset does not pin memory today.
+            idle_expiry_secs: 3600,
             disk_dir: None,
             disk_bytes: 0,
         }
@@ -209,6 +214,7 @@ impl CacheSettings {
             memory_bytes: self.memory_bytes,
             policy: self.policy,
             revalidate_after: Duration::from_millis(self.revalidate_after_ms),
+            idle_expiry: Duration::from_secs(self.idle_expiry_secs),
             disk: self.disk_dir.clone().map(|dir| crate::cache::DiskConfig { dir, max_bytes: self.disk_bytes }),
         })
     }
@@ -453,6 +459,9 @@ impl Config {
                 "pushdown",
                 "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
             ));
+        }
+        if p.cache.idle_expiry_secs == 0 {
+            return Err(invalid("pushdown.cache.idle_expiry_secs", "must be positive"));
         }
         if p.cache.disk_dir.is_some() && p.cache.disk_bytes == 0 {
             return Err(invalid("pushdown.cache.disk_bytes", "must be positive when disk_dir is set"));

@@ -153,12 +153,50 @@ pub fn write_safetensors(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| PushdownError::Internal(format!("safetensors: {e}")))?;
-    safetensors::serialize(views, Some(metadata)).map_err(|e| PushdownError::Internal(format!("safetensors: {e}")))
+    let bytes = safetensors::serialize(views, Some(metadata))
+        .map_err(|e| PushdownError::Internal(format!("safetensors: {e}")))?;
+    canonical_header(&bytes).ok_or_else(|| PushdownError::Internal("safetensors: unreadable header".into()))
+}
+
+/// Rewrites a safetensors file's JSON header with its keys sorted. `safetensors::serialize` writes
+/// the metadata map in `HashMap` order, which differs between runs: the same output must be the
+/// same bytes (its ETag promises so, and ranges of one response are combined with another's).
+fn canonical_header(file: &[u8]) -> Option<Vec<u8>> {
+    use std::collections::BTreeMap;
+    let len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header = file.get(8..8 + len)?;
+    let mut parsed: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    if let Some(meta) = parsed.remove("__metadata__") {
+        let sorted: BTreeMap<String, String> = serde_json::from_value(meta).ok()?;
+        parsed.insert("__metadata__".to_owned(), serde_json::to_value(sorted).ok()?);
+    }
+    let mut json = serde_json::to_vec(&parsed).ok()?;
+    // The format pads the header with spaces to a multiple of 8 bytes (data alignment).
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + file.len() - 8 - len);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&file[8 + len..]);
+    Some(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn safetensors_bytes_do_not_depend_on_map_order() {
+        let t = Tensor { shape: vec![2], data: vec![1.0, 2.0] };
+        let meta = || (0..6).map(|i| (format!("key{i}"), format!("value{i}"))).collect::<HashMap<String, String>>();
+        let first = write_safetensors(&[("features", &t)], Some(&[3, 4]), Dtype::F32, meta()).expect("write");
+        for _ in 0..8 {
+            assert_eq!(write_safetensors(&[("features", &t)], Some(&[3, 4]), Dtype::F32, meta()).expect("w"), first);
+        }
+        let parsed = safetensors::SafeTensors::deserialize(&first).expect("valid file");
+        assert_eq!(parsed.tensor("features").expect("features").data(), &[0, 0, 128, 63, 0, 0, 0, 64]);
+        let (_, md) = safetensors::SafeTensors::read_metadata(&first).expect("metadata");
+        assert_eq!(md.metadata().as_ref().and_then(|m| m.get("key5")).map(String::as_str), Some("value5"));
+    }
 
     #[test]
     fn npy_round_trip_and_alignment() {
