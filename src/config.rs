@@ -164,7 +164,21 @@ pub struct PushdownSettings {
     pub aliases: Vec<AliasConfig>,
     /// The tensor cache (`[pushdown.cache]`).
     pub cache: CacheSettings,
+    /// Bytes pushdown may hold: engines' sessions plus samples in flight (see
+    /// `crate::pushdown::governor`). The tensor cache is sized separately.
+    pub memory_budget: u64,
+    /// Adapt each request's storage batch to the budget (`false`: the comparison mode, in which a
+    /// request runs its requested batch whatever the memory).
+    pub adaptation: bool,
+    /// How long a sample may wait for memory before its request gets `503 SlowDown`.
+    pub max_wait_ms: u64,
 }
+
+/// Default pushdown memory budget: 1 GiB, a quarter of a small 4 GiB storage node, enough for two
+/// ResNet-18 sessions and a few dozen 224x224 samples in flight at any split.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 1024 * 1024 * 1024;
+/// Default bound on waiting for memory: 30 s, below common S3 client read timeouts (60 s).
+pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 
 /// Default memory tier: 256 MiB holds about 2,600 ResNet-18 `layer4` tensors (100 KiB each in f32),
 /// a small dataset's epoch, while leaving most of a small storage node's memory to the store.
@@ -268,6 +282,9 @@ impl Default for PushdownSettings {
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             aliases: Vec::new(),
             cache: CacheSettings::default(),
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            adaptation: true,
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
         }
     }
 }
@@ -459,6 +476,9 @@ impl Config {
                 "pushdown",
                 "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
             ));
+        }
+        if p.memory_budget == 0 {
+            return Err(invalid("pushdown.memory_budget", "must be positive"));
         }
         if p.cache.idle_expiry_secs == 0 {
             return Err(invalid("pushdown.cache.idle_expiry_secs", "must be positive"));

@@ -119,6 +119,7 @@ impl GatewayError {
                 | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
                 PushdownError::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
+                PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
                 PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } => {
                     S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
                 }

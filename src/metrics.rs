@@ -64,6 +64,21 @@ pub struct Metrics {
     pub cache_resident_bytes: Family<TierLabel, Gauge>,
     pub cache_served_bytes: Family<TierLabel, Counter>,
     pub cache_corrupt: Counter,
+    pub memory_budget: Gauge,
+    pub memory_reserved: Gauge,
+    pub peak_resident: Gauge,
+    pub storage_batch_requested: Histogram,
+    pub storage_batch_chosen: Histogram,
+    pub admission_deferrals: Counter,
+    pub admission_timeouts: Counter,
+    pub admission_wait: Histogram,
+    pub tenant_samples: Family<TenantLabel, Counter>,
+}
+
+/// A tenant: the access key's configured name (a bounded set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
 }
 
 /// A cache tier: `memory` or `disk`.
@@ -191,8 +206,59 @@ impl Metrics {
             "Disk cache entries dropped for failing their check",
             cache_corrupt.clone(),
         );
+        let memory_budget = Gauge::default();
+        r.register("pushdown_memory_budget_bytes", "pushdown.memory_budget", memory_budget.clone());
+        let memory_reserved = Gauge::default();
+        r.register(
+            "pushdown_memory_reserved_bytes",
+            "Memory reserved by the governor: engines' fixed bytes plus admitted samples",
+            memory_reserved.clone(),
+        );
+        let peak_resident = Gauge::default();
+        r.register(
+            "process_peak_resident_bytes",
+            "Highest resident set size of the process seen",
+            peak_resident.clone(),
+        );
+        let storage_batch_requested = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        r.register(
+            "pushdown_storage_batch_requested",
+            "Storage batch sizes requested by clients (x-tensorgate-batch)",
+            storage_batch_requested.clone(),
+        );
+        let storage_batch_chosen = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        r.register(
+            "pushdown_storage_batch_chosen",
+            "Samples in flight granted to a request when it opened (its allotment under the budget)",
+            storage_batch_chosen.clone(),
+        );
+        let admission_deferrals = Counter::default();
+        r.register("pushdown_admission_deferrals", "Samples that waited for memory", admission_deferrals.clone());
+        let admission_timeouts = Counter::default();
+        r.register(
+            "pushdown_admission_timeouts",
+            "Samples that waited past pushdown.max_wait_ms (the request got 503 SlowDown)",
+            admission_timeouts.clone(),
+        );
+        let admission_wait = latency_histogram();
+        r.register(
+            "pushdown_admission_wait_seconds",
+            "Time deferred samples waited for memory",
+            admission_wait.clone(),
+        );
+        let tenant_samples = Family::<TenantLabel, Counter>::default();
+        r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
         Self {
             registry: Arc::new(r),
+            memory_budget,
+            memory_reserved,
+            peak_resident,
+            storage_batch_requested,
+            storage_batch_chosen,
+            admission_deferrals,
+            admission_timeouts,
+            admission_wait,
+            tenant_samples,
             cache_hits,
             cache_misses,
             cache_revalidations,

@@ -234,7 +234,7 @@ impl Gateway {
         if matches!(op, S3Op::GetObject | S3Op::HeadObject)
             && let Some(spec) = requested.or_else(|| alias.map(|a| a.spec))
         {
-            let resp = self.pushdown_get(&parts, target, spec).await?;
+            let resp = self.pushdown_get(&parts, target, spec, identity.name()).await?;
             return Ok((resp, identity.name().to_owned()));
         }
         let mut headers = forwarded_headers(&parts.headers);
@@ -306,6 +306,7 @@ impl Gateway {
         parts: &http::request::Parts,
         target: Target,
         spec: PushdownSpec,
+        tenant: &str,
     ) -> Result<Response<Body>, GatewayError> {
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
@@ -387,6 +388,9 @@ impl Gateway {
             return Ok(if parts.method == Method::HEAD { resp.map(|_| Body::empty()) } else { resp });
         }
         let limit = pd.max_object_bytes();
+        // The object counts against the pushdown memory budget from now until the response is sent.
+        let declared = content_length(resp.headers()).ok().flatten().unwrap_or(0).min(limit);
+        let object_hold = pd.governor().hold(declared).await?;
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
         let source_last_modified =
             resp.headers().get(http::header::LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -402,7 +406,9 @@ impl Gateway {
         };
         let fetch = fetch_start.elapsed();
         let source_bytes = object.len();
-        let out = pd.compute(&spec, object).await?;
+        let mut out = pd.compute(&spec, object, tenant).await?;
+        let mut reservation = std::mem::take(&mut out.reservation);
+        reservation.push(object_hold);
         self.metrics.observe_pushdown(
             &spec.model,
             &out.split,
@@ -431,7 +437,10 @@ impl Gateway {
             cache.record_miss();
             cache.insert(key.clone(), data.clone(), generation).await;
         }
-        output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))
+        let resp = output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))?;
+        // Sending the body ends the reservation (a client gone mid-download ends it too).
+        Ok(resp
+            .map(|b| Body::new(Metered::new(b, prometheus_client::metrics::counter::Counter::default(), reservation))))
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash

@@ -31,6 +31,7 @@ use crate::config::{BackendKind, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::{AliasBucket, FrontConfig, Gateway};
 use crate::pushdown::engine::EngineConfig;
+use crate::pushdown::governor::GovernorConfig;
 use crate::pushdown::{Pushdown, PushdownConfig};
 
 /// Why the server could not start.
@@ -142,6 +143,11 @@ impl Server {
                 },
                 max_object_bytes: p.max_object_bytes,
                 max_image_pixels: p.max_image_pixels,
+                governor: GovernorConfig {
+                    budget: p.memory_budget,
+                    adaptive: p.adaptation,
+                    max_wait: Duration::from_millis(p.max_wait_ms),
+                },
                 metrics: metrics.clone(),
             }))
         });

@@ -323,7 +323,14 @@ mod tests {
         let (_, generation) = tier.get(&a).await.expect("a survives");
         assert_eq!(generation, None, "a restarted entry must revalidate");
         assert!(tier.get(&b).await.is_none(), "damaged body served");
-        assert!(!path.exists());
+        // Deletion runs on a blocking thread.
+        for _ in 0..200 {
+            if !path.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(!path.exists(), "damaged entry left on disk");
     }
 
     #[tokio::test]

@@ -4,19 +4,25 @@
 //! samples of one request and of concurrent requests share a run. A sample whose requester has
 //! gone is dropped before it runs. A full queue is refused at once (`503 SlowDown`).
 //!
-//! Before serving, the worker checks its prefix once against the full model with the split tensor
-//! exposed, on a deterministic probe input: the outputs must be identical.
+//! Before serving, the first worker checks its prefix once against the full model with the split
+//! tensor exposed, on a deterministic probe input (the outputs must be identical), and measures the
+//! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
+//! Sessions run without ONNX Runtime's arena, so memory a run used is returned after it and the
+//! governor's accounting matches what the process holds.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::Instant;
 
 use ort::session::Session;
 use ort::value::Tensor as OrtTensor;
 use tokio::sync::oneshot;
 
 use super::PushdownError;
+use super::governor::Governor;
+use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
@@ -38,9 +44,14 @@ pub struct EngineConfig {
 
 struct Job {
     input: Vec<f32>,
+    /// Largest batch this sample may run in.
+    cap: usize,
     reply: oneshot::Sender<Result<Tensor, PushdownError>>,
-    enqueued: std::time::Instant,
+    enqueued: Instant,
 }
+
+/// What the first worker found: the memory model, or why the prefix cannot serve.
+type Verdict = Option<Result<MemoryModel, String>>;
 
 /// A running worker for one (model, split).
 #[derive(Debug)]
@@ -49,6 +60,8 @@ pub struct Engine {
     depth: Arc<AtomicUsize>,
     sample_len: usize,
     gauges: Gauges,
+    verdict: tokio::sync::watch::Receiver<Verdict>,
+    workers: usize,
 }
 
 /// The engine's metrics, labelled with its model and split.
@@ -62,18 +75,19 @@ struct Gauges {
 }
 
 impl Engine {
-    /// Starts the worker thread. Session creation and the prefix check happen on that thread; if
-    /// they fail, every request gets the error.
+    /// Starts the worker threads. Session creation, the prefix check and the memory probe happen on
+    /// the first one; if they fail (or the engine does not fit the memory budget), every request
+    /// gets the error.
     ///
     /// # Errors
-    /// The prefix cannot be cut or the thread cannot start.
+    /// The prefix cannot be cut or a thread cannot start.
     pub fn start(
         env: &ort::environment::Environment,
         model: &Arc<Model>,
-        split: &str,
-        tensor: &str,
+        (split, tensor): (&str, &str),
         cfg: EngineConfig,
         metrics: &Metrics,
+        (governor, probe_lock): (&Arc<Governor>, &Arc<Mutex<()>>),
     ) -> Result<Self, PushdownError> {
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
         let gauges = Gauges {
@@ -95,23 +109,65 @@ impl Engine {
         let depth = Arc::new(AtomicUsize::new(0));
         let rx = Arc::new(Mutex::new(rx));
         let prefix_bytes = Arc::new(prefix_bytes);
-        for n in 0..cfg.workers.max(1) {
-            let (env, model, tensor, prefix_bytes, rx) =
-                (env.clone(), model.clone(), tensor.to_owned(), prefix_bytes.clone(), rx.clone());
-            let (worker_depth, worker_gauges) = (depth.clone(), gauges.clone());
+        let (verdict_tx, verdict) = tokio::sync::watch::channel(None);
+        let verdict_tx = Arc::new(verdict_tx);
+        let workers = cfg.workers.max(1);
+        for n in 0..workers {
+            let shared = Shared {
+                env: env.clone(),
+                model: model.clone(),
+                tensor: tensor.to_owned(),
+                prefix_bytes: prefix_bytes.clone(),
+                cfg,
+                rx: rx.clone(),
+                depth: depth.clone(),
+                gauges: gauges.clone(),
+                verdict: verdict_tx.clone(),
+                governor: governor.clone(),
+                probe_lock: probe_lock.clone(),
+            };
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))
-                .spawn(move || worker(&env, &model, &tensor, &prefix_bytes, cfg, &rx, &worker_depth, &worker_gauges))
+                .spawn(move || worker(&shared, n == 0))
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        Ok(Self { tx, depth, sample_len, gauges })
+        Ok(Self { tx, depth, sample_len, gauges, verdict, workers })
     }
 
-    /// Runs one sample (per-sample shape, already preprocessed).
+    /// The (model, split)'s memory model, once the first worker has measured it.
+    ///
+    /// # Errors
+    /// The prefix is unusable or does not fit the memory budget.
+    pub async fn memory_model(&self) -> Result<MemoryModel, PushdownError> {
+        let mut rx = self.verdict.clone();
+        let v = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| PushdownError::Internal("inference worker stopped".into()))?;
+        match v.as_ref() {
+            Some(Ok(m)) => Ok(m.clone()),
+            Some(Err(e)) => Err(PushdownError::Model(e.clone())),
+            None => Err(PushdownError::Internal("no verdict".into())),
+        }
+    }
+
+    /// The memory model if measured yet (for the admin API).
+    #[must_use]
+    pub fn memory_model_now(&self) -> Option<MemoryModel> {
+        self.verdict.borrow().as_ref().and_then(|v| v.as_ref().ok().cloned())
+    }
+
+    /// Worker threads (each holds a session: the fixed memory counts once per worker).
+    #[must_use]
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`.
     ///
     /// # Errors
     /// Queue full (`Overloaded`), wrong input size, or an inference failure.
-    pub async fn infer(&self, input: Vec<f32>) -> Result<Tensor, PushdownError> {
+    pub async fn infer(&self, input: Vec<f32>, cap: usize) -> Result<Tensor, PushdownError> {
         if input.len() != self.sample_len {
             return Err(PushdownError::BadInput(format!(
                 "input has {} values, the model takes {}",
@@ -123,7 +179,7 @@ impl Engine {
         // Count the sample before the worker can see it, so the worker's decrement never runs first.
         let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
-        if let Err(e) = self.tx.try_send(Job { input, reply, enqueued: std::time::Instant::now() }) {
+        if let Err(e) = self.tx.try_send(Job { input, cap: cap.max(1), reply, enqueued: Instant::now() }) {
             let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
             return Err(match e {
@@ -154,6 +210,12 @@ fn session(
 ) -> Result<Session, String> {
     let builder = Session::builder(env).map_err(|e| e.to_string())?;
     let builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
+    // No arena and no memory patterns: each run allocates what it needs and frees it after, so
+    // the memory model measures real footprints and idle sessions hold only their weights.
+    let builder = builder
+        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(false).build()])
+        .map_err(|e| e.to_string())?;
+    let builder = builder.with_memory_pattern(false).map_err(|e| e.to_string())?;
     let mut builder =
         builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
     builder.commit_from_memory(bytes).map_err(|e| e.to_string())
@@ -182,60 +244,137 @@ fn check_prefix(
 ) -> Result<(), String> {
     let exposed = prefix::expose(&model.bytes, &[tensor]).map_err(|e| e.to_string())?;
     let mut full = session(env, &exposed, 1, &model.dir)?;
-    let mut shape = vec![1];
-    shape.extend(&model.manifest.input_shape);
-    let n: usize = shape.iter().product();
-    // Deterministic probe values in [-1, 1).
-    let probe: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
-    let input = &model.manifest.input;
-    let a = run(prefix_session, input, tensor, &shape, probe.clone())?;
-    let b = run(&mut full, input, tensor, &shape, probe)?;
+    let (shape, input) = probe_input(model, 1);
+    let name = &model.manifest.input;
+    let a = run(prefix_session, name, tensor, &shape, input.clone())?;
+    let b = run(&mut full, name, tensor, &shape, input)?;
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
-/// Waits for a sample, then takes whatever else is queued (up to `max`): one batch. The lock is
-/// held only while taking, so other workers run their batches meanwhile. `None`: queue closed.
-fn next_batch(rx: &Mutex<Receiver<Job>>, max: usize) -> Option<Vec<Job>> {
+/// A deterministic batch of probe values in [-1, 1).
+fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
+    let mut shape = vec![batch];
+    shape.extend(&model.manifest.input_shape);
+    let n: usize = shape.iter().product();
+    (shape, (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect())
+}
+
+/// Creates the first session, checks the prefix, and measures the memory model (module docs of
+/// [`memory`]). Holds the process-wide probe lock throughout.
+fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
+    let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let model = &s.model;
+    let before = memory::resident_bytes();
+    let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &model.dir)?;
+    let (shape, input) = probe_input(model, 1);
+    let out = run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+    let input_bytes = 4 * model.manifest.input_shape.iter().product::<usize>() as u64;
+    let output_bytes = 4 * out.data.len() as u64;
+    let measured = before.zip(memory::resident_bytes()).filter(|_| memory::reset_peak());
+    let memory = match measured {
+        Some((before, after)) => {
+            let mut peaks = [0u64; 2];
+            for (peak, batch) in peaks.iter_mut().zip([PROBE_BATCHES.0, PROBE_BATCHES.1]) {
+                let (shape, input) = probe_input(model, batch);
+                let base = memory::resident_bytes().unwrap_or(0);
+                let _ = memory::reset_peak();
+                run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+                *peak = memory::peak_resident_bytes().unwrap_or(base).saturating_sub(base);
+            }
+            MemoryModel::from_probes(after.saturating_sub(before), peaks, input_bytes, output_bytes)
+        }
+        None => MemoryModel::estimate(s.prefix_bytes.len() as u64, input_bytes, output_bytes),
+    };
+    check_prefix(&s.env, model, &s.tensor, &mut session)?;
+    Ok((session, memory))
+}
+
+/// Waits for a sample, then takes whatever else is queued, up to the smallest cap among the taken
+/// samples: one batch. The lock is held only while taking, so other workers run their batches
+/// meanwhile. `None`: queue closed.
+fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
     let rx = rx.lock().ok()?;
-    let mut jobs = vec![rx.recv().ok()?];
-    while jobs.len() < max {
+    let first = rx.recv().ok()?;
+    let mut limit = first.cap;
+    let mut jobs = vec![first];
+    while jobs.len() < limit {
         match rx.try_recv() {
-            Ok(j) => jobs.push(j),
+            Ok(j) => {
+                limit = limit.min(j.cap.max(jobs.len() + 1));
+                jobs.push(j);
+            }
             Err(_) => break,
         }
     }
     Some(jobs)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn worker(
-    env: &ort::environment::Environment,
-    model: &Model,
-    tensor: &str,
-    prefix_bytes: &[u8],
+/// What every worker of an engine shares.
+struct Shared {
+    env: ort::environment::Environment,
+    model: Arc<Model>,
+    tensor: String,
+    prefix_bytes: Arc<Vec<u8>>,
     cfg: EngineConfig,
-    rx: &Mutex<Receiver<Job>>,
-    depth: &AtomicUsize,
-    gauges: &Gauges,
-) {
-    let ready = session(env, prefix_bytes, cfg.intra_threads, &model.dir)
-        .and_then(|mut s| check_prefix(env, model, tensor, &mut s).map(|()| s));
-    let mut session = match ready {
+    rx: Arc<Mutex<Receiver<Job>>>,
+    depth: Arc<AtomicUsize>,
+    gauges: Gauges,
+    verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
+    governor: Arc<Governor>,
+    probe_lock: Arc<Mutex<()>>,
+}
+
+/// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
+fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
+    if first {
+        let result = first_session(s).and_then(|(session, memory)| {
+            let fixed = memory.fixed_bytes.saturating_mul(s.cfg.workers.max(1) as u64);
+            s.governor.reserve_fixed(fixed).map_err(|e| e.to_string())?;
+            Ok((session, memory))
+        });
+        let (session, verdict) = match result {
+            Ok((session, memory)) => (Ok(session), Ok(memory)),
+            Err(e) => (Err(e.clone()), Err(e)),
+        };
+        s.verdict.send_replace(Some(verdict));
+        return session;
+    }
+    let mut rx = s.verdict.subscribe();
+    loop {
+        if let Some(v) = rx.borrow_and_update().as_ref() {
+            return match v {
+                Ok(_) => session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &s.model.dir),
+                Err(e) => Err(e.clone()),
+            };
+        }
+        // Parks this thread until the first worker decides (watch has no blocking wait).
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn worker(shared: &Shared, first: bool) {
+    let (model, tensor, rx, depth, gauges) =
+        (&*shared.model, shared.tensor.as_str(), &*shared.rx, &*shared.depth, &shared.gauges);
+    let mut session = match ready_session(shared, first) {
         Ok(s) => {
-            tracing::info!(model = %model.manifest.name, %tensor, "Prefix ready (checked against the full model).");
+            if first {
+                tracing::info!(model = %model.manifest.name, %tensor, "Prefix ready (checked against the full model).");
+            }
             s
         }
         Err(e) => {
             tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Prefix unusable.");
-            while let Some(job) = next_batch(rx, 1).and_then(|mut b| b.pop()) {
-                depth.fetch_sub(1, Ordering::Relaxed);
-                let _ = job.reply.send(Err(PushdownError::Model(e.clone())));
+            while let Some(jobs) = next_batch(rx) {
+                depth.fetch_sub(jobs.len(), Ordering::Relaxed);
+                for job in jobs {
+                    let _ = job.reply.send(Err(PushdownError::Model(e.clone())));
+                }
             }
             return;
         }
     };
     let sample_shape = &model.manifest.input_shape;
-    while let Some(mut jobs) = next_batch(rx, cfg.max_batch) {
+    while let Some(mut jobs) = next_batch(rx) {
         let before = jobs.len();
         jobs.retain(|j| !j.reply.is_closed());
         depth.fetch_sub(before - jobs.len(), Ordering::Relaxed);

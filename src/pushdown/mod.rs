@@ -12,6 +12,8 @@
 //! with `features`, `labels` and the sample keys.
 
 pub mod engine;
+pub mod governor;
+pub mod memory;
 pub mod prefix;
 pub mod preprocess;
 pub mod registry;
@@ -29,6 +31,7 @@ use bytes::Bytes;
 use futures_util::future::try_join_all;
 
 use self::engine::{Engine, EngineConfig};
+use self::governor::{Governor, GovernorConfig};
 use self::registry::{Model, Registry};
 use self::spec::{Dtype, Format, PushdownSpec};
 use self::tensor::Tensor;
@@ -50,6 +53,8 @@ pub enum PushdownError {
     Unavailable(String),
     #[error("too many pushdown samples queued; retry later")]
     Overloaded,
+    #[error("one sample needs {needed} bytes, more than pushdown.memory_budget can ever hold ({free} bytes)")]
+    ExceedsBudget { needed: u64, free: u64 },
     #[error("cannot use the object as model input: {0}")]
     BadInput(String),
     #[error("unsupported pushdown input: {0}")]
@@ -70,6 +75,7 @@ pub struct PushdownConfig {
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
     pub max_image_pixels: u64,
+    pub governor: GovernorConfig,
     pub metrics: crate::metrics::Metrics,
 }
 
@@ -84,6 +90,8 @@ pub struct Output {
     pub decode: Duration,
     pub infer: Duration,
     pub encode: Duration,
+    /// Memory reserved for the outputs; release it when the response has been sent.
+    pub reservation: Vec<governor::Held>,
 }
 
 /// The pushdown service: registry, ONNX Runtime, and one engine per (model, split) in use.
@@ -93,6 +101,19 @@ pub struct Pushdown {
     registry: Registry,
     env: Result<ort::environment::Environment, String>,
     engines: Mutex<HashMap<(String, String), Arc<Engine>>>,
+    governor: Arc<Governor>,
+    /// Serializes memory probes: the resident peak they read is process-wide.
+    probe_lock: Arc<Mutex<()>>,
+}
+
+/// One engine's memory, for the admin API.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EngineMemory {
+    pub model: String,
+    pub split: String,
+    pub workers: usize,
+    /// `None` until the first worker has measured it.
+    pub memory: Option<memory::MemoryModel>,
 }
 
 impl Pushdown {
@@ -108,7 +129,30 @@ impl Pushdown {
             Ok(_) => tracing::info!(models = ?registry.names(), "Pushdown ready."),
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
-        Self { cfg, registry, env, engines: Mutex::new(HashMap::new()) }
+        let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
+        Self { cfg, registry, env, engines: Mutex::new(HashMap::new()), governor, probe_lock: Arc::default() }
+    }
+
+    #[must_use]
+    pub fn governor(&self) -> &Arc<Governor> {
+        &self.governor
+    }
+
+    /// Every started engine's memory model.
+    #[must_use]
+    pub fn engine_memory(&self) -> Vec<EngineMemory> {
+        let engines = self.engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out: Vec<EngineMemory> = engines
+            .iter()
+            .map(|((model, split), e)| EngineMemory {
+                model: model.clone(),
+                split: split.clone(),
+                workers: e.workers(),
+                memory: e.memory_model_now(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.model, &a.split).cmp(&(&b.model, &b.split)));
+        out
     }
 
     /// `Err(reason)` when pushdown cannot run at all.
@@ -157,20 +201,29 @@ impl Pushdown {
             .split(split)
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
-        let engine = Arc::new(Engine::start(env, model, split, &tensor, self.cfg.engine, &self.cfg.metrics)?);
+        let engine = Arc::new(Engine::start(
+            env,
+            model,
+            (split, &tensor),
+            self.cfg.engine,
+            &self.cfg.metrics,
+            (&self.governor, &self.probe_lock),
+        )?);
         engines.insert(key, engine.clone());
         Ok(engine)
     }
 
     /// Runs the prefix on an object's bytes and encodes the result. Samples are preprocessed on
     /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
-    /// of sample i.
+    /// of sample i. Each sample is first admitted by the memory governor for `tenant` (module
+    /// docs of [`governor`]): at most the request's allotment are in flight at once.
     ///
     /// # Errors
-    /// Unusable input, overload, or inference failure.
-    pub async fn compute(&self, spec: &PushdownSpec, object: Bytes) -> Result<Output, PushdownError> {
+    /// Unusable input, overload (queue full or memory wait too long), or inference failure.
+    pub async fn compute(&self, spec: &PushdownSpec, object: Bytes, tenant: &str) -> Result<Output, PushdownError> {
         let (model, split) = self.resolve(spec)?;
         let engine = self.engine(&model, &split)?;
+        let memory = engine.memory_model().await?;
 
         let t0 = Instant::now();
         let parse_model = model.clone();
@@ -181,9 +234,28 @@ impl Pushdown {
 
         let t1 = Instant::now();
         let max_pixels = self.cfg.max_image_pixels;
+        let stream = self.governor.open(tenant, memory.per_sample_bytes, spec.batch, parsed.items.len());
+        // Adaptive: samples of all requests batch together up to max_batch (memory is bounded by
+        // admission). Comparison mode: batches as large as the requested storage batch (HAPI
+        // without adaptation runs the training batch as one storage batch).
+        let cap = if self.governor.config().adaptive { self.cfg.engine.max_batch } else { stream.allotment() };
+        let held_per_sample = 3 * memory.output_bytes_per_sample;
+        let samples = self
+            .cfg
+            .metrics
+            .tenant_samples
+            .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
+            .clone();
         let runs = parsed.items.into_iter().enumerate().map(|(i, item)| {
-            let (engine, model, keys) = (engine.clone(), model.clone(), &parsed.keys);
+            let (engine, model, keys, stream, samples) =
+                (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
             async move {
+                let scratch = match &item {
+                    Item::Image(bytes) => preprocess::decode_scratch_bytes(bytes, max_pixels),
+                    Item::Ready(_) => 0,
+                };
+                let slot = stream.admit(scratch).await?;
+                samples.inc();
                 let input = match item {
                     Item::Ready(v) => v,
                     Item::Image(bytes) => {
@@ -197,10 +269,12 @@ impl Pushdown {
                         .map_err(|e| name_sample(e, keys.get(i)))?
                     }
                 };
-                engine.infer(input).await.map_err(|e| name_sample(e, keys.get(i)))
+                let out = engine.infer(input, cap).await.map_err(|e| name_sample(e, keys.get(i)))?;
+                // The output stays (stacked, encoded) until the response is built.
+                Ok::<_, PushdownError>((out, slot.keep(held_per_sample)))
             }
         });
-        let outputs = try_join_all(runs).await?;
+        let (outputs, held): (Vec<Tensor>, Vec<governor::Held>) = try_join_all(runs).await?.into_iter().unzip();
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
@@ -228,6 +302,7 @@ impl Pushdown {
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        drop(stream);
         let content_type = match format {
             Format::Npy => "application/x-npy",
             Format::Safetensors => "application/vnd.safetensors",
@@ -241,6 +316,7 @@ impl Pushdown {
             decode: decode_time,
             infer: infer_time,
             encode: t2.elapsed(),
+            reservation: held,
         })
     }
 }

@@ -68,6 +68,25 @@ fn bad(msg: impl Into<String>) -> PushdownError {
     PushdownError::BadInput(msg.into())
 }
 
+/// Transient bytes decoding `bytes` takes (the RGB image and its resized copy, at most as large),
+/// from the header alone; 0 if the header is unreadable or declares more than `max_pixels`
+/// (decoding then fails cheaply). The memory governor reserves it per image sample.
+#[must_use]
+pub fn decode_scratch_bytes(bytes: &[u8], max_pixels: u64) -> u64 {
+    let dims = if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        std::panic::catch_unwind(|| mozjpeg::Decompress::new_mem(bytes).ok().map(|d| d.size()))
+            .ok()
+            .flatten()
+            .map(|(w, h)| (w as u64, h as u64))
+    } else {
+        ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png)
+            .into_dimensions()
+            .ok()
+            .map(|(w, h)| (u64::from(w), u64::from(h)))
+    };
+    dims.filter(|(w, h)| w.saturating_mul(*h) <= max_pixels).map_or(0, |(w, h)| 2 * 3 * w * h)
+}
+
 /// The output size of the shorter-side resize (torchvision's rule).
 #[must_use]
 pub fn resized_size(width: u32, height: u32, shorter: u32) -> (u32, u32) {

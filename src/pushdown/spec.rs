@@ -8,6 +8,8 @@ use super::PushdownError;
 
 pub const HEADER_PREFIX: &str = "x-tensorgate-";
 pub const QUERY_PREFIX: &str = "tensorgate-";
+/// Largest storage batch a request may ask for (HAPI's logged training batches reach 8,000).
+pub const MAX_STORAGE_BATCH: usize = 65_536;
 
 /// Output container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +46,10 @@ pub struct PushdownSpec {
     /// `None`: `.npy` for one sample or a batch (safetensors if `bf16`), safetensors for shards.
     pub format: Option<Format>,
     pub dtype: Dtype,
+    /// Most samples of this request in flight at once on the storage node (HAPI's storage-side
+    /// batch): an upper bound the memory governor may lower, never raise. Does not change the
+    /// output.
+    pub batch: Option<usize>,
 }
 
 /// Reads the spec from headers, then query parameters (a field may come from either, not both).
@@ -69,14 +75,15 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     if fields.is_empty() {
         return Ok(None);
     }
-    let (mut model, mut split, mut format, mut dtype) = (None, None, None, None);
+    let (mut model, mut split, mut format, mut dtype, mut batch) = (None, None, None, None, None);
     for (field, value) in fields {
         let slot = match field.as_str() {
             "model" => &mut model,
             "split" => &mut split,
             "format" => &mut format,
             "dtype" => &mut dtype,
-            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype)")),
+            "batch" => &mut batch,
+            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype, batch)")),
         };
         if slot.replace(value).is_some() {
             return Err(invalid(&field, "is given more than once"));
@@ -99,7 +106,14 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     if format == Some(Format::Npy) && dtype == Dtype::Bf16 {
         return Err(invalid("dtype", "bf16 has no .npy encoding: use format=safetensors"));
     }
-    Ok(Some(PushdownSpec { model, split, format, dtype }))
+    let batch = match batch.as_deref() {
+        None => None,
+        Some(b) => match b.parse::<usize>() {
+            Ok(n) if (1..=MAX_STORAGE_BATCH).contains(&n) => Some(n),
+            _ => return Err(invalid("batch", &format!("{b:?} is not a whole number from 1 to {MAX_STORAGE_BATCH}"))),
+        },
+    };
+    Ok(Some(PushdownSpec { model, split, format, dtype, batch }))
 }
 
 fn invalid(field: &str, message: &str) -> PushdownError {
@@ -121,7 +135,10 @@ mod tests {
             parse(&HeaderMap::new(), Some("tensorgate-model=tiny-cnn&tensorgate-split=stem&versionId=1")).expect("ok");
         assert_eq!(a, b);
         let spec = a.expect("spec");
-        assert_eq!((spec.format, spec.dtype), (None, Dtype::F32));
+        assert_eq!((spec.format, spec.dtype, spec.batch), (None, Dtype::F32, None));
+        let b =
+            parse(&h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-batch", "256")]), None);
+        assert_eq!(b.expect("ok").expect("spec").batch, Some(256));
         assert_eq!(parse(&HeaderMap::new(), Some("list-type=2")).expect("ok"), None);
     }
 
@@ -131,6 +148,7 @@ mod tests {
             (h(&[("x-tensorgate-model", "m")]), "split"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "f64")]), "dtype"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-colour", "red")]), "colour"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-batch", "0")]), "batch"),
             (
                 h(&[
                     ("x-tensorgate-model", "m"),

@@ -1,0 +1,432 @@
+//! Admission under a memory budget: HAPI's storage-side batch adaptation, across tenants.
+//!
+//! Every pushdown request opens a [`Stream`] with its tenant (access key), its per-sample memory
+//! footprint (from the (model, split) memory model) and an optional requested storage batch. The
+//! allocator ([`allot`]) gives each open stream an *allotment*: how many of its samples may be in
+//! flight (decoding, queued, running) at once. Allotments water-fill the budget left after the
+//! engines' fixed memory: tenants share equally, a tenant's streams share its part equally, nobody
+//! gets more than it asked for, and what a capped stream leaves goes to the others. A sample is
+//! admitted only while its stream is under its allotment *and* the sum of reserved footprints stays
+//! within the budget, so shrinking allotments never overshoot: newcomers wait for memory to be
+//! released. A sample that waits longer than `max_wait` fails the request with `503 SlowDown`.
+//!
+//! Without adaptation (`pushdown.adaptation = false`, the comparison mode), a stream's allotment is
+//! its requested batch (or all its samples) and the budget is not checked.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::PushdownError;
+use crate::metrics::Metrics;
+
+/// What the allocator knows about one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand {
+    pub tenant: String,
+    pub per_sample: u64,
+    /// Most samples in flight it wants (its requested storage batch, at most its sample count).
+    pub cap: usize,
+}
+
+/// Water-filling: splits `free` bytes equally between tenants, then between each tenant's streams,
+/// never giving a stream more than `cap` samples, and handing what capped streams leave to the
+/// others. Every stream whose one sample fits in `free` gets at least 1, so nobody starves (the
+/// global check in [`Stream::admit`] keeps the sum within the budget meanwhile).
+#[must_use]
+pub fn allot(free: u64, demands: &[Demand]) -> Vec<usize> {
+    let mut by_tenant: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, d) in demands.iter().enumerate() {
+        by_tenant.entry(d.tenant.as_str()).or_default().push(i);
+    }
+    let bytes_wanted = |i: usize| demands[i].per_sample.saturating_mul(demands[i].cap as u64);
+    let tenants: Vec<(u64, Vec<usize>)> =
+        by_tenant.into_values().map(|ix| (ix.iter().map(|&i| bytes_wanted(i)).sum(), ix)).collect();
+    let tenant_bytes = water_fill(free, &tenants.iter().map(|(w, _)| *w).collect::<Vec<_>>());
+    let mut out = vec![0; demands.len()];
+    for ((_, ix), budget) in tenants.iter().zip(tenant_bytes) {
+        let shares = water_fill(budget, &ix.iter().map(|&i| bytes_wanted(i)).collect::<Vec<_>>());
+        for (&i, bytes) in ix.iter().zip(shares) {
+            let d = &demands[i];
+            let n = usize::try_from(bytes / d.per_sample.max(1)).unwrap_or(usize::MAX).min(d.cap);
+            out[i] = if n == 0 && d.per_sample <= free && d.cap > 0 { 1 } else { n };
+        }
+    }
+    out
+}
+
+/// Max-min fair split of `total` among wants.
+fn water_fill(total: u64, wants: &[u64]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..wants.len()).collect();
+    order.sort_by_key(|&i| wants[i]);
+    let mut out = vec![0; wants.len()];
+    let mut left = total;
+    for (k, &i) in order.iter().enumerate() {
+        let fair = left / (wants.len() - k) as u64;
+        out[i] = wants[i].min(fair);
+        left -= out[i];
+    }
+    out
+}
+
+#[derive(Debug)]
+struct Open {
+    demand: Demand,
+    allotment: usize,
+    in_flight: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    fixed: u64,
+    reserved: u64,
+    streams: HashMap<u64, Open>,
+    next_id: u64,
+}
+
+/// Governor settings.
+#[derive(Debug, Clone, Copy)]
+pub struct GovernorConfig {
+    pub budget: u64,
+    pub adaptive: bool,
+    pub max_wait: Duration,
+}
+
+/// The process-wide memory governor (one per pushdown service).
+#[derive(Debug)]
+pub struct Governor {
+    cfg: GovernorConfig,
+    state: Mutex<State>,
+    changed: Notify,
+    metrics: Metrics,
+}
+
+/// One request's admission state; closing it (drop) returns its share to the others.
+#[derive(Debug)]
+pub struct Stream {
+    governor: Arc<Governor>,
+    id: u64,
+    per_sample: u64,
+}
+
+/// One admitted sample's reservation, released on drop.
+#[derive(Debug)]
+pub struct Slot {
+    governor: Arc<Governor>,
+    stream: u64,
+    bytes: u64,
+}
+
+impl Governor {
+    #[must_use]
+    pub fn new(cfg: GovernorConfig, metrics: Metrics) -> Self {
+        metrics.memory_budget.set(i64::try_from(cfg.budget).unwrap_or(i64::MAX));
+        Self { cfg, state: Mutex::new(State::default()), changed: Notify::new(), metrics }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[must_use]
+    pub fn config(&self) -> GovernorConfig {
+        self.cfg
+    }
+
+    /// Bytes reserved now: engines' fixed memory plus admitted samples.
+    #[must_use]
+    pub fn reserved(&self) -> u64 {
+        let s = self.lock();
+        s.fixed + s.reserved
+    }
+
+    /// Reserves an engine's fixed memory for its lifetime.
+    ///
+    /// # Errors
+    /// With adaptation, when the engine alone does not fit in what the budget has left.
+    pub fn reserve_fixed(&self, bytes: u64) -> Result<(), PushdownError> {
+        let mut s = self.lock();
+        if self.cfg.adaptive && s.fixed + bytes > self.cfg.budget {
+            return Err(PushdownError::Unavailable(format!(
+                "the model needs {bytes} bytes resident; pushdown.memory_budget has {} left",
+                self.cfg.budget.saturating_sub(s.fixed)
+            )));
+        }
+        s.fixed += bytes;
+        self.reallot(&mut s);
+        Ok(())
+    }
+
+    /// Reserves `bytes` outside any stream (a fetched source object, an encoded response), waiting
+    /// as [`Stream::admit`] does.
+    ///
+    /// # Errors
+    /// `Overloaded` after waiting longer than `max_wait`; `ExceedsBudget` at once if `bytes` is
+    /// more than the budget can ever hold.
+    pub async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
+        let deadline = tokio::time::Instant::now() + self.cfg.max_wait;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !self.cfg.adaptive || s.fixed + s.reserved + bytes <= self.cfg.budget {
+                    s.reserved += bytes;
+                    self.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+                    return Ok(Held { governor: self.clone(), bytes });
+                }
+                if s.fixed + bytes > self.cfg.budget {
+                    let free = self.cfg.budget.saturating_sub(s.fixed);
+                    return Err(PushdownError::ExceedsBudget { needed: bytes, free });
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                self.metrics.admission_timeouts.inc();
+                return Err(PushdownError::Overloaded);
+            }
+        }
+    }
+
+    /// Opens a stream for a request of `samples` samples.
+    #[must_use]
+    pub fn open(self: &Arc<Self>, tenant: &str, per_sample: u64, requested: Option<usize>, samples: usize) -> Stream {
+        let cap = requested.unwrap_or(samples).min(samples).max(1);
+        if let Some(r) = requested {
+            self.metrics.storage_batch_requested.observe(r as f64);
+        }
+        let mut s = self.lock();
+        let id = s.next_id;
+        s.next_id += 1;
+        let demand = Demand { tenant: tenant.to_owned(), per_sample, cap };
+        s.streams.insert(id, Open { demand, allotment: 0, in_flight: 0 });
+        self.reallot(&mut s);
+        let chosen = s.streams.get(&id).map_or(0, |o| o.allotment);
+        self.metrics.storage_batch_chosen.observe(chosen as f64);
+        drop(s);
+        Stream { governor: self.clone(), id, per_sample }
+    }
+
+    fn reallot(&self, s: &mut State) {
+        let ids: Vec<u64> = s.streams.keys().copied().collect();
+        if self.cfg.adaptive {
+            let demands: Vec<Demand> = ids.iter().map(|id| s.streams[id].demand.clone()).collect();
+            let free = self.cfg.budget.saturating_sub(s.fixed);
+            for (id, a) in ids.iter().zip(allot(free, &demands)) {
+                if let Some(o) = s.streams.get_mut(id) {
+                    o.allotment = a;
+                }
+            }
+        } else {
+            for o in s.streams.values_mut() {
+                o.allotment = o.demand.cap;
+            }
+        }
+        self.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+        self.changed.notify_waiters();
+    }
+}
+
+impl Stream {
+    /// The stream's current allotment (its storage batch).
+    #[must_use]
+    pub fn allotment(&self) -> usize {
+        self.governor.lock().streams.get(&self.id).map_or(0, |o| o.allotment)
+    }
+
+    /// Waits until one more sample fits, then reserves its footprint plus `extra` bytes (an image
+    /// sample's decode scratch).
+    ///
+    /// # Errors
+    /// `Overloaded` (503 SlowDown) after waiting longer than `max_wait`; `ExceedsBudget` when one
+    /// sample is more than the budget can ever hold.
+    pub async fn admit(&self, extra: u64) -> Result<Slot, PushdownError> {
+        let g = &self.governor;
+        let bytes = self.per_sample + extra;
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + g.cfg.max_wait;
+        let mut deferred = false;
+        loop {
+            let notified = g.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = g.lock();
+                let budget_ok = !g.cfg.adaptive || s.fixed + s.reserved + bytes <= g.cfg.budget;
+                let fits = s.streams.get(&self.id).is_some_and(|o| o.in_flight < o.allotment);
+                if fits && budget_ok {
+                    s.reserved += bytes;
+                    if let Some(o) = s.streams.get_mut(&self.id) {
+                        o.in_flight += 1;
+                    }
+                    g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+                    if deferred {
+                        g.metrics.admission_wait.observe(started.elapsed().as_secs_f64());
+                    }
+                    return Ok(Slot { governor: g.clone(), stream: self.id, bytes });
+                }
+            }
+            {
+                let s = g.lock();
+                if g.cfg.adaptive && s.fixed + bytes > g.cfg.budget {
+                    return Err(PushdownError::ExceedsBudget {
+                        needed: bytes,
+                        free: g.cfg.budget.saturating_sub(s.fixed),
+                    });
+                }
+            }
+            if !deferred {
+                deferred = true;
+                g.metrics.admission_deferrals.inc();
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                g.metrics.admission_timeouts.inc();
+                return Err(PushdownError::Overloaded);
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let g = &self.governor;
+        let mut s = g.lock();
+        s.streams.remove(&self.id);
+        g.reallot(&mut s);
+    }
+}
+
+/// Bytes kept after a sample ran (its output, until the response is built); no longer counted
+/// against the stream's allotment.
+#[derive(Debug)]
+pub struct Held {
+    governor: Arc<Governor>,
+    bytes: u64,
+}
+
+impl Slot {
+    /// Ends the sample's flight, keeping `bytes` of its reservation until the result is dropped.
+    #[must_use]
+    pub fn keep(mut self, bytes: u64) -> Held {
+        let kept = bytes.min(self.bytes);
+        self.bytes -= kept;
+        Held { governor: self.governor.clone(), bytes: kept }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let g = &self.governor;
+        let mut s = g.lock();
+        s.reserved = s.reserved.saturating_sub(self.bytes);
+        g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+        drop(s);
+        g.changed.notify_waiters();
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let g = &self.governor;
+        let mut s = g.lock();
+        s.reserved = s.reserved.saturating_sub(self.bytes);
+        if let Some(o) = s.streams.get_mut(&self.stream) {
+            o.in_flight = o.in_flight.saturating_sub(1);
+        }
+        g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+        drop(s);
+        g.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn d(tenant: &str, per_sample: u64, cap: usize) -> Demand {
+        Demand { tenant: tenant.into(), per_sample, cap }
+    }
+
+    #[test]
+    fn allotments_are_fair_capped_and_fill_the_budget() {
+        // One tenant alone: as much as fits, never more than asked.
+        assert_eq!(allot(1000, &[d("a", 10, 500)]), vec![100]);
+        assert_eq!(allot(1000, &[d("a", 10, 30)]), vec![30]);
+        // Two tenants share equally; a capped one leaves the rest to the other.
+        assert_eq!(allot(1000, &[d("a", 10, 500), d("b", 10, 500)]), vec![50, 50]);
+        assert_eq!(allot(1000, &[d("a", 10, 20), d("b", 10, 500)]), vec![20, 80]);
+        // Fairness is per tenant, not per request: a's three requests share a's half.
+        let a = allot(1200, &[d("a", 10, 500), d("a", 10, 500), d("a", 10, 500), d("b", 10, 500)]);
+        assert_eq!(a, vec![20, 20, 20, 60]);
+        // Nobody starves while one sample fits; a sample larger than everything gets nothing.
+        assert_eq!(allot(25, &[d("a", 10, 5), d("b", 10, 5), d("c", 10, 5)]), vec![1, 1, 1]);
+        assert_eq!(allot(5, &[d("a", 10, 5)]), vec![0]);
+        // Within the budget whenever the minimum of one does not kick in.
+        let demands: Vec<Demand> = (0..7).map(|i| d(&format!("t{}", i % 3), 7 + i, 50)).collect();
+        let got = allot(3000, &demands);
+        let used: u64 = got.iter().zip(&demands).map(|(&n, d)| n as u64 * d.per_sample).sum();
+        assert!(used <= 3000 && used > 2800, "{got:?} uses {used}");
+    }
+
+    fn governor(budget: u64, adaptive: bool, wait_ms: u64) -> Arc<Governor> {
+        Arc::new(Governor::new(
+            GovernorConfig { budget, adaptive, max_wait: Duration::from_millis(wait_ms) },
+            Metrics::new(),
+        ))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn reservations_never_exceed_the_budget_and_everyone_finishes() {
+        let g = governor(1000, true, 10_000);
+        g.reserve_fixed(300).expect("fixed");
+        let peak = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (g, peak) = (g.clone(), peak.clone());
+                tokio::spawn(async move {
+                    let stream = g.open(&format!("tenant{}", t % 3), 50, Some(64), 40);
+                    let mut work = Vec::new();
+                    for _ in 0..40 {
+                        let slot = stream.admit(0).await.expect("admitted");
+                        peak.fetch_max(g.reserved(), Ordering::SeqCst);
+                        work.push(tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            drop(slot);
+                        }));
+                    }
+                    for w in work {
+                        w.await.expect("sample");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("tenant finished");
+        }
+        assert!(peak.load(Ordering::SeqCst) <= 1000, "peak {}", peak.load(Ordering::SeqCst));
+        assert_eq!(g.reserved(), 300);
+    }
+
+    #[tokio::test]
+    async fn waiting_past_the_bound_is_overloaded_and_no_adaptation_ignores_the_budget() {
+        let g = governor(100, true, 50);
+        let a = g.open("a", 60, None, 10);
+        let _held = a.admit(0).await.expect("first fits");
+        let b = g.open("b", 60, None, 10);
+        assert!(matches!(b.admit(0).await, Err(PushdownError::Overloaded)));
+        assert!(matches!(g.hold(50).await, Err(PushdownError::Overloaded)), "only 40 bytes are free");
+        assert!(matches!(g.hold(101).await, Err(PushdownError::ExceedsBudget { .. })), "never fits");
+        let small = g.hold(40).await.expect("fits exactly");
+        drop(small);
+        assert!(g.reserve_fixed(1000).is_err(), "an engine larger than the budget is refused");
+
+        let fixed = governor(100, false, 50);
+        let s = fixed.open("a", 60, Some(4), 10);
+        let slots: Vec<Slot> = futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
+        assert_eq!((slots.len(), fixed.reserved()), (4, 240), "the comparison mode overshoots by design");
+    }
+}

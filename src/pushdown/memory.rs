@@ -1,0 +1,136 @@
+//! The memory model of a (model, split): fixed bytes (weights, session, run workspace) plus bytes
+//! per sample, measured once when its engine starts, by probe runs at two batch sizes.
+//!
+//! How it is measured (Linux): sessions run with ONNX Runtime's CPU arena and memory patterns off,
+//! so every run allocates what it needs and frees it afterwards, and the process's resident peak
+//! (`VmHWM`, reset through `/proc/self/clear_refs`) during a run is the run's true footprint.
+//! 1. resident bytes before and after creating the session and one warm-up run: the session's
+//!    fixed bytes (weights, pre-packed kernels);
+//! 2. peak minus resident before the run, at batch [`PROBE_BATCHES`]`.0` and `.1`: the slope is
+//!    the activation bytes per sample, the intercept the run's fixed workspace.
+//!
+//! Probes of different engines are serialized (the peak is process-wide); concurrent requests of
+//! other engines can still add to a probe's peak, which only makes the model more conservative.
+//! Host-side copies the engine makes around the run (the queued sample, the batch buffer, the
+//! per-sample outputs and the encoded response) are added analytically. The error of the model
+//! against measured peaks is reported in `docs/BENCHMARKS.md`.
+
+use serde::Serialize;
+
+/// Batch sizes of the two probe runs.
+pub const PROBE_BATCHES: (usize, usize) = (1, 8);
+
+/// A (model, split)'s memory model, as the admin API reports it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct MemoryModel {
+    /// Resident while the engine exists: the session plus the run's batch-independent workspace.
+    pub fixed_bytes: u64,
+    /// Reserved per sample in flight: activations (measured) plus host copies (analytic).
+    pub per_sample_bytes: u64,
+    /// Of `per_sample_bytes`: what the probe runs measured.
+    pub activation_bytes_per_sample: u64,
+    pub input_bytes_per_sample: u64,
+    pub output_bytes_per_sample: u64,
+    /// Measured: session bytes and the two probe peaks above the pre-run resident size.
+    pub session_bytes: u64,
+    pub probe_peaks: [u64; 2],
+    /// False when `/proc` could not be read: the model is then a conservative estimate.
+    pub measured: bool,
+}
+
+impl MemoryModel {
+    /// Combines the probe measurements (all in bytes). Per sample, the engine holds the queued
+    /// input and its copy in the batch buffer (2 x input) and the run output, its per-sample copy
+    /// and the encoded response (3 x output) besides the activations.
+    #[must_use]
+    pub fn from_probes(session_bytes: u64, peaks: [u64; 2], input: u64, output: u64) -> Self {
+        let (b0, b1) = (PROBE_BATCHES.0 as u64, PROBE_BATCHES.1 as u64);
+        let slope = peaks[1].saturating_sub(peaks[0]) / (b1 - b0);
+        // The run holds at least its input and output per sample, whatever the allocator did.
+        let activation = slope.max(input + output);
+        let workspace = peaks[0].saturating_sub(activation * b0);
+        Self {
+            fixed_bytes: session_bytes + workspace,
+            per_sample_bytes: activation + 2 * input + 3 * output,
+            activation_bytes_per_sample: activation,
+            input_bytes_per_sample: input,
+            output_bytes_per_sample: output,
+            session_bytes,
+            probe_peaks: peaks,
+            measured: true,
+        }
+    }
+
+    /// Without `/proc`: weights twice over as fixed, and 16 x (input + output) per sample, a
+    /// ceiling that held for every bundled model's measured activations.
+    #[must_use]
+    pub fn estimate(weights: u64, input: u64, output: u64) -> Self {
+        let activation = 16 * (input + output);
+        Self {
+            fixed_bytes: 2 * weights,
+            per_sample_bytes: activation + 2 * input + 3 * output,
+            activation_bytes_per_sample: activation,
+            input_bytes_per_sample: input,
+            output_bytes_per_sample: output,
+            session_bytes: 0,
+            probe_peaks: [0, 0],
+            measured: false,
+        }
+    }
+}
+
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resident bytes of this process now.
+#[must_use]
+pub fn resident_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+/// Peak resident bytes since start or since the last [`reset_peak`].
+#[must_use]
+pub fn peak_resident_bytes() -> Option<u64> {
+    status_kib("VmHWM:").map(|k| k * 1024)
+}
+
+/// Resets the peak to the current resident size. `false` if the kernel refused.
+#[must_use]
+pub fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_and_intercept_from_two_probes() {
+        // 1 MB session; peaks 3 MB at batch 1 and 10 MB at batch 8: 1 MB per sample, 2 MB workspace.
+        let m = MemoryModel::from_probes(1_000_000, [3_000_000, 10_000_000], 100_000, 50_000);
+        assert_eq!(m.activation_bytes_per_sample, 1_000_000);
+        assert_eq!(m.fixed_bytes, 3_000_000);
+        assert_eq!(m.per_sample_bytes, 1_000_000 + 200_000 + 150_000);
+        // A noisy probe (peak 2 below peak 1) never yields less than input + output.
+        let m = MemoryModel::from_probes(0, [5_000_000, 4_000_000], 100_000, 50_000);
+        assert_eq!(m.activation_bytes_per_sample, 150_000);
+    }
+
+    #[test]
+    fn peak_tracks_an_allocation_and_resets() {
+        let (Some(_), true) = (peak_resident_bytes(), reset_peak()) else {
+            return; // not Linux, or /proc is read-only: nothing to measure (MemoryModel::estimate)
+        };
+        let before = peak_resident_bytes().expect("peak");
+        let buf = vec![1u8; 64 << 20];
+        std::hint::black_box(&buf);
+        let during = peak_resident_bytes().expect("peak");
+        drop(buf);
+        assert!(during >= before + (60 << 20), "{before} -> {during}");
+        assert!(reset_peak());
+        assert!(peak_resident_bytes().expect("peak") < during);
+    }
+}
