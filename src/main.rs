@@ -47,7 +47,34 @@ enum ModelsCommand {
     },
 }
 
+/// Restarts the process once with glibc's mmap threshold fixed (`memory::MALLOC_TUNABLE`), unless
+/// it is already set. Without it, glibc raises the threshold after large frees and keeps
+/// inference buffers of up to 32 MiB in its heaps: resident memory then stays near the highest
+/// burst instead of following what the memory governor has reserved (docs/adr/0005).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn with_allocator_tunables() {
+    use std::os::unix::process::CommandExt;
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if current.contains("glibc.malloc.mmap_threshold") {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let tunable = tensorgate::pushdown::memory::MALLOC_TUNABLE;
+    let value = if current.is_empty() { tunable.to_owned() } else { format!("{current}:{tunable}") };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    let err = cmd.args(args).env("GLIBC_TUNABLES", value).exec();
+    eprintln!("tensorgate: cannot restart with allocator tunables ({err}); continuing without");
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn with_allocator_tunables() {}
+
 fn main() -> ExitCode {
+    with_allocator_tunables();
     let cli = Cli::parse();
     match cli.command.unwrap_or_else(|| Command::Serve(Box::new(Overrides::parse_from_env()))) {
         Command::CheckConfig { file } => match Config::from_file(&file).and_then(|c| c.validate().map(|()| c)) {

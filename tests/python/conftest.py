@@ -50,8 +50,8 @@ def wait_ready(admin: str, proc: subprocess.Popen, timeout: float = 30.0) -> Non
 @contextlib.contextmanager
 def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, env: dict | None = None):
     """Starts one more tensorgate with `config` (TOML) in front of SeaweedFS (when `seaweed` is
-    its endpoint) or of a local directory; yields (endpoint, admin, boto3 client). The dev key
-    signs requests."""
+    its endpoint) or of a local directory. The dev key signs requests; yields (endpoint, admin,
+    boto3 client, pid)."""
     port, admin_port = free_port(), free_port()
     cfg = tmp_path / f"gateway-{port}.toml"
     cfg.write_text(config)
@@ -87,7 +87,7 @@ def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, en
             region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
         )
-        yield endpoint, admin, client
+        yield endpoint, admin, client, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)

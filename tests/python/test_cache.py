@@ -81,7 +81,7 @@ TRUSTING = "[pushdown.cache]\nrevalidate_after_ms = 600000\n"
 def test_writes_through_the_gateway_are_never_served_stale(seaweed, tmp_path):
     """With a ten-minute trust window, only invalidation keeps outputs fresh: every kind of write
     through the gateway must be followed by the new object's features (or its absence)."""
-    with run_gateway(tmp_path, TRUSTING, seaweed=seaweed) as (_, admin, s3):
+    with run_gateway(tmp_path, TRUSTING, seaweed=seaweed) as (_, admin, s3, _):
         b = f"stale-{int(time.time() * 1000) % 10**9}"
         s3.create_bucket(Bucket=b)
         s3.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(1)))
@@ -128,7 +128,7 @@ def test_out_of_band_writes_are_caught_by_revalidation(seaweed, tmp_path):
     direct.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(1)))
     ref = lambda seed: reference("tiny-cnn", "pool", sample(seed)[None])[0]  # noqa: E731
 
-    with run_gateway(tmp_path, "", seaweed=seaweed) as (_, admin, s3):
+    with run_gateway(tmp_path, "", seaweed=seaweed) as (_, admin, s3, _):
         get(s3, b, "x.npy")
         direct.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(2)))
         body, h = get(s3, b, "x.npy")
@@ -136,7 +136,7 @@ def test_out_of_band_writes_are_caught_by_revalidation(seaweed, tmp_path):
         assert h["x-tensorgate-cache"] == "miss"
         assert metric(admin, 'tensorgate_cache_revalidations_total{outcome="changed"}') == 1
 
-    with run_gateway(tmp_path, "[pushdown.cache]\nrevalidate_after_ms = 1500\n", seaweed=seaweed) as (_, _, s3):
+    with run_gateway(tmp_path, "[pushdown.cache]\nrevalidate_after_ms = 1500\n", seaweed=seaweed) as (_, _, s3, _):
         get(s3, b, "x.npy")
         direct.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(3)))
         body, h = get(s3, b, "x.npy")
@@ -177,7 +177,7 @@ def test_disk_tier_survives_restart_and_drops_damage(seaweed, tmp_path):
     # A memory tier too small for any output: every hit below comes from disk.
     cfg = f'[pushdown.cache]\nmemory_bytes = 1024\ndisk_dir = "{disk}"\ndisk_bytes = 10000000\n'
     b = f"disk-{int(time.time() * 1000) % 10**9}"
-    with run_gateway(tmp_path, cfg, seaweed=seaweed) as (_, _, s3):
+    with run_gateway(tmp_path, cfg, seaweed=seaweed) as (_, _, s3, _):
         s3.create_bucket(Bucket=b)
         for i in range(3):
             s3.put_object(Bucket=b, Key=f"{i}.npy", Body=npy_bytes(sample(i)))
@@ -191,7 +191,7 @@ def test_disk_tier_survives_restart_and_drops_damage(seaweed, tmp_path):
     raw = bytearray(victim.read_bytes())
     raw[-1] ^= 0xFF
     victim.write_bytes(bytes(raw))
-    with run_gateway(tmp_path, cfg, seaweed=seaweed) as (_, admin, s3):
+    with run_gateway(tmp_path, cfg, seaweed=seaweed) as (_, admin, s3, _):
         again = [get(s3, b, f"{i}.npy", split="block1") for i in range(3)]
         assert [x[0] for x in again] == [x[0] for x in first]
         statuses = sorted((h["x-tensorgate-cache"], h.get("x-tensorgate-cache-tier")) for _, h in again)
