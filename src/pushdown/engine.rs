@@ -50,8 +50,9 @@ struct Job {
     enqueued: Instant,
 }
 
-/// What the first worker found: the memory model, or why the prefix cannot serve.
-type Verdict = Option<Result<MemoryModel, String>>;
+/// What the first worker found: the memory model and the batch cap the budget allows, or why
+/// the prefix cannot serve.
+type Verdict = Option<Result<(MemoryModel, usize), String>>;
 
 /// A running worker for one (model, split).
 #[derive(Debug)]
@@ -134,11 +135,11 @@ impl Engine {
         Ok(Self { tx, depth, sample_len, gauges, verdict, workers })
     }
 
-    /// The (model, split)'s memory model, once the first worker has measured it.
+    /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
     ///
     /// # Errors
     /// The prefix is unusable or does not fit the memory budget.
-    pub async fn memory_model(&self) -> Result<MemoryModel, PushdownError> {
+    pub async fn memory_model(&self) -> Result<(MemoryModel, usize), PushdownError> {
         let mut rx = self.verdict.clone();
         let v = rx
             .wait_for(Option::is_some)
@@ -153,7 +154,7 @@ impl Engine {
 
     /// The memory model if measured yet (for the admin API).
     #[must_use]
-    pub fn memory_model_now(&self) -> Option<MemoryModel> {
+    pub fn memory_model_now(&self) -> Option<(MemoryModel, usize)> {
         self.verdict.borrow().as_ref().and_then(|v| v.as_ref().ok().cloned())
     }
 
@@ -328,9 +329,14 @@ struct Shared {
 fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
     if first {
         let result = first_session(s).and_then(|(session, memory)| {
-            let fixed = memory.fixed_bytes.saturating_mul(s.cfg.workers.max(1) as u64);
-            s.governor.reserve_fixed(fixed).map_err(|e| e.to_string())?;
-            Ok((session, memory))
+            let batch = s
+                .governor
+                .reserve_engine(&memory, s.cfg.workers.max(1), s.cfg.max_batch)
+                .map_err(|e| e.to_string())?;
+            if batch < s.cfg.max_batch {
+                tracing::warn!(model = %s.model.manifest.name, tensor = %s.tensor, batch, "Batches capped to fit pushdown.memory_budget.");
+            }
+            Ok((session, (memory, batch)))
         });
         let (session, verdict) = match result {
             Ok((session, memory)) => (Ok(session), Ok(memory)),

@@ -1,7 +1,13 @@
 //! Admission under a memory budget: HAPI's storage-side batch adaptation, across tenants.
 //!
+//! Memory is reserved at three levels ([`super::memory::MemoryModel`]): each engine reserves its
+//! sessions and the activations of its largest batch when it starts (the batch cap shrinks to what
+//! fits); each request reserves its outputs when it opens its [`Stream`] (so a started request can
+//! always finish: requests that each held part of their outputs and waited for the rest would
+//! deadlock); each sample reserves its decoded input while in flight.
+//!
 //! Every pushdown request opens a [`Stream`] with its tenant (access key), its per-sample memory
-//! footprint (from the (model, split) memory model) and an optional requested storage batch. The
+//! footprint in flight and an optional requested storage batch. The
 //! allocator ([`allot`]) gives each open stream an *allotment*: how many of its samples may be in
 //! flight (decoding, queued, running) at once. Allotments water-fill the budget left after the
 //! engines' fixed memory: tenants share equally, a tenant's streams share its part equally, nobody
@@ -80,10 +86,20 @@ struct Open {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Engines (sessions and their batches' activations).
     fixed: u64,
+    /// Request-level holds: source objects and outputs until their responses are sent.
+    held: u64,
+    /// Samples in flight.
     reserved: u64,
     streams: HashMap<u64, Open>,
     next_id: u64,
+}
+
+impl State {
+    fn total(&self) -> u64 {
+        self.fixed + self.held + self.reserved
+    }
 }
 
 /// Governor settings.
@@ -109,6 +125,8 @@ pub struct Stream {
     governor: Arc<Governor>,
     id: u64,
     per_sample: u64,
+    /// The request's own output reservation (it stays while the request waits).
+    held: u64,
 }
 
 /// One admitted sample's reservation, released on drop.
@@ -138,25 +156,35 @@ impl Governor {
     /// Bytes reserved now: engines' fixed memory plus admitted samples.
     #[must_use]
     pub fn reserved(&self) -> u64 {
-        let s = self.lock();
-        s.fixed + s.reserved
+        self.lock().total()
     }
 
-    /// Reserves an engine's fixed memory for its lifetime.
+    /// Reserves an engine's memory for its lifetime: `workers` sessions of `model`, each with
+    /// activations for batches of up to the returned size (at most `max_batch`; without
+    /// adaptation, `max_batch` with no activations counted).
     ///
     /// # Errors
-    /// With adaptation, when the engine alone does not fit in what the budget has left.
-    pub fn reserve_fixed(&self, bytes: u64) -> Result<(), PushdownError> {
+    /// With adaptation, when not even batches of one fit in what the budget has left.
+    pub fn reserve_engine(
+        &self,
+        model: &super::memory::MemoryModel,
+        workers: usize,
+        max_batch: usize,
+    ) -> Result<usize, PushdownError> {
         let mut s = self.lock();
-        if self.cfg.adaptive && s.fixed + bytes > self.cfg.budget {
-            return Err(PushdownError::Unavailable(format!(
-                "the model needs {bytes} bytes resident; pushdown.memory_budget has {} left",
-                self.cfg.budget.saturating_sub(s.fixed)
-            )));
-        }
+        let (batch, bytes) = if self.cfg.adaptive {
+            let free = self.cfg.budget.saturating_sub(s.total());
+            let batch = (1..=max_batch.max(1))
+                .rev()
+                .find(|&b| model.engine_bytes(workers, b) <= free)
+                .ok_or(PushdownError::ExceedsBudget { needed: model.engine_bytes(workers, 1), free })?;
+            (batch, model.engine_bytes(workers, batch))
+        } else {
+            (max_batch, model.engine_bytes(workers, 0))
+        };
         s.fixed += bytes;
         self.reallot(&mut s);
-        Ok(())
+        Ok(batch)
     }
 
     /// Reserves `bytes` outside any stream (a fetched source object, an encoded response), waiting
@@ -166,6 +194,11 @@ impl Governor {
     /// `Overloaded` after waiting longer than `max_wait`; `ExceedsBudget` at once if `bytes` is
     /// more than the budget can ever hold.
     pub async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
+        self.hold_with_headroom(bytes, 0).await
+    }
+
+    /// [`Self::hold`], admitted only while `headroom` more bytes would still fit.
+    async fn hold_with_headroom(self: &Arc<Self>, bytes: u64, headroom: u64) -> Result<Held, PushdownError> {
         let deadline = tokio::time::Instant::now() + self.cfg.max_wait;
         loop {
             let notified = self.changed.notified();
@@ -173,14 +206,14 @@ impl Governor {
             notified.as_mut().enable();
             {
                 let mut s = self.lock();
-                if !self.cfg.adaptive || s.fixed + s.reserved + bytes <= self.cfg.budget {
-                    s.reserved += bytes;
-                    self.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+                if !self.cfg.adaptive || s.total() + bytes + headroom <= self.cfg.budget {
+                    s.held += bytes;
+                    self.reallot(&mut s);
                     return Ok(Held { governor: self.clone(), bytes });
                 }
-                if s.fixed + bytes > self.cfg.budget {
+                if self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget {
                     let free = self.cfg.budget.saturating_sub(s.fixed);
-                    return Err(PushdownError::ExceedsBudget { needed: bytes, free });
+                    return Err(PushdownError::ExceedsBudget { needed: bytes + headroom, free });
                 }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -190,9 +223,20 @@ impl Governor {
         }
     }
 
-    /// Opens a stream for a request of `samples` samples.
-    #[must_use]
-    pub fn open(self: &Arc<Self>, tenant: &str, per_sample: u64, requested: Option<usize>, samples: usize) -> Stream {
+    /// Opens a stream for a request of `samples` samples, first reserving `held` bytes (its
+    /// outputs) for as long as the returned [`Held`] lives, waiting as [`Self::hold`] does.
+    ///
+    /// # Errors
+    /// As [`Self::hold`].
+    pub async fn open(
+        self: &Arc<Self>,
+        tenant: &str,
+        (per_sample, held): (u64, u64),
+        requested: Option<usize>,
+        samples: usize,
+    ) -> Result<(Stream, Held), PushdownError> {
+        // Room for the outputs and for one sample in flight, so an opened request can progress.
+        let outputs = self.hold_with_headroom(held, per_sample).await?;
         let cap = requested.unwrap_or(samples).min(samples).max(1);
         if let Some(r) = requested {
             self.metrics.storage_batch_requested.observe(r as f64);
@@ -206,14 +250,14 @@ impl Governor {
         let chosen = s.streams.get(&id).map_or(0, |o| o.allotment);
         self.metrics.storage_batch_chosen.observe(chosen as f64);
         drop(s);
-        Stream { governor: self.clone(), id, per_sample }
+        Ok((Stream { governor: self.clone(), id, per_sample, held }, outputs))
     }
 
     fn reallot(&self, s: &mut State) {
         let ids: Vec<u64> = s.streams.keys().copied().collect();
         if self.cfg.adaptive {
             let demands: Vec<Demand> = ids.iter().map(|id| s.streams[id].demand.clone()).collect();
-            let free = self.cfg.budget.saturating_sub(s.fixed);
+            let free = self.cfg.budget.saturating_sub(s.fixed + s.held);
             for (id, a) in ids.iter().zip(allot(free, &demands)) {
                 if let Some(o) = s.streams.get_mut(id) {
                     o.allotment = a;
@@ -224,7 +268,7 @@ impl Governor {
                 o.allotment = o.demand.cap;
             }
         }
-        self.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+        self.metrics.memory_reserved.set(i64::try_from(s.total()).unwrap_or(i64::MAX));
         self.changed.notify_waiters();
     }
 }
@@ -254,14 +298,14 @@ impl Stream {
             notified.as_mut().enable();
             {
                 let mut s = g.lock();
-                let budget_ok = !g.cfg.adaptive || s.fixed + s.reserved + bytes <= g.cfg.budget;
+                let budget_ok = !g.cfg.adaptive || s.total() + bytes <= g.cfg.budget;
                 let fits = s.streams.get(&self.id).is_some_and(|o| o.in_flight < o.allotment);
                 if fits && budget_ok {
                     s.reserved += bytes;
                     if let Some(o) = s.streams.get_mut(&self.id) {
                         o.in_flight += 1;
                     }
-                    g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+                    g.metrics.memory_reserved.set(i64::try_from(s.total()).unwrap_or(i64::MAX));
                     if deferred {
                         g.metrics.admission_wait.observe(started.elapsed().as_secs_f64());
                     }
@@ -270,11 +314,10 @@ impl Stream {
             }
             {
                 let s = g.lock();
-                if g.cfg.adaptive && s.fixed + bytes > g.cfg.budget {
-                    return Err(PushdownError::ExceedsBudget {
-                        needed: bytes,
-                        free: g.cfg.budget.saturating_sub(s.fixed),
-                    });
+                // Even with every other request gone, this sample would not fit beside our outputs.
+                if g.cfg.adaptive && s.fixed + self.held + bytes > g.cfg.budget {
+                    let free = g.cfg.budget.saturating_sub(s.fixed + self.held);
+                    return Err(PushdownError::ExceedsBudget { needed: bytes, free });
                 }
             }
             if !deferred {
@@ -298,32 +341,19 @@ impl Drop for Stream {
     }
 }
 
-/// Bytes kept after a sample ran (its output, until the response is built); no longer counted
-/// against the stream's allotment.
+/// A request-level reservation (a source object, a request's outputs), released on drop.
 #[derive(Debug)]
 pub struct Held {
     governor: Arc<Governor>,
     bytes: u64,
 }
 
-impl Slot {
-    /// Ends the sample's flight, keeping `bytes` of its reservation until the result is dropped.
-    #[must_use]
-    pub fn keep(mut self, bytes: u64) -> Held {
-        let kept = bytes.min(self.bytes);
-        self.bytes -= kept;
-        Held { governor: self.governor.clone(), bytes: kept }
-    }
-}
-
 impl Drop for Held {
     fn drop(&mut self) {
         let g = &self.governor;
         let mut s = g.lock();
-        s.reserved = s.reserved.saturating_sub(self.bytes);
-        g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
-        drop(s);
-        g.changed.notify_waiters();
+        s.held = s.held.saturating_sub(self.bytes);
+        g.reallot(&mut s);
     }
 }
 
@@ -335,7 +365,7 @@ impl Drop for Slot {
         if let Some(o) = s.streams.get_mut(&self.stream) {
             o.in_flight = o.in_flight.saturating_sub(1);
         }
-        g.metrics.memory_reserved.set(i64::try_from(s.fixed + s.reserved).unwrap_or(i64::MAX));
+        g.metrics.memory_reserved.set(i64::try_from(s.total()).unwrap_or(i64::MAX));
         drop(s);
         g.changed.notify_waiters();
     }
@@ -382,13 +412,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn reservations_never_exceed_the_budget_and_everyone_finishes() {
         let g = governor(1000, true, 10_000);
-        g.reserve_fixed(300).expect("fixed");
+        let engine = crate::pushdown::memory::MemoryModel::from_probes(300, [0, 0], 0, 0);
+        assert_eq!(g.reserve_engine(&engine, 1, 4).expect("engine fits"), 4);
         let peak = Arc::new(AtomicU64::new(0));
         let tasks: Vec<_> = (0..8)
             .map(|t| {
                 let (g, peak) = (g.clone(), peak.clone());
                 tokio::spawn(async move {
-                    let stream = g.open(&format!("tenant{}", t % 3), 50, Some(64), 40);
+                    let (stream, _outputs) =
+                        g.open(&format!("tenant{}", t % 3), (50, 40), Some(64), 40).await.expect("opened");
                     let mut work = Vec::new();
                     for _ in 0..40 {
                         let slot = stream.admit(0).await.expect("admitted");
@@ -408,25 +440,32 @@ mod tests {
             t.await.expect("tenant finished");
         }
         assert!(peak.load(Ordering::SeqCst) <= 1000, "peak {}", peak.load(Ordering::SeqCst));
-        assert_eq!(g.reserved(), 300);
+        assert_eq!(g.reserved(), 300, "everything but the engine released");
     }
 
     #[tokio::test]
     async fn waiting_past_the_bound_is_overloaded_and_no_adaptation_ignores_the_budget() {
         let g = governor(100, true, 50);
-        let a = g.open("a", 60, None, 10);
+        let (a, _a_out) = g.open("a", (60, 0), None, 10).await.expect("a");
         let _held = a.admit(0).await.expect("first fits");
-        let b = g.open("b", 60, None, 10);
-        assert!(matches!(b.admit(0).await, Err(PushdownError::Overloaded)));
+        // b cannot even open: one of its samples does not fit beside a's.
+        assert!(matches!(g.open("b", (60, 0), None, 10).await, Err(PushdownError::Overloaded)));
+        let (b, _b_out) = g.open("b", (30, 0), None, 10).await.expect("b's samples are smaller");
+        let _b1 = b.admit(0).await.expect("30 of the 40 free bytes");
+        assert!(matches!(b.admit(0).await, Err(PushdownError::Overloaded)), "10 left");
+        drop(_b1);
         assert!(matches!(g.hold(50).await, Err(PushdownError::Overloaded)), "only 40 bytes are free");
+        assert!(matches!(a.admit(0).await, Err(PushdownError::Overloaded)), "a's allotment is 1 beside b");
         assert!(matches!(g.hold(101).await, Err(PushdownError::ExceedsBudget { .. })), "never fits");
         let small = g.hold(40).await.expect("fits exactly");
         drop(small);
-        assert!(g.reserve_fixed(1000).is_err(), "an engine larger than the budget is refused");
+        let big = crate::pushdown::memory::MemoryModel::from_probes(1000, [0, 0], 0, 0);
+        assert!(g.reserve_engine(&big, 1, 1).is_err(), "an engine larger than the budget is refused");
+        assert!(matches!(g.open("c", (10, 95), None, 1).await, Err(PushdownError::ExceedsBudget { .. })));
 
         let fixed = governor(100, false, 50);
-        let s = fixed.open("a", 60, Some(4), 10);
+        let (s, _out) = fixed.open("a", (60, 1000), Some(4), 10).await.expect("not enforced");
         let slots: Vec<Slot> = futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
-        assert_eq!((slots.len(), fixed.reserved()), (4, 240), "the comparison mode overshoots by design");
+        assert_eq!((slots.len(), fixed.reserved()), (4, 1240), "the comparison mode overshoots by design");
     }
 }

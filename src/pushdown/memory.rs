@@ -11,8 +11,8 @@
 //!
 //! Probes of different engines are serialized (the peak is process-wide); concurrent requests of
 //! other engines can still add to a probe's peak, which only makes the model more conservative.
-//! Host-side copies the engine makes around the run (the queued sample, the batch buffer, the
-//! per-sample outputs and the encoded response) are added analytically. The error of the model
+//! Host-side copies around the run (the queued sample, the batch buffer, the per-sample outputs
+//! and the encoded response) are added analytically ([`MemoryModel`] says which is reserved when). The error of the model
 //! against measured peaks is reported in `docs/BENCHMARKS.md`.
 
 use serde::Serialize;
@@ -26,17 +26,24 @@ pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072";
 /// Batch sizes of the two probe runs.
 pub const PROBE_BATCHES: (usize, usize) = (1, 8);
 
-/// A (model, split)'s memory model, as the admin API reports it.
+/// A (model, split)'s memory model, as the admin API reports it. Three kinds of bytes, reserved
+/// by the governor at different times:
+/// - per engine, for its lifetime: each worker's session and run workspace, plus activations for
+///   its largest batch (`engine_bytes`);
+/// - per sample in flight (admitted until its inference ends): the decoded input and its copy in
+///   the batch buffer (`queued_bytes_per_sample`, plus the image's decode scratch);
+/// - per request, from its start until its response is sent: every sample's output, its stacked
+///   copy and the encoded response (`held_bytes_per_sample` x samples).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct MemoryModel {
-    /// Resident while the engine exists: the session plus the run's batch-independent workspace.
+    /// Session (weights, pre-packed kernels) plus the run's batch-independent workspace.
     pub fixed_bytes: u64,
-    /// Reserved per sample in flight: activations (measured) plus host copies (analytic).
-    pub per_sample_bytes: u64,
-    /// Of `per_sample_bytes`: what the probe runs measured.
+    /// Activation bytes per sample of a running batch (the probes' slope).
     pub activation_bytes_per_sample: u64,
     pub input_bytes_per_sample: u64,
     pub output_bytes_per_sample: u64,
+    pub queued_bytes_per_sample: u64,
+    pub held_bytes_per_sample: u64,
     /// Measured: session bytes and the two probe peaks above the pre-run resident size.
     pub session_bytes: u64,
     pub probe_peaks: [u64; 2],
@@ -45,43 +52,42 @@ pub struct MemoryModel {
 }
 
 impl MemoryModel {
-    /// Combines the probe measurements (all in bytes). Per sample, the engine holds the queued
-    /// input and its copy in the batch buffer (2 x input) and the run output, its per-sample copy
-    /// and the encoded response (3 x output) besides the activations.
+    /// Combines the probe measurements (all in bytes).
     #[must_use]
     pub fn from_probes(session_bytes: u64, peaks: [u64; 2], input: u64, output: u64) -> Self {
         let (b0, b1) = (PROBE_BATCHES.0 as u64, PROBE_BATCHES.1 as u64);
         let slope = peaks[1].saturating_sub(peaks[0]) / (b1 - b0);
-        // The run holds at least its input and output per sample, whatever the allocator did.
+        // A run holds at least its input and output per sample, whatever the allocator did.
         let activation = slope.max(input + output);
         let workspace = peaks[0].saturating_sub(activation * b0);
+        Self::new(session_bytes + workspace, activation, input, output, (session_bytes, peaks, true))
+    }
+
+    /// Without `/proc`: weights twice over as fixed, and 16 x (input + output) per sample of a
+    /// batch, a ceiling that held for every bundled model's measured activations.
+    #[must_use]
+    pub fn estimate(weights: u64, input: u64, output: u64) -> Self {
+        Self::new(2 * weights, 16 * (input + output), input, output, (0, [0, 0], false))
+    }
+
+    fn new(fixed: u64, activation: u64, input: u64, output: u64, probe: (u64, [u64; 2], bool)) -> Self {
         Self {
-            fixed_bytes: session_bytes + workspace,
-            per_sample_bytes: activation + 2 * input + 3 * output,
+            fixed_bytes: fixed,
             activation_bytes_per_sample: activation,
             input_bytes_per_sample: input,
             output_bytes_per_sample: output,
-            session_bytes,
-            probe_peaks: peaks,
-            measured: true,
+            queued_bytes_per_sample: 2 * input,
+            held_bytes_per_sample: 3 * output,
+            session_bytes: probe.0,
+            probe_peaks: probe.1,
+            measured: probe.2,
         }
     }
 
-    /// Without `/proc`: weights twice over as fixed, and 16 x (input + output) per sample, a
-    /// ceiling that held for every bundled model's measured activations.
+    /// What an engine of `workers` sessions running batches of up to `batch` holds.
     #[must_use]
-    pub fn estimate(weights: u64, input: u64, output: u64) -> Self {
-        let activation = 16 * (input + output);
-        Self {
-            fixed_bytes: 2 * weights,
-            per_sample_bytes: activation + 2 * input + 3 * output,
-            activation_bytes_per_sample: activation,
-            input_bytes_per_sample: input,
-            output_bytes_per_sample: output,
-            session_bytes: 0,
-            probe_peaks: [0, 0],
-            measured: false,
-        }
+    pub fn engine_bytes(&self, workers: usize, batch: usize) -> u64 {
+        (workers as u64).saturating_mul(self.fixed_bytes + self.activation_bytes_per_sample * batch as u64)
     }
 }
 
@@ -119,7 +125,8 @@ mod tests {
         let m = MemoryModel::from_probes(1_000_000, [3_000_000, 10_000_000], 100_000, 50_000);
         assert_eq!(m.activation_bytes_per_sample, 1_000_000);
         assert_eq!(m.fixed_bytes, 3_000_000);
-        assert_eq!(m.per_sample_bytes, 1_000_000 + 200_000 + 150_000);
+        assert_eq!((m.queued_bytes_per_sample, m.held_bytes_per_sample), (200_000, 150_000));
+        assert_eq!(m.engine_bytes(2, 16), 2 * (3_000_000 + 16 * 1_000_000));
         // A noisy probe (peak 2 below peak 1) never yields less than input + output.
         let m = MemoryModel::from_probes(0, [5_000_000, 4_000_000], 100_000, 50_000);
         assert_eq!(m.activation_bytes_per_sample, 150_000);

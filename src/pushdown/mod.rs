@@ -114,6 +114,10 @@ pub struct EngineMemory {
     pub workers: usize,
     /// `None` until the first worker has measured it.
     pub memory: Option<memory::MemoryModel>,
+    /// Largest inference batch (`pushdown.max_batch`, or less where the budget could not hold it).
+    pub batch_cap: Option<usize>,
+    /// Bytes reserved for the engine (all workers).
+    pub reserved_bytes: Option<u64>,
 }
 
 impl Pushdown {
@@ -144,11 +148,19 @@ impl Pushdown {
         let engines = self.engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out: Vec<EngineMemory> = engines
             .iter()
-            .map(|((model, split), e)| EngineMemory {
-                model: model.clone(),
-                split: split.clone(),
-                workers: e.workers(),
-                memory: e.memory_model_now(),
+            .map(|((model, split), e)| {
+                let now = e.memory_model_now();
+                let adaptive = self.governor.config().adaptive;
+                EngineMemory {
+                    model: model.clone(),
+                    split: split.clone(),
+                    workers: e.workers(),
+                    batch_cap: now.as_ref().map(|(_, b)| *b),
+                    reserved_bytes: now
+                        .as_ref()
+                        .map(|(m, b)| m.engine_bytes(e.workers(), if adaptive { *b } else { 0 })),
+                    memory: now.map(|(m, _)| m),
+                }
             })
             .collect();
         out.sort_by(|a, b| (&a.model, &a.split).cmp(&(&b.model, &b.split)));
@@ -223,7 +235,7 @@ impl Pushdown {
     pub async fn compute(&self, spec: &PushdownSpec, object: Bytes, tenant: &str) -> Result<Output, PushdownError> {
         let (model, split) = self.resolve(spec)?;
         let engine = self.engine(&model, &split)?;
-        let memory = engine.memory_model().await?;
+        let (memory, batch_cap) = engine.memory_model().await?;
 
         let t0 = Instant::now();
         let parse_model = model.clone();
@@ -234,12 +246,20 @@ impl Pushdown {
 
         let t1 = Instant::now();
         let max_pixels = self.cfg.max_image_pixels;
-        let stream = self.governor.open(tenant, memory.per_sample_bytes, spec.batch, parsed.items.len());
-        // Adaptive: samples of all requests batch together up to max_batch (memory is bounded by
-        // admission). Comparison mode: batches as large as the requested storage batch (HAPI
-        // without adaptation runs the training batch as one storage batch).
-        let cap = if self.governor.config().adaptive { self.cfg.engine.max_batch } else { stream.allotment() };
-        let held_per_sample = 3 * memory.output_bytes_per_sample;
+        let n = parsed.items.len() as u64;
+        let (stream, outputs_held) = self
+            .governor
+            .open(
+                tenant,
+                (memory.queued_bytes_per_sample, memory.held_bytes_per_sample * n),
+                spec.batch,
+                parsed.items.len(),
+            )
+            .await?;
+        // Adaptive: samples of all requests batch together up to the engine's cap (what its
+        // reservation covers). Comparison mode: batches as large as the requested storage batch
+        // (HAPI without adaptation runs the training batch as one storage batch).
+        let cap = if self.governor.config().adaptive { batch_cap } else { stream.allotment() };
         let samples = self
             .cfg
             .metrics
@@ -269,12 +289,12 @@ impl Pushdown {
                         .map_err(|e| name_sample(e, keys.get(i)))?
                     }
                 };
-                let out = engine.infer(input, cap).await.map_err(|e| name_sample(e, keys.get(i)))?;
-                // The output stays (stacked, encoded) until the response is built.
-                Ok::<_, PushdownError>((out, slot.keep(held_per_sample)))
+                let out = engine.infer(input, cap).await.map_err(|e| name_sample(e, keys.get(i)));
+                drop(slot);
+                out
             }
         });
-        let (outputs, held): (Vec<Tensor>, Vec<governor::Held>) = try_join_all(runs).await?.into_iter().unzip();
+        let outputs = try_join_all(runs).await?;
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
@@ -316,7 +336,7 @@ impl Pushdown {
             decode: decode_time,
             infer: infer_time,
             encode: t2.elapsed(),
-            reservation: held,
+            reservation: vec![outputs_held],
         })
     }
 }

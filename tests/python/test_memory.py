@@ -111,8 +111,12 @@ def test_memory_model_is_reported(tmp_path):
     assert m["output_bytes_per_sample"] == 64 * 56 * 56 * 4
     # The stem's activations (64 x 112 x 112 floats) alone exceed the split's output.
     assert m["activation_bytes_per_sample"] >= 64 * 112 * 112 * 4
-    assert m["fixed_bytes"] > 0 and m["per_sample_bytes"] > m["activation_bytes_per_sample"]
-    assert report["reserved_bytes"] >= engine["workers"] * m["fixed_bytes"]
+    assert m["fixed_bytes"] >= m["session_bytes"] > 0
+    assert (m["queued_bytes_per_sample"], m["held_bytes_per_sample"]) == (2 * 3 * 224 * 224 * 4, 3 * 64 * 56 * 56 * 4)
+    # The 1 GiB default holds both workers at the default batch cap of 16.
+    assert engine["batch_cap"] == 16
+    assert engine["reserved_bytes"] == engine["workers"] * (m["fixed_bytes"] + 16 * m["activation_bytes_per_sample"])
+    assert report["reserved_bytes"] >= engine["reserved_bytes"]
 
 
 def rss(pid: int, field: str) -> int:
@@ -145,10 +149,12 @@ def test_a_64_client_burst_stays_within_the_budget(tmp_path):
         assert statuses.count(200) == 64, statuses  # a 60 s bound: nobody should have to give up
         with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
             report = json.load(resp)
-        fixed = report["reserved_bytes"]  # only the engines' fixed memory is left reserved
+        engine = report["engines"][0]
+        sessions = engine["workers"] * engine["memory"]["session_bytes"]
         grown = peak - baseline
-        print(f"baseline {baseline >> 20} MiB, peak {peak >> 20} MiB, budget {budget >> 20} MiB, fixed {fixed >> 20} MiB")
-        # The fixed memory is already resident in the baseline; the burst may add what the
-        # budget leaves, plus the documented overhead (docs/pushdown.md: 64 MiB).
-        assert grown <= budget - fixed + (64 << 20), f"grew {grown >> 20} MiB"
+        print(f"baseline {baseline >> 20} MiB, peak {peak >> 20} MiB, budget {budget >> 20} MiB, sessions {sessions >> 20} MiB")
+        # The sessions are resident in the baseline and reserved in the budget; the burst may add
+        # the rest of the budget plus the documented overhead (docs/pushdown.md: 64 MiB).
+        assert grown <= budget - sessions + (64 << 20), f"grew {grown >> 20} MiB"
+        assert report["reserved_bytes"] == engine["reserved_bytes"], "requests left reservations behind"
         assert metric(admin, "tensorgate_pushdown_admission_deferrals_total") > 0, "the budget never bit"
