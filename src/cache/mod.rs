@@ -40,7 +40,7 @@ const ENTRY_OVERHEAD: u64 = 512;
 
 /// How the memory tier chooses what to keep when full. Measured on epoch scans by
 /// `cargo bench --bench cache_policy` (`docs/BENCHMARKS.md`, "Tensor cache"; ADR 0004): at 1.5x
-/// and 3x the tier, `pin` reaches the ideal hit rate (capacity / dataset), TinyLFU 68-91% of it,
+/// and 3x the tier, `pin` reaches the ideal hit rate (capacity / dataset), TinyLFU 58-92% of it,
 /// LRU half of it at best and nothing on a fixed order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
