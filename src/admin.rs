@@ -1,13 +1,18 @@
 //! The admin port: `/metrics` (Prometheus text), `/healthz` (the process is alive), `/readyz`
-//! (accepting requests: not draining).
+//! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
+//! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/plan` (JSON).
+//!
+//! The admin port carries no S3 credentials: bind it where only operators and the training
+//! cluster can reach it (it serves model graphs and accepts plans, never object data).
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
+use bytes::Bytes;
 
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -25,6 +30,9 @@ pub fn router(gateway: Arc<Gateway>, metrics: Metrics) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/v1/memory", get(memory))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{model}/suffix", get(suffix))
+        .route("/v1/plan", post(plan).get(last_plan))
         .with_state(AdminState { gateway, metrics })
 }
 
@@ -80,4 +88,129 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
         },
     };
     (StatusCode::OK, format!("ready\n{pushdown}\n"))
+}
+
+type Reply = (StatusCode, [(header::HeaderName, &'static str); 1], Vec<u8>);
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Reply {
+    (status, [(header::CONTENT_TYPE, "application/json")], format!("{value:#}\n").into_bytes())
+}
+
+fn failure(e: &crate::pushdown::PushdownError) -> Reply {
+    let spec = crate::error::GatewayError::Pushdown(clone_message(e)).spec();
+    json(spec.status, &serde_json::json!({ "error": spec.code, "message": spec.message }))
+}
+
+/// `PushdownError` is not `Clone`; its rendering only needs the variant and the message.
+fn clone_message(e: &crate::pushdown::PushdownError) -> crate::pushdown::PushdownError {
+    use crate::pushdown::PushdownError as E;
+    match e {
+        E::UnknownModel { .. } | E::UnknownSplit { .. } | E::InvalidArgument { .. } => {
+            E::InvalidArgument { field: "request".into(), message: e.to_string() }
+        }
+        E::Unsupported(m) => E::Unsupported(m.clone()),
+        E::Unavailable(m) => E::Unavailable(m.clone()),
+        other => E::Model(other.to_string()),
+    }
+}
+
+fn pushdown(s: &AdminState) -> Result<&Arc<crate::pushdown::Pushdown>, Reply> {
+    s.gateway
+        .pushdown()
+        .ok_or_else(|| json(StatusCode::NOT_FOUND, &serde_json::json!({ "error": "pushdown disabled" })))
+}
+
+/// Every model with its splits in order, its freeze split, input and preprocessing.
+async fn models(State(s): State<AdminState>) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let list: Vec<serde_json::Value> = pd
+        .registry()
+        .models
+        .values()
+        .map(|m| {
+            serde_json::json!({
+                "name": m.manifest.name,
+                "sha256": m.digest,
+                "input": m.manifest.input,
+                "input_shape": m.manifest.input_shape,
+                "freeze": m.manifest.freeze,
+                "splits": m.manifest.splits.iter().map(|d| serde_json::json!({"name": d.name, "tensor": d.tensor})).collect::<Vec<_>>(),
+                "images": m.manifest.preprocess.is_some(),
+            })
+        })
+        .collect();
+    json(StatusCode::OK, &serde_json::json!({ "models": list }))
+}
+
+#[derive(serde::Deserialize)]
+struct SuffixQuery {
+    from: String,
+    to: Option<String>,
+}
+
+/// The ONNX graph of the frozen layers between two splits, for the compute tier.
+async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q): Query<SuffixQuery>) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    match pd.suffix(&model, &q.from, q.to.as_deref()) {
+        Ok(graph) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], graph),
+        Err(e) => failure(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanRequest {
+    model: String,
+    profile: crate::planner::ClientProfile,
+}
+
+/// Plans a model for a client profile (and remembers it for `split=auto`).
+async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let req: PlanRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return json(
+                StatusCode::BAD_REQUEST,
+                &serde_json::json!({ "error": "InvalidArgument", "message": e.to_string() }),
+            );
+        }
+    };
+    match pd.plan(&req.model, &req.profile).await {
+        Ok((plan, storage)) => {
+            json(StatusCode::OK, &serde_json::json!({ "model": req.model, "plan": plan, "storage": storage }))
+        }
+        Err(e) => failure(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ModelQuery {
+    model: String,
+}
+
+/// What `split=auto` means for a model now.
+async fn last_plan(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    match pd.auto_split(&q.model) {
+        Some((split, plan)) => {
+            json(StatusCode::OK, &serde_json::json!({ "model": q.model, "split": split, "plan": plan }))
+        }
+        None => json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "error": "InvalidArgument", "message": format!("unknown model {:?}", q.model) }),
+        ),
+    }
 }

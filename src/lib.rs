@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod metrics;
+pub mod planner;
 pub mod proxy;
 pub mod pushdown;
 pub mod s3;

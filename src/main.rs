@@ -29,6 +29,15 @@ enum Command {
     /// Inspect and cut ONNX models.
     #[command(subcommand)]
     Models(ModelsCommand),
+    /// Evaluate the split planner's cost model on a JSON file holding `storage` (a storage
+    /// profile, as `/v1/plan` reports it) and `client` (a client profile); print every
+    /// candidate's predicted epoch time and the choice (docs/planner.md).
+    Plan {
+        file: PathBuf,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,14 +97,49 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(o) => serve(&o),
-        Command::Models(m) => match models(m) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("tensorgate: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Models(m) => report(models(m)),
+        Command::Plan { file, json } => report(plan(&file, json)),
     }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tensorgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn plan(file: &std::path::Path, as_json: bool) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use tensorgate::planner;
+    #[derive(serde::Deserialize)]
+    struct Input {
+        storage: planner::StorageProfile,
+        client: planner::ClientProfile,
+    }
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let input: Input = serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+    let plan = planner::plan(&input.storage, &input.client)?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12} {:>12} {:>10} {:>10} {:>10} {:>12}  note",
+        "split", "epoch (s)", "stream", "train", "np", "bytes/sample"
+    );
+    for c in &plan.candidates {
+        let t = c.epoch_secs.map_or_else(|| "-".to_owned(), |t| format!("{t:.2}"));
+        let mark = if c.split == plan.chosen { "<- chosen" } else { c.excluded.as_deref().unwrap_or("") };
+        println!(
+            "{:<12} {:>12} {:>10.4} {:>10.4} {:>10.4} {:>12.0}  {mark}",
+            c.split, t, c.stream_secs, c.train_secs, c.np_secs, c.bytes_per_sample
+        );
+    }
+    Ok(())
 }
 
 fn models(cmd: ModelsCommand) -> anyhow::Result<()> {

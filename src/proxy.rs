@@ -231,10 +231,15 @@ impl Gateway {
             }
             target.bucket = Some(alias.target.clone());
         }
-        if matches!(op, S3Op::GetObject | S3Op::HeadObject)
-            && let Some(spec) = requested.or_else(|| alias.map(|a| a.spec))
-        {
-            let resp = self.pushdown_get(&parts, target, spec, identity.name()).await?;
+        let spec = match requested.or_else(|| alias.map(|a| a.spec)) {
+            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => self.resolve_auto(spec)?,
+            _ => None,
+        };
+        if let Some((spec, plan)) = spec {
+            let mut resp = self.pushdown_get(&parts, target, spec, identity.name()).await?;
+            if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
+                resp.headers_mut().insert("x-tensorgate-plan", v);
+            }
             return Ok((resp, identity.name().to_owned()));
         }
         let mut headers = forwarded_headers(&parts.headers);
@@ -296,6 +301,30 @@ impl Gateway {
             return Err(e.into());
         }
         Ok((result?, identity.name().to_owned()))
+    }
+
+    /// Resolves `split=auto` to the model's planned split (`x-tensorgate-plan` lists the predicted
+    /// epoch seconds per candidate); `None` when the plan says no pushdown (a plain GET).
+    fn resolve_auto(&self, mut spec: PushdownSpec) -> Result<Option<(PushdownSpec, Option<String>)>, GatewayError> {
+        if spec.split != crate::planner::AUTO {
+            return Ok(Some((spec, None)));
+        }
+        let pd =
+            self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
+        let (split, plan) = pd.auto_split(&spec.model).ok_or_else(|| PushdownError::UnknownModel {
+            name: spec.model.clone(),
+            known: pd.registry().names().join(", "),
+        })?;
+        if split == crate::planner::NO_PUSHDOWN {
+            return Ok(None);
+        }
+        let summary = plan.map(|p| {
+            let parts: Vec<String> =
+                p.candidates.iter().filter_map(|c| c.epoch_secs.map(|t| format!("{}={t:.3}", c.split))).collect();
+            parts.join(";")
+        });
+        spec.split = split;
+        Ok(Some((spec, summary)))
     }
 
     /// A GET (or HEAD) that names a model and a split: answer from the tensor cache, or fetch the

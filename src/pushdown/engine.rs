@@ -203,7 +203,7 @@ impl Engine {
 /// original model file).
 const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
 
-fn session(
+pub(crate) fn session(
     env: &ort::environment::Environment,
     bytes: &[u8],
     threads: usize,
@@ -222,7 +222,7 @@ fn session(
     builder.commit_from_memory(bytes).map_err(|e| e.to_string())
 }
 
-fn run(
+pub(crate) fn run(
     session: &mut Session,
     input_name: &str,
     output: &str,

@@ -14,6 +14,7 @@
 pub mod engine;
 pub mod governor;
 pub mod memory;
+pub mod planning;
 pub mod prefix;
 pub mod preprocess;
 pub mod registry;
@@ -104,6 +105,12 @@ pub struct Pushdown {
     governor: Arc<Governor>,
     /// Serializes memory probes: the resident peak they read is process-wide.
     probe_lock: Arc<Mutex<()>>,
+    /// Measured prefix costs per (model, split), for planning.
+    split_costs: Mutex<planning::SplitCosts>,
+    /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
+    preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
+    /// The last plan per model (`split=auto`).
+    plans: Mutex<HashMap<String, crate::planner::Plan>>,
 }
 
 /// One engine's memory, for the admin API.
@@ -134,7 +141,17 @@ impl Pushdown {
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
         let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
-        Self { cfg, registry, env, engines: Mutex::new(HashMap::new()), governor, probe_lock: Arc::default() }
+        Self {
+            cfg,
+            registry,
+            env,
+            engines: Mutex::new(HashMap::new()),
+            governor,
+            probe_lock: Arc::default(),
+            split_costs: Mutex::default(),
+            preprocessed: Arc::default(),
+            plans: Mutex::default(),
+        }
     }
 
     #[must_use]
@@ -279,10 +296,15 @@ impl Pushdown {
                 let input = match item {
                     Item::Ready(v) => v,
                     Item::Image(bytes) => {
-                        let m = model.clone();
+                        let (m, tally) = (model.clone(), self.preprocessed.clone());
                         tokio::task::spawn_blocking(move || {
+                            let started = Instant::now();
                             let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
-                            preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels)
+                            let out = preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels);
+                            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                            tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+                            tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            out
                         })
                         .await
                         .map_err(|e| PushdownError::Internal(e.to_string()))?

@@ -213,7 +213,17 @@ fn graph_of(model: &[u8]) -> Result<&[u8], CutError> {
 /// # Errors
 /// Malformed protobuf, no graph, or a requested tensor no node computes.
 pub fn cut(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
-    rewrite(model, outputs, false)
+    rewrite(model, &[], outputs, false)
+}
+
+/// Returns the subgraph that computes `outputs` from `inputs` (tensors inside the model, which
+/// become float graph inputs): the frozen layers between a split and the freeze split, which the
+/// compute tier runs.
+///
+/// # Errors
+/// As for [`cut`].
+pub fn extract(model: &[u8], inputs: &[&str], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
+    rewrite(model, inputs, outputs, false)
 }
 
 /// Returns the whole model with `outputs` as its graph outputs instead of the original ones
@@ -222,10 +232,36 @@ pub fn cut(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
 /// # Errors
 /// As for [`cut`].
 pub fn expose(model: &[u8], outputs: &[&str]) -> Result<Vec<u8>, CutError> {
-    rewrite(model, outputs, true)
+    rewrite(model, &[], outputs, true)
 }
 
-fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, CutError> {
+/// TensorProto.data_location = 14; EXTERNAL = 1.
+const TENSOR_DATA_LOCATION: u32 = 14;
+
+/// Whether any initializer keeps its data in an external file (a graph shipped elsewhere would
+/// lose its weights).
+///
+/// # Errors
+/// The bytes are not an ONNX model.
+pub fn has_external_data(model: &[u8]) -> Result<bool, CutError> {
+    for f in fields(graph_of(model)?)?.into_iter().filter(|f| f.number == GRAPH_INITIALIZER) {
+        let external = fields(f.payload)?
+            .iter()
+            .any(|t| t.number == TENSOR_DATA_LOCATION && t.wire == WIRE_VARINT && t.payload == [1]);
+        if external {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// `TypeProto { tensor_type: { elem_type: FLOAT } }` (TypeProto.tensor_type = 1,
+/// Tensor.elem_type = 1, TensorProto.DataType.FLOAT = 1).
+const FLOAT_TENSOR_TYPE: &[u8] = &[0x0A, 0x02, 0x08, 0x01];
+/// ValueInfoProto.type = 2.
+const VALUE_INFO_TYPE: u32 = 2;
+
+fn rewrite(model: &[u8], inputs: &[&str], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, CutError> {
     if outputs.is_empty() {
         return Err(CutError::NothingRequested);
     }
@@ -243,7 +279,7 @@ fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, Cu
         nodes.push((i, info));
     }
     let by_index: HashMap<usize, &NodeInfo<'_>> = nodes.iter().map(|(i, n)| (*i, n)).collect();
-    for name in outputs {
+    for name in outputs.iter().chain(inputs) {
         if !producer.contains_key(name) {
             let known: Vec<&str> = nodes.iter().flat_map(|(_, n)| n.outputs.iter().copied()).take(20).collect();
             return Err(CutError::UnknownTensor { name: (*name).to_owned(), known: known.join(", ") });
@@ -254,7 +290,11 @@ fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, Cu
     let mut keep_nodes: HashSet<usize> = HashSet::new();
     let mut needed: HashSet<&str> = outputs.iter().copied().collect();
     let mut stack: Vec<&str> = outputs.to_vec();
+    let new_inputs: HashSet<&str> = inputs.iter().copied().collect();
     while let Some(name) = stack.pop() {
+        if new_inputs.contains(name) {
+            continue;
+        }
         let Some(&idx) = producer.get(name) else { continue };
         if !keep_nodes.insert(idx) {
             continue;
@@ -296,8 +336,9 @@ fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, Cu
                 }
             }
             GRAPH_INPUT => first_string(f.payload, VALUE_INFO_NAME)?.is_some_and(|n| needed.contains(n)),
-            GRAPH_VALUE_INFO => first_string(f.payload, VALUE_INFO_NAME)?
-                .is_some_and(|n| (needed.contains(n) || produced.contains(n)) && !requested.contains(n)),
+            GRAPH_VALUE_INFO => first_string(f.payload, VALUE_INFO_NAME)?.is_some_and(|n| {
+                (needed.contains(n) || produced.contains(n)) && !requested.contains(n) && !new_inputs.contains(n)
+            }),
             GRAPH_QUANT_ANNOTATION => first_string(f.payload, ANNOTATION_TENSOR_NAME)?
                 .is_some_and(|n| needed.contains(n) || produced.contains(n)),
             _ => true,
@@ -305,6 +346,13 @@ fn rewrite(model: &[u8], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, Cu
         if keep {
             out_graph.extend_from_slice(f.raw);
         }
+    }
+    // New inputs are float tensors of any shape: a recorded shape may pin the batch size.
+    for name in inputs {
+        let mut info = Vec::new();
+        write_len_field(&mut info, VALUE_INFO_NAME, name.as_bytes());
+        write_len_field(&mut info, VALUE_INFO_TYPE, FLOAT_TENSOR_TYPE);
+        write_len_field(&mut out_graph, GRAPH_INPUT, &info);
     }
     for name in outputs {
         match output_info.get(name) {

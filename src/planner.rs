@@ -1,0 +1,250 @@
+//! The split planner: HAPI's cost model with cross-tier overlap (docs/planner.md). Pure: the
+//! gateway supplies the storage-side terms (its own measurements), the client the network and
+//! compute-side terms (its profile); [`plan`] returns the predicted epoch time of every candidate
+//! split, and of no pushdown at all, and the argmin.
+//!
+//! Per iteration of `B` samples at split `s`:
+//! - `Stream(s) = B * storage(s) * load + B * bytes(s) / bandwidth`: the storage node computes the
+//!   prefix, then the features cross the network (HAPI adds them too);
+//! - `Train(s) = B * compute(s) + train`: the compute tier finishes the frozen layers from `s`,
+//!   then trains the head;
+//! - `NP(s) = B * bytes(s) * decode`: deserialising the response, not overlapped;
+//! - epoch: `T(s) = Stream + (N - 1) * (max(Stream, Train) + NP) + NP + Train`, `N = ceil(D / B)`.
+//!
+//! The candidate `none` is the baseline: raw objects cross the network and the compute tier
+//! decodes them and runs every frozen layer (`Stream = B * raw / bandwidth`, `NP = 0`). HAPI
+//! compares the chosen split with a measured baseline; here the baseline is one more candidate.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The split value that asks the gateway to choose (`split=auto`).
+pub const AUTO: &str = "auto";
+/// The candidate that means "no pushdown".
+pub const NO_PUSHDOWN: &str = "none";
+/// Seconds per byte the compute tier spends deserialising features when the profile does not say
+/// (numpy reading an in-memory `.npy`/safetensors buffer: about 2 GB/s).
+pub const DEFAULT_DECODE_SECS_PER_BYTE: f64 = 5e-10;
+
+/// What the compute tier measured (or states).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientProfile {
+    /// Training batch size `B`.
+    pub batch_size: usize,
+    /// Samples per epoch `D`.
+    pub samples: usize,
+    /// Bytes per second one request receives (measured on pushdown GETs).
+    pub bandwidth_bytes_per_sec: f64,
+    /// Seconds to train the unfrozen layers on one batch (forward and backward).
+    pub train_secs_per_batch: f64,
+    /// Seconds per sample to run the frozen layers from each split to the freeze split on the
+    /// compute tier; `none`: decoding a raw object and running all frozen layers. A split missing
+    /// here is not a candidate.
+    pub compute_secs_per_sample: BTreeMap<String, f64>,
+    /// Mean bytes of a raw object per sample (the baseline's transfer).
+    pub raw_bytes_per_sample: f64,
+    /// Deserialisation cost; default [`DEFAULT_DECODE_SECS_PER_BYTE`].
+    #[serde(default)]
+    pub decode_secs_per_byte: Option<f64>,
+    /// Compute-tier memory per split (bytes, for a batch of `B`); with `memory_limit`, splits
+    /// above it are excluded (HAPI excludes splits that would not fit the GPU).
+    #[serde(default)]
+    pub memory_bytes: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub memory_limit: Option<u64>,
+}
+
+/// One split as the storage node measured it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSplit {
+    pub split: String,
+    /// Seconds per sample to decode and run the prefix (one inference thread).
+    pub secs_per_sample: f64,
+    /// Output bytes per sample.
+    pub bytes_per_sample: f64,
+}
+
+/// The storage side: candidate splits in model order up to the freeze split, and its load.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageProfile {
+    pub splits: Vec<StorageSplit>,
+    /// Inference threads serving one request's samples in parallel.
+    pub parallelism: f64,
+    /// Slowdown from work already queued (1 = idle).
+    pub load_factor: f64,
+}
+
+/// A candidate's prediction.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Candidate {
+    pub split: String,
+    /// Predicted epoch seconds; `None` when excluded.
+    pub epoch_secs: Option<f64>,
+    pub stream_secs: f64,
+    pub train_secs: f64,
+    pub np_secs: f64,
+    pub bytes_per_sample: f64,
+    /// Why the candidate was not considered.
+    pub excluded: Option<String>,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Plan {
+    /// The split to use, or [`NO_PUSHDOWN`].
+    pub chosen: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// Why no plan could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("invalid profile: {0}")]
+    Invalid(String),
+    #[error("no candidate split can be evaluated (profile every split, or the baseline)")]
+    NothingToChoose,
+}
+
+fn epoch_secs(n: f64, stream: f64, train: f64, np: f64) -> f64 {
+    stream + (n - 1.0) * (stream.max(train) + np) + np + train
+}
+
+/// Evaluates every candidate and picks the fastest.
+///
+/// # Errors
+/// A profile with non-positive batch size, samples or bandwidth, or nothing to evaluate.
+pub fn plan(storage: &StorageProfile, client: &ClientProfile) -> Result<Plan, PlanError> {
+    if client.batch_size == 0 || client.samples == 0 {
+        return Err(PlanError::Invalid("batch_size and samples must be positive".into()));
+    }
+    if client.bandwidth_bytes_per_sec.is_nan() || client.bandwidth_bytes_per_sec <= 0.0 {
+        return Err(PlanError::Invalid("bandwidth_bytes_per_sec must be positive".into()));
+    }
+    let b = client.batch_size as f64;
+    let n = client.samples.div_ceil(client.batch_size) as f64;
+    let bw = client.bandwidth_bytes_per_sec;
+    let decode = client.decode_secs_per_byte.unwrap_or(DEFAULT_DECODE_SECS_PER_BYTE);
+    let parallel = storage.parallelism.max(1.0);
+    let load = storage.load_factor.max(1.0);
+    let over_memory = |split: &str| match (client.memory_bytes.get(split), client.memory_limit) {
+        (Some(&m), Some(limit)) if m > limit => Some(format!("needs {m} bytes on the compute tier, over {limit}")),
+        _ => None,
+    };
+    let mut candidates = Vec::new();
+    let baseline = (NO_PUSHDOWN, client.raw_bytes_per_sample, None);
+    let splits = storage.splits.iter().map(|s| (s.split.as_str(), s.bytes_per_sample, Some(s.secs_per_sample)));
+    for (split, bytes, storage_secs) in std::iter::once(baseline).chain(splits) {
+        let stream = b * storage_secs.unwrap_or(0.0) * load / parallel + b * bytes / bw;
+        let np = if storage_secs.is_some() { b * bytes * decode } else { 0.0 };
+        let compute = client.compute_secs_per_sample.get(split);
+        let train = b * compute.copied().unwrap_or(0.0) + client.train_secs_per_batch;
+        let excluded = match compute {
+            None => Some("not profiled on the compute tier".to_owned()),
+            Some(_) => over_memory(split),
+        };
+        let epoch = excluded.is_none().then(|| epoch_secs(n, stream, train, np));
+        candidates.push(Candidate {
+            split: split.to_owned(),
+            epoch_secs: epoch,
+            stream_secs: stream,
+            train_secs: train,
+            np_secs: np,
+            bytes_per_sample: bytes,
+            excluded,
+        });
+    }
+    let chosen = candidates
+        .iter()
+        .filter_map(|c| c.epoch_secs.map(|t| (t, &c.split)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, s)| s.clone())
+        .ok_or(PlanError::NothingToChoose)?;
+    Ok(Plan { chosen, candidates })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ResNet-like model: early splits are big, late ones small; the storage node is slower
+    /// per sample at deeper splits.
+    fn storage(secs_scale: f64) -> StorageProfile {
+        let splits = [
+            ("stem", 800_000.0, 0.002),
+            ("layer2", 400_000.0, 0.005),
+            ("layer4", 100_000.0, 0.010),
+            ("pool", 2_048.0, 0.011),
+        ];
+        StorageProfile {
+            splits: splits
+                .iter()
+                .map(|&(s, bytes, secs)| StorageSplit {
+                    split: s.into(),
+                    secs_per_sample: secs * secs_scale,
+                    bytes_per_sample: bytes,
+                })
+                .collect(),
+            parallelism: 1.0,
+            load_factor: 1.0,
+        }
+    }
+
+    fn client(bandwidth: f64) -> ClientProfile {
+        // The compute tier is fast (a GPU): finishing from any split costs little; the baseline
+        // pays decoding.
+        let compute = [("none", 0.004), ("stem", 0.0008), ("layer2", 0.0005), ("layer4", 0.0001), ("pool", 0.0)];
+        ClientProfile {
+            batch_size: 64,
+            samples: 6400,
+            bandwidth_bytes_per_sec: bandwidth,
+            train_secs_per_batch: 0.01,
+            compute_secs_per_sample: compute.iter().map(|&(s, t)| (s.to_owned(), t)).collect(),
+            raw_bytes_per_sample: 110_000.0,
+            decode_secs_per_byte: None,
+            memory_bytes: BTreeMap::new(),
+            memory_limit: None,
+        }
+    }
+
+    #[test]
+    fn slow_network_picks_the_deepest_small_split() {
+        let p = plan(&storage(1.0), &client(1.25e6)).expect("plan"); // 10 Mbit/s
+        assert_eq!(p.chosen, "pool");
+        assert_eq!(p.candidates.len(), 5);
+    }
+
+    #[test]
+    fn fast_network_and_slow_storage_pick_no_pushdown() {
+        let p = plan(&storage(20.0), &client(1.25e9)).expect("plan"); // 10 Gbit/s, storage 20x slower
+        assert_eq!(p.chosen, NO_PUSHDOWN);
+        let t = |s: &str| p.candidates.iter().find(|c| c.split == s).and_then(|c| c.epoch_secs).expect("evaluated");
+        assert!(t("none") < t("pool"));
+    }
+
+    #[test]
+    fn the_formula_and_the_exclusions() {
+        let mut c = client(1e8);
+        c.compute_secs_per_sample.remove("stem");
+        c.memory_bytes.insert("layer2".into(), 20_000_000_000);
+        c.memory_limit = Some(16_000_000_000);
+        let p = plan(&storage(1.0), &c).expect("plan");
+        let get = |s: &str| p.candidates.iter().find(|x| x.split == s).expect("candidate").clone();
+        assert!(get("stem").excluded.as_deref().is_some_and(|e| e.contains("not profiled")));
+        assert!(get("layer2").excluded.as_deref().is_some_and(|e| e.contains("compute tier")));
+        // layer4 by hand: B = 64, N = 100.
+        let l4 = get("layer4");
+        let stream: f64 = 64.0 * 0.010 + 64.0 * 100_000.0 / 1e8;
+        let train = 64.0 * 0.0001 + 0.01;
+        let np = 64.0 * 100_000.0 * DEFAULT_DECODE_SECS_PER_BYTE;
+        let want = stream + 99.0 * (stream.max(train) + np) + np + train;
+        assert!((l4.epoch_secs.expect("evaluated") - want).abs() < 1e-9);
+        assert!(matches!(
+            plan(&storage(1.0), &ClientProfile { bandwidth_bytes_per_sec: 0.0, ..client(1.0) }),
+            Err(PlanError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,173 @@
+//! The storage side of split planning: what each candidate split costs this node per sample, the
+//! compute tier's suffix graphs, and the plans clients asked for (used by `split=auto`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{Pushdown, PushdownError, engine, prefix};
+use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
+
+/// Samples per timing run when measuring a split (after one warm-up run of the same size).
+const MEASURE_BATCH: usize = 4;
+
+/// A split's measured prefix cost.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitCost {
+    pub secs_per_sample: f64,
+    pub bytes_per_sample: f64,
+}
+
+impl Pushdown {
+    /// Candidate splits of `model`: the manifest's splits in order, up to its freeze split.
+    ///
+    /// # Errors
+    /// Unknown model.
+    pub fn candidate_splits(&self, model: &str) -> Result<Vec<String>, PushdownError> {
+        let m = self.model(model)?;
+        let mut out = Vec::new();
+        for s in &m.manifest.splits {
+            out.push(s.name.clone());
+            if s.name == m.manifest.freeze {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn model(&self, name: &str) -> Result<std::sync::Arc<super::registry::Model>, PushdownError> {
+        self.registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
+            name: name.to_owned(),
+            known: self.registry.names().join(", "),
+        })
+    }
+
+    /// Measures (once, then cached) one split's prefix time per sample on one thread and its
+    /// output bytes per sample, with a throwaway session on a blocking thread.
+    async fn split_cost(&self, model: &str, split: &str) -> Result<SplitCost, PushdownError> {
+        let key = (model.to_owned(), split.to_owned());
+        if let Some(c) = self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return Ok(*c);
+        }
+        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
+        let m = self.model(model)?;
+        let tensor = m.split(split).map(|s| s.tensor.clone()).ok_or_else(|| PushdownError::UnknownSplit {
+            model: model.to_owned(),
+            split: split.to_owned(),
+            known: m.split_names().join(", "),
+        })?;
+        let cost = tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
+            let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
+            let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
+            let mut shape = vec![MEASURE_BATCH];
+            shape.extend(&m.manifest.input_shape);
+            let n: usize = shape.iter().product();
+            let input: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+            engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
+            let t = Instant::now();
+            let out = engine::run(&mut session, &m.manifest.input, &tensor, &shape, input)?;
+            Ok(SplitCost {
+                secs_per_sample: t.elapsed().as_secs_f64() / MEASURE_BATCH as f64,
+                bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
+            })
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))?
+        .map_err(PushdownError::Model)?;
+        self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, cost);
+        Ok(cost)
+    }
+
+    /// Mean seconds this node spent preprocessing an image sample so far (0 before the first).
+    #[must_use]
+    pub fn preprocess_secs_per_sample(&self) -> f64 {
+        let n = self.preprocessed.1.load(Ordering::Relaxed);
+        if n == 0 { 0.0 } else { self.preprocessed.0.load(Ordering::Relaxed) as f64 / 1e9 / n as f64 }
+    }
+
+    /// The storage-side terms of the cost model for `model`, measured on this node now.
+    ///
+    /// # Errors
+    /// Unknown model, ONNX Runtime unavailable, or a split that cannot be measured.
+    pub async fn storage_profile(&self, model: &str) -> Result<StorageProfile, PushdownError> {
+        let decode = self.preprocess_secs_per_sample();
+        let mut splits = Vec::new();
+        for split in self.candidate_splits(model)? {
+            let c = self.split_cost(model, &split).await?;
+            splits.push(StorageSplit {
+                split,
+                secs_per_sample: c.secs_per_sample + decode,
+                bytes_per_sample: c.bytes_per_sample,
+            });
+        }
+        let (queued, capacity) = {
+            let engines = self.engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            engines.iter().filter(|((m, _), _)| m == model).fold((0usize, 0usize), |(q, c), (_, e)| {
+                (q + e.queue_depth(), c + e.workers() * self.cfg.engine.max_batch)
+            })
+        };
+        Ok(StorageProfile {
+            splits,
+            parallelism: self.cfg.engine.workers as f64,
+            load_factor: 1.0 + queued as f64 / capacity.max(1) as f64,
+        })
+    }
+
+    /// Plans `model` for a client profile and remembers the choice for `split=auto`; also returns
+    /// the storage-side terms it used.
+    ///
+    /// # Errors
+    /// As [`Self::storage_profile`], or a profile the planner cannot use.
+    pub async fn plan(&self, model: &str, client: &ClientProfile) -> Result<(Plan, StorageProfile), PushdownError> {
+        let storage = self.storage_profile(model).await?;
+        let plan = planner::plan(&storage, client)
+            .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
+        self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(model.to_owned(), plan.clone());
+        Ok((plan, storage))
+    }
+
+    /// The split `split=auto` means for `model`: the last plan's choice, else the freeze split.
+    /// Also returns the last plan's per-candidate predictions, if any.
+    #[must_use]
+    pub fn auto_split(&self, model: &str) -> Option<(String, Option<Plan>)> {
+        let m = self.registry.models.get(model)?;
+        let plan = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(model).cloned();
+        let split = plan.as_ref().map_or_else(|| m.manifest.freeze.clone(), |p| p.chosen.clone());
+        Some((split, plan))
+    }
+
+    /// The graph of `model`'s frozen layers from split `from` to split `to` (the freeze split by
+    /// default), for the compute tier.
+    ///
+    /// # Errors
+    /// Unknown model or split, `from` after `to`, or a model whose weights live in external files.
+    pub fn suffix(&self, model: &str, from: &str, to: Option<&str>) -> Result<Vec<u8>, PushdownError> {
+        let m = self.model(model)?;
+        let to = to.unwrap_or(&m.manifest.freeze);
+        let order = m.split_names();
+        let pos = |s: &str| {
+            order.iter().position(|n| *n == s).ok_or_else(|| PushdownError::UnknownSplit {
+                model: model.to_owned(),
+                split: s.to_owned(),
+                known: order.join(", "),
+            })
+        };
+        if pos(from)? > pos(to)? {
+            return Err(PushdownError::InvalidArgument {
+                field: "from".into(),
+                message: format!("{from} comes after {to}"),
+            });
+        }
+        if prefix::has_external_data(&m.bytes).map_err(|e| PushdownError::Model(e.to_string()))? {
+            return Err(PushdownError::Unsupported(format!("{model} keeps weights in external files")));
+        }
+        let tensor = |s: &str| m.split(s).map(|d| d.tensor.clone()).unwrap_or_default();
+        let (a, b) = (tensor(from), tensor(to));
+        let graph =
+            if from == to { prefix::extract(&m.bytes, &[&a], &[&a]) } else { prefix::extract(&m.bytes, &[&a], &[&b]) };
+        graph.map_err(|e| PushdownError::Model(e.to_string()))
+    }
+}
+
+/// Per-(model, split) measured costs.
+pub type SplitCosts = HashMap<(String, String), SplitCost>;
