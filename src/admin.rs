@@ -138,7 +138,15 @@ async fn models(State(s): State<AdminState>) -> Reply {
                 "input_shape": m.manifest.input_shape,
                 "freeze": m.manifest.freeze,
                 "splits": m.manifest.splits.iter().map(|d| serde_json::json!({"name": d.name, "tensor": d.tensor})).collect::<Vec<_>>(),
-                "images": m.manifest.preprocess.is_some(),
+                "layout": format!("{:?}", m.manifest.layout).to_uppercase(),
+                "preprocess": m.manifest.preprocess.as_ref().map(|p| serde_json::json!({
+                    "resize_shorter": p.resize_shorter,
+                    "crop": p.crop,
+                    "scale": p.scale,
+                    "mean": p.mean,
+                    "std": p.std,
+                    "channels": format!("{:?}", p.channels).to_lowercase(),
+                })),
             })
         })
         .collect();

@@ -8,6 +8,8 @@ use std::time::Instant;
 use super::{Pushdown, PushdownError, engine, prefix};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
+/// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).
+pub const INPUT: &str = "input";
 /// Samples per timing run when measuring a split (after one warm-up run of the same size).
 const MEASURE_BATCH: usize = 4;
 
@@ -136,14 +138,26 @@ impl Pushdown {
         Some((split, plan))
     }
 
-    /// The graph of `model`'s frozen layers from split `from` to split `to` (the freeze split by
-    /// default), for the compute tier.
+    /// The graph of `model`'s frozen layers from split `from` (or [`INPUT`]) to split `to` (the
+    /// freeze split by default), for the compute tier.
     ///
     /// # Errors
     /// Unknown model or split, `from` after `to`, or a model whose weights live in external files.
     pub fn suffix(&self, model: &str, from: &str, to: Option<&str>) -> Result<Vec<u8>, PushdownError> {
         let m = self.model(model)?;
         let to = to.unwrap_or(&m.manifest.freeze);
+        if prefix::has_external_data(&m.bytes).map_err(|e| PushdownError::Model(e.to_string()))? {
+            return Err(PushdownError::Unsupported(format!("{model} keeps weights in external files")));
+        }
+        if from == INPUT {
+            // The baseline: every frozen layer on the compute tier, from the model's input.
+            let b = m.split(to).map(|d| d.tensor.clone()).ok_or_else(|| PushdownError::UnknownSplit {
+                model: model.to_owned(),
+                split: to.to_owned(),
+                known: m.split_names().join(", "),
+            })?;
+            return prefix::cut(&m.bytes, &[&b]).map_err(|e| PushdownError::Model(e.to_string()));
+        }
         let order = m.split_names();
         let pos = |s: &str| {
             order.iter().position(|n| *n == s).ok_or_else(|| PushdownError::UnknownSplit {
@@ -157,9 +171,6 @@ impl Pushdown {
                 field: "from".into(),
                 message: format!("{from} comes after {to}"),
             });
-        }
-        if prefix::has_external_data(&m.bytes).map_err(|e| PushdownError::Model(e.to_string()))? {
-            return Err(PushdownError::Unsupported(format!("{model} keeps weights in external files")));
         }
         let tensor = |s: &str| m.split(s).map(|d| d.tensor.clone()).unwrap_or_default();
         let (a, b) = (tensor(from), tensor(to));

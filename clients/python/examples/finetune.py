@@ -1,0 +1,131 @@
+"""Fine-tune a classification head on frozen features streamed from tensorgate, with and without
+pushdown, and print both accuracies (equal: the features are the same).
+
+    python examples/finetune.py --endpoint http://127.0.0.1:9000 --admin http://127.0.0.1:9001 \\
+        --bucket finetune --demo 640          # uploads 640 synthetic labeled JPEGs first
+
+The head is softmax regression on globally pooled freeze-split features, trained with numpy (or a
+torch linear layer when torch is installed and --torch is given). The last shard is held out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tensorgate import Client, ShardLoader
+
+
+def demo_data(client: Client, bucket: str, prefix: str, n: int, per_shard: int) -> None:
+    """Synthetic labeled ImageNet-like JPEGs (the repository's bench/dataset.py), in shards."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    import dataset
+
+    try:
+        client.s3.create_bucket(Bucket=bucket)
+    except client.s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for i, shard in enumerate(dataset.image_shards(dataset.samples(n, classes=4), per_shard)):
+        client.s3.put_object(Bucket=bucket, Key=f"{prefix}{i:05d}.tar", Body=shard)
+
+
+def pooled(features: np.ndarray) -> np.ndarray:
+    """Global average pooling of NCHW (or NHWC when the last axis is the smallest) features."""
+    if features.ndim == 4:
+        axes = (2, 3) if features.shape[1] >= features.shape[-1] else (1, 2)
+        return features.mean(axis=axes)
+    return features.reshape(len(features), -1)
+
+
+def collect(loader: ShardLoader):
+    xs, ys = [], []
+    for f, labels, _ in loader:
+        xs.append(pooled(f))
+        ys.append(labels)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def train_numpy(x, y, classes, epochs=200, lr=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    x = (x - mu) / sd
+    w = rng.normal(0, 0.01, (x.shape[1], classes))
+    b = np.zeros(classes)
+    onehot = np.eye(classes)[y]
+    for _ in range(epochs):
+        logits = x @ w + b
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        g = (p - onehot) / len(x)
+        w -= lr * x.T @ g
+        b -= lr * g.sum(0)
+    return lambda z: (((z - mu) / sd) @ w + b).argmax(1)
+
+
+def train_torch(x, y, classes, epochs=200, lr=0.5, seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    xt = torch.from_numpy((x - mu) / sd).float()
+    head = torch.nn.Linear(x.shape[1], classes)
+    opt = torch.optim.SGD(head.parameters(), lr=lr)
+    for _ in range(epochs):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head(xt), torch.from_numpy(y)).backward()
+        opt.step()
+    return lambda z: head(torch.from_numpy((z - mu) / sd).float()).argmax(1).numpy()
+
+
+def run(client, args, split):
+    shards = client.list_keys(args.bucket, args.prefix, ".tar")
+    held_out = shards[-1]
+    t = time.perf_counter()
+    train = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size)
+    train.shards = lambda: shards[:-1]  # the last shard is the test set
+    x, y = collect(train)
+    test = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size)
+    test.shards = lambda: [held_out]
+    xt, yt = collect(test)
+    fit = train_torch if args.torch else train_numpy
+    predict = fit(x, y, int(max(y.max(), yt.max())) + 1)
+    acc = float((predict(xt) == yt).mean())
+    chosen = train.plans[-1]["plan"]["chosen"] if train.plans else split
+    sent = sum(f.bytes for f in train.fetches + test.fetches)
+    print(f"{'no pushdown' if split == 'none' else 'pushdown'} (split {chosen}): accuracy {acc:.4f} "
+          f"on {len(yt)} held-out samples, {sent / 1e6:.1f} MB moved, {time.perf_counter() - t:.1f} s")
+    return acc, x
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoint", default="http://127.0.0.1:9000")
+    ap.add_argument("--admin", default="http://127.0.0.1:9001")
+    ap.add_argument("--access-key", default="tensorgate-dev")
+    ap.add_argument("--secret-key", default="tensorgate-dev-secret")
+    ap.add_argument("--bucket", default="finetune")
+    ap.add_argument("--prefix", default="train/")
+    ap.add_argument("--model", default="pp-lcnet")
+    ap.add_argument("--split", default=None, help="split to push down (default: the model's freeze split; 'auto' plans)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--demo", type=int, default=0, help="first upload this many synthetic labeled JPEGs")
+    ap.add_argument("--per-shard", type=int, default=64)
+    ap.add_argument("--torch", action="store_true", help="train a torch linear head instead of numpy")
+    args = ap.parse_args(argv)
+    client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
+    if args.demo:
+        demo_data(client, args.bucket, args.prefix, args.demo, args.per_shard)
+    split = args.split or client.models()[args.model]["freeze"]
+    with_pd, x1 = run(client, args, split)
+    without, x2 = run(client, args, "none")
+    same = x1.shape == x2.shape and np.array_equal(x1, x2)
+    print(f"features identical: {same}; accuracies {'equal' if with_pd == without else 'DIFFER'}")
+    return 0 if with_pd == without else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

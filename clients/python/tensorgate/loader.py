@@ -1,0 +1,214 @@
+"""Streaming pushed-down features into training: one request per WebDataset shard, several in
+flight, in order, the next ones fetched while the current batch trains (the cross-tier overlap),
+split across data-parallel ranks and loader workers, and batches of exactly `batch_size`."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import io
+import tarfile
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from .codec import Features
+from .suffix import NO_PUSHDOWN, SuffixRunner, preprocess
+
+
+class ShardLoader:
+    """Iterates over training batches `(features, labels, keys)` of a bucket prefix of WebDataset
+    shards, with features at the model's freeze split whatever split the gateway ran.
+
+    - `split`: a split name, `"none"` (no pushdown: raw shards, decoded and run here) or `"auto"`
+      (profile, then ask the gateway's planner; re-plan when the measured bandwidth moves by more
+      than `replan_threshold`, or every `replan_every` shards).
+    - `rank`/`world_size`: data-parallel sharding; inside a PyTorch DataLoader worker, shards are
+      further split across workers.
+    - `prefetch`: shards requested ahead of the one being consumed (in parallel, order kept).
+    - `storage_batch`: asked of the gateway (`x-tensorgate-batch`); it may lower it.
+    """
+
+    def __init__(self, client, bucket: str, prefix: str, model: str, split: str, batch_size: int, *,
+                 rank: int = 0, world_size: int = 1, prefetch: int = 4, storage_batch: int | None = None,
+                 drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
+                 replan_every: int = 50, suffix_threads: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError("rank must be in [0, world_size)")
+        self.client, self.bucket, self.prefix, self.model = client, bucket, prefix, model
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.prefetch, self.storage_batch, self.drop_last = max(1, prefetch), storage_batch, drop_last
+        self.requested_split = split
+        self.train_secs_per_batch = train_secs_per_batch
+        self.replan_threshold, self.replan_every = replan_threshold, replan_every
+        self.suffix_threads = suffix_threads
+        self.info = client.models()[model]
+        self.events: list[tuple[str, int, float]] = []  # ("fetch_start"|"fetch_end"|"yield", shard, time)
+        self.fetches: list = []  # per shard: the client's Fetch (bytes, transfer time, split)
+        self.plans: list[dict] = []
+        self._runners: dict[str, SuffixRunner] = {}
+        self._lock = threading.Lock()
+        self.split = split
+
+    # --- which shards --------------------------------------------------------------------------
+
+    def shards(self) -> list[str]:
+        keys = self.client.list_keys(self.bucket, self.prefix, ".tar")
+        mine = keys[self.rank :: self.world_size]
+        try:
+            import torch.utils.data as tud
+
+            w = tud.get_worker_info()
+            if w is not None:
+                mine = mine[w.id :: w.num_workers]
+        except ImportError:
+            pass
+        return mine
+
+    # --- fetching ------------------------------------------------------------------------------
+
+    def _runner(self, split: str) -> SuffixRunner:
+        with self._lock:
+            if split not in self._runners:
+                self._runners[split] = SuffixRunner(self.client, self.model, split, threads=self.suffix_threads)
+            return self._runners[split]
+
+    def _fetch(self, index: int, key: str, split: str) -> Features:
+        self.events.append(("fetch_start", index, time.perf_counter()))
+        if split == NO_PUSHDOWN:
+            got = self.client.get(self.bucket, key)
+            feats = _decode_raw_shard(got.result.features.tobytes(), self.info)
+            feats.features = self._runner(NO_PUSHDOWN)(feats.features)
+        else:
+            got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch)
+            feats = got.result
+            feats.features = self._runner(got.split or split)(feats.features)
+        self.fetches.append(got)
+        self.events.append(("fetch_end", index, time.perf_counter()))
+        return feats
+
+    def _maybe_replan(self, done: int) -> None:
+        if self.requested_split != "auto" or not self.plans:
+            return
+        recent = [f for f in self.fetches[-4:] if f.transfer_seconds > 0]
+        if not recent:
+            return
+        bw = sum(f.bytes for f in recent) / sum(f.transfer_seconds for f in recent)
+        planned = self.plans[-1]["profile"]["bandwidth_bytes_per_sec"]
+        moved = abs(bw - planned) / planned > self.replan_threshold
+        if moved or (done and done % self.replan_every == 0):
+            profile = dict(self.plans[-1]["profile"], bandwidth_bytes_per_sec=bw)
+            self._adopt(profile)
+
+    def _adopt(self, profile: dict) -> None:
+        answer = self.client.plan(self.model, profile)
+        self.plans.append({"profile": profile, **answer})
+        self.split = answer["plan"]["chosen"]
+
+    def _start(self, shards: list[str]) -> None:
+        if self.requested_split == "auto":
+            from .profiler import profile as measure
+
+            prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
+                           shards=len(shards), train_secs_per_batch=self.train_secs_per_batch)
+            self._adopt(prof)
+
+    # --- iterating -----------------------------------------------------------------------------
+
+    def __iter__(self):
+        shards = self.shards()
+        if not shards:
+            return
+        self._start(shards)
+        pool = cf.ThreadPoolExecutor(self.prefetch)
+        pending: deque = deque()
+        next_shard = 0
+
+        def submit():
+            nonlocal next_shard
+            while next_shard < len(shards) and len(pending) < self.prefetch:
+                pending.append(pool.submit(self._fetch, next_shard, shards[next_shard], self.split))
+                next_shard += 1
+
+        feats, labels, keys = [], [], []
+        have = 0
+        try:
+            submit()
+            done = 0
+            while pending:
+                got = pending.popleft().result()
+                done += 1
+                self._maybe_replan(done)
+                submit()
+                feats.append(got.features)
+                if got.labels is not None:
+                    labels.append(got.labels)
+                keys += got.keys
+                have += len(got.features)
+                while have >= self.batch_size:
+                    yield self._emit(feats, labels, keys, self.batch_size, done - 1)
+                    have -= self.batch_size
+            if have and not self.drop_last:
+                yield self._emit(feats, labels, keys, have, done - 1)
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _emit(self, feats, labels, keys, n, shard):
+        all_f = np.concatenate(feats) if len(feats) > 1 else feats[0]
+        out_f, rest_f = all_f[:n], all_f[n:]
+        feats[:] = [rest_f] if len(rest_f) else []
+        out_l = None
+        if labels:
+            all_l = np.concatenate(labels)
+            out_l, rest_l = all_l[:n], all_l[n:]
+            labels[:] = [rest_l] if len(rest_l) else []
+        out_k = keys[:n]
+        del keys[:n]
+        self.events.append(("yield", shard, time.perf_counter()))
+        return out_f, out_l, out_k
+
+    def torch(self):
+        """A `torch.utils.data.IterableDataset` over this loader's batches (tensors)."""
+        import torch
+        from torch.utils.data import IterableDataset
+
+        loader = self
+
+        class _Dataset(IterableDataset):
+            def __iter__(self):
+                for f, l, k in loader:
+                    yield torch.from_numpy(f), (torch.from_numpy(l) if l is not None else None), k
+
+        return _Dataset()
+
+
+def _decode_raw_shard(raw: bytes, info: dict) -> Features:
+    """A raw WebDataset shard of images decoded and preprocessed here (the baseline)."""
+    samples: dict[str, dict[str, bytes]] = {}
+    order: list[str] = []
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        for m in tar:
+            if not m.isfile():
+                continue
+            base = m.name.rsplit("/", 1)[-1]
+            stem, _, ext = base.partition(".")
+            key = m.name[: len(m.name) - len(base)] + stem
+            if key not in samples:
+                samples[key] = {}
+                order.append(key)
+            samples[key][ext.lower()] = tar.extractfile(m).read()
+    inputs, labels, keys = [], [], []
+    for key in order:
+        s = samples[key]
+        img = s.get("jpg") or s.get("jpeg") or s.get("png")
+        if img is None:
+            continue
+        inputs.append(preprocess(img, info))
+        keys.append(key)
+        if "cls" in s:
+            labels.append(int(s["cls"].decode().strip()))
+    lab = np.array(labels, dtype=np.int64) if len(labels) == len(keys) else None
+    return Features(features=np.stack(inputs), labels=lab, keys=keys)

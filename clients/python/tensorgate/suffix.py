@@ -1,0 +1,59 @@
+"""Running frozen layers on the compute tier: the suffix between a split and the freeze split,
+and the baseline (raw images decoded here, every frozen layer run here)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnxruntime as ort
+
+NO_PUSHDOWN = "none"
+
+
+class SuffixRunner:
+    """Runs `model`'s frozen layers from `split` to the freeze split (`to`) with onnxruntime, on
+    features the gateway computed up to `split`. Identity when `split` is the freeze split.
+    `split="none"` runs the whole frozen prefix on preprocessed inputs (see `preprocess`)."""
+
+    def __init__(self, client, model: str, split: str, to: str | None = None, *, threads: int = 1,
+                 providers: list[str] | None = None):
+        info = client.models()[model]
+        self.model, self.split, self.to = model, split, to or info["freeze"]
+        self.info = info
+        self.session = None
+        if split != self.to:
+            graph = client.suffix_graph(model, "input" if split == NO_PUSHDOWN else split, self.to)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            self.session = ort.InferenceSession(graph, opts, providers=providers or ["CPUExecutionProvider"])
+            self.input = self.session.get_inputs()[0].name
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        if self.session is None:
+            return features
+        return self.session.run(None, {self.input: np.ascontiguousarray(features, dtype=np.float32)})[0]
+
+
+def preprocess(jpeg: bytes, info: dict) -> np.ndarray:
+    """Decodes and preprocesses one image as the gateway does (Pillow's bilinear resize, center
+    crop, scale, mean/std; the model's channel order and layout): the baseline's compute-tier
+    work. Needs Pillow (`pip install tensorgate[images]`)."""
+    from PIL import Image
+
+    p = info["preprocess"]
+    img = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    w, h = img.size
+    s = p["resize_shorter"]
+    if s:
+        size = (s, s * h // w) if w <= h else (s * w // h, s)
+        img = img.resize(size, Image.BILINEAR)
+    else:
+        size = (w, h)
+    ch, cw = p["crop"]
+    top, left = round((size[1] - ch) / 2), round((size[0] - cw) / 2)
+    a = np.asarray(img, dtype=np.float32)[top : top + ch, left : left + cw]
+    if p.get("channels", "rgb").lower() == "bgr":
+        a = a[..., ::-1]
+    a = (a * np.float32(p["scale"]) - np.array(p["mean"], np.float32)) / np.array(p["std"], np.float32)
+    return np.ascontiguousarray(a.transpose(2, 0, 1) if info["layout"] == "NCHW" else a)
