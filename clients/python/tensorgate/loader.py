@@ -186,7 +186,8 @@ class ShardLoader:
 
 
 def _decode_raw_shard(raw: bytes, info: dict) -> Features:
-    """A raw WebDataset shard of images decoded and preprocessed here (the baseline)."""
+    """A raw WebDataset shard decoded here (the baseline): images preprocessed as the gateway
+    would, `.npy` samples taken as model inputs."""
     samples: dict[str, dict[str, bytes]] = {}
     order: list[str] = []
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
@@ -204,9 +205,12 @@ def _decode_raw_shard(raw: bytes, info: dict) -> Features:
     for key in order:
         s = samples[key]
         img = s.get("jpg") or s.get("jpeg") or s.get("png")
-        if img is None:
+        if img is not None:
+            inputs.append(preprocess(img, info))
+        elif "npy" in s:  # already the model's input
+            inputs.append(np.load(io.BytesIO(s["npy"]), allow_pickle=False).astype(np.float32))
+        else:
             continue
-        inputs.append(preprocess(img, info))
         keys.append(key)
         if "cls" in s:
             labels.append(int(s["cls"].decode().strip()))

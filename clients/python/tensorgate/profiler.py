@@ -42,7 +42,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     raw = client.get(bucket, key)
     if raw.transfer_seconds > 0:
         bandwidth.append(raw.bytes / raw.transfer_seconds)
-    if baseline and info.get("preprocess"):
+    if baseline:
         try:
             from .loader import _decode_raw_shard
 

@@ -1,0 +1,152 @@
+"""The compute-tier client (clients/python) against a real gateway: batches complete and in order,
+the overlap really overlaps, sharding covers every sample once, the suffix finishes the frozen
+layers, the planner picks the obvious split on constructed profiles (and split=auto follows it),
+and the fine-tune example reaches the same accuracy with and without pushdown."""
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_gateway
+from test_pushdown import npy_bytes, reference
+
+from tensorgate import Client, ShardLoader
+
+MODEL = "tiny-cnn"  # freeze split: block2
+
+
+def shard(samples, first_key: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i, (x, label) in enumerate(samples):
+            for name, data in ((f"k{first_key + i:04d}.npy", npy_bytes(x)), (f"k{first_key + i:04d}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("client")
+    with run_gateway(tmp, "") as (endpoint, admin, s3, _):
+        client = Client(endpoint, "tensorgate-dev", "tensorgate-dev-secret", admin=admin)
+        rng = np.random.default_rng(3)
+        data = {}
+        s3.create_bucket(Bucket="shards")
+        # 7 shards of 4 samples each: 28 samples, keys k0000..k0027.
+        for s in range(7):
+            samples = [(rng.random((3, 32, 32), dtype=np.float32), (4 * s + i) % 3) for i in range(4)]
+            for i, (x, _) in enumerate(samples):
+                data[f"k{4 * s + i:04d}"] = x
+            s3.put_object(Bucket="shards", Key=f"train/{s:03d}.tar", Body=shard(samples, 4 * s))
+        yield client, admin, data
+
+
+def test_batches_arrive_complete_in_order_with_the_freeze_features(gw):
+    client, _, data = gw
+    loader = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=5)
+    batches = list(loader)
+    assert [len(f) for f, _, _ in batches] == [5, 5, 5, 5, 5, 3]
+    keys = [k for _, _, ks in batches for k in ks]
+    assert keys == sorted(data)
+    labels = np.concatenate([l for _, l, _ in batches])
+    assert labels.tolist() == [i % 3 for i in range(28)]
+    feats = np.concatenate([f for f, _, _ in batches])
+    want = reference(MODEL, "block2", np.stack([data[k] for k in keys]))
+    np.testing.assert_array_equal(feats, want)
+
+
+def test_the_suffix_finishes_the_frozen_layers_from_an_earlier_split(gw):
+    client, _, data = gw
+    early = np.concatenate([f for f, _, _ in ShardLoader(client, "shards", "train/", MODEL, "stem", batch_size=8)])
+    late = np.concatenate([f for f, _, _ in ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=8)])
+    assert early.shape == late.shape
+    np.testing.assert_allclose(early, late, rtol=1e-5, atol=1e-5)
+
+
+def test_sharding_covers_every_sample_exactly_once(gw):
+    client, _, data = gw
+    seen = []
+    for rank in range(3):
+        for _, _, keys in ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=4, rank=rank, world_size=3):
+            seen += keys
+    assert sorted(seen) == sorted(data) and len(seen) == len(set(seen))
+
+
+def test_the_next_shard_is_fetched_while_a_slow_step_trains(gw):
+    client, _, _ = gw
+    loader = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=4, prefetch=2)
+    step = 0.3
+    ends = []
+    t0 = time.perf_counter()
+    for _ in loader:
+        time.sleep(step)  # a slow training step
+        ends.append(time.perf_counter())
+    total = time.perf_counter() - t0
+    starts = {i: t for kind, i, t in loader.events if kind == "fetch_start"}
+    fetch_time = sum(t for kind, i, t in loader.events if kind == "fetch_end") - sum(starts.values())
+    # Shard i+1 (and i+2) were requested before step i finished ...
+    assert all(starts[i + 1] < ends[i] for i in range(len(ends) - 1)), (starts, ends)
+    # ... so the epoch took about the steps alone, not steps plus fetches.
+    assert total < len(ends) * step + fetch_time, (total, fetch_time)
+
+
+def post_plan(admin, model, profile):
+    req = urllib.request.Request(f"{admin}/v1/plan", data=json.dumps({"model": model, "profile": profile}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+
+
+def test_planner_picks_the_obvious_split_and_auto_follows_it(gw):
+    client, admin, _ = gw
+    # Raw objects of 1 MB per sample (large photos): every split moves less than the baseline.
+    base = {"batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
+            "compute_secs_per_sample": {"none": 0.0001, "stem": 0.00005, "block1": 0.00002, "block2": 0.0}}
+    # A very slow network: the split with the fewest bytes per sample wins.
+    slow = post_plan(admin, MODEL, dict(base, bandwidth_bytes_per_sec=1e4))
+    sizes = {s["split"]: s["bytes_per_sample"] for s in slow["storage"]["splits"]}
+    assert sizes.get(slow["plan"]["chosen"]) == min(sizes.values()), slow  # block1 and block2 tie
+    assert {c["split"] for c in slow["plan"]["candidates"]} == {"none", "stem", "block1", "block2"}
+    got = client.get("shards", "train/000.tar", MODEL, "auto")
+    assert got.split == slow["plan"]["chosen"]
+    assert got.plan and all("=" in part for part in got.plan.split(";"))
+    # A very fast network and a compute tier far faster than the storage node: no pushdown.
+    fast = post_plan(admin, MODEL, dict(base, bandwidth_bytes_per_sec=1e12,
+                                        compute_secs_per_sample={"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9}))
+    assert fast["plan"]["chosen"] == "none", fast
+    raw = client.get("shards", "train/000.tar", MODEL, "auto")
+    assert raw.split is None and raw.result.features.tobytes()[257:262] == b"ustar"  # the raw shard
+
+
+def test_the_loader_profiles_and_plans_by_itself(gw):
+    client, _, data = gw
+    loader = ShardLoader(client, "shards", "train/", MODEL, "auto", batch_size=8)
+    keys = [k for _, _, ks in loader for k in ks]
+    assert keys == sorted(data)
+    plan = loader.plans[0]
+    assert plan["plan"]["chosen"] in {"none", "stem", "block1", "block2"}
+    assert set(plan["profile"]["compute_secs_per_sample"]) >= {"stem", "block1", "block2"}
+
+
+def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path):
+    with run_gateway(tmp_path, "") as (endpoint, admin, _, _):
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "clients/python/examples/finetune.py"), "--endpoint", endpoint, "--admin", admin,
+             "--demo", "192", "--per-shard", "64"],
+            capture_output=True, text=True, timeout=600,
+        )
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    lines = [l for l in r.stdout.splitlines() if "accuracy" in l]
+    accs = [float(l.split("accuracy ")[1].split()[0]) for l in lines]
+    assert len(accs) == 2 and accs[0] == accs[1] and accs[0] > 0.5, r.stdout
+    assert "features identical: True" in r.stdout
