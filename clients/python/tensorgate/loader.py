@@ -28,12 +28,14 @@ class ShardLoader:
       further split across workers.
     - `prefetch`: shards requested ahead of the one being consumed (in parallel, order kept).
     - `storage_batch`: asked of the gateway (`x-tensorgate-batch`); it may lower it.
+    - `overlap=False` fetches each shard only when the previous one has been consumed (the
+      ablation: no cross-tier overlap).
     """
 
     def __init__(self, client, bucket: str, prefix: str, model: str, split: str, batch_size: int, *,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, storage_batch: int | None = None,
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
-                 replan_every: int = 50, suffix_threads: int = 1):
+                 replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         self.client, self.bucket, self.prefix, self.model = client, bucket, prefix, model
@@ -43,6 +45,7 @@ class ShardLoader:
         self.train_secs_per_batch = train_secs_per_batch
         self.replan_threshold, self.replan_every = replan_threshold, replan_every
         self.suffix_threads = suffix_threads
+        self.overlap = overlap
         self.info = client.models()[model]
         self.events: list[tuple[str, int, float]] = []  # ("fetch_start"|"fetch_end"|"yield", shard, time)
         self.fetches: list = []  # per shard: the client's Fetch (bytes, transfer time, split)
@@ -128,7 +131,10 @@ class ShardLoader:
         def submit():
             nonlocal next_shard
             while next_shard < len(shards) and len(pending) < self.prefetch:
-                pending.append(pool.submit(self._fetch, next_shard, shards[next_shard], self.split))
+                if self.overlap:
+                    pending.append(pool.submit(self._fetch, next_shard, shards[next_shard], self.split))
+                else:  # fetched when asked for, in this thread
+                    pending.append(_Deferred(self._fetch, next_shard, shards[next_shard], self.split))
                 next_shard += 1
 
         feats, labels, keys = [], [], []
@@ -140,7 +146,8 @@ class ShardLoader:
                 got = pending.popleft().result()
                 done += 1
                 self._maybe_replan(done)
-                submit()
+                if self.overlap:
+                    submit()
                 feats.append(got.features)
                 if got.labels is not None:
                     labels.append(got.labels)
@@ -149,6 +156,8 @@ class ShardLoader:
                 while have >= self.batch_size:
                     yield self._emit(feats, labels, keys, self.batch_size, done - 1)
                     have -= self.batch_size
+                if not self.overlap:
+                    submit()
             if have and not self.drop_last:
                 yield self._emit(feats, labels, keys, have, done - 1)
         finally:
@@ -183,6 +192,19 @@ class ShardLoader:
                     yield torch.from_numpy(f), (torch.from_numpy(l) if l is not None else None), k
 
         return _Dataset()
+
+
+class _Deferred:
+    """A fetch run only when its result is asked for (no overlap)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def result(self):
+        return self.fn(*self.args)
+
+    def cancel(self):
+        return True
 
 
 def _decode_raw_shard(raw: bytes, info: dict) -> Features:

@@ -1,0 +1,273 @@
+"""HAPI's experiments under emulated bandwidth (issue 7): a storage namespace (SeaweedFS +
+tensorgate, pinned to CPU 0) and a compute namespace (the trainer, pinned to CPU 1) joined by a
+veth pair shaped with tc tbf (bench/repro/topology.sh), swept over rates, models and modes.
+
+    sudo .venv/bin/python bench/repro/run.py --mode quick     # <= 10 minutes
+    sudo .venv/bin/python bench/repro/run.py --mode full      # <= 2 hours
+    .venv/bin/python bench/repro/run.py --mode smoke          # CI: loopback, tiny data, no namespaces
+
+Every run appends a JSON line to `bench/results/repro-<mode>.jsonl` (median over repeats is taken
+by bench/repro/report.py, which writes docs/REPRODUCTION.md and its plots). The topology is always
+torn down, even on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+import dataset  # noqa: E402
+
+TOPOLOGY = ROOT / "bench" / "repro" / "topology.sh"
+S_IP = "10.77.0.1"
+SEAWEED_PORT = 18833
+KEY, SECRET = "repro", "repro-secret"
+
+MODES = {
+    # name: images, per shard, models, rates (Mbit/s; None = unshaped loopback), repeats, epochs,
+    # overlap-off ablation rates, cache run (epochs at 25 Mbit/s)
+    "smoke": dict(images=64, per_shard=32, models=["tiny-cnn"], rates=[None], repeats=1, batch=32, ablation=[None], cache_epochs=0),
+    "quick": dict(images=256, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64, ablation=[25], cache_epochs=3),
+    "full": dict(images=1024, per_shard=64, models=["resnet18", "resnet50-thin", "pp-lcnet"], rates=[10, 25, 50, 100, 250, 1000],
+                 repeats=3, batch=64, ablation=[10, 100], cache_epochs=5),
+}
+
+
+def manifest(model: str) -> dict:
+    return tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
+
+
+def splits_to_freeze(model: str) -> list[str]:
+    m = manifest(model)
+    names = [s["name"] for s in m["splits"]]
+    return names[: names.index(m["freeze"]) + 1]
+
+
+def model_info(model: str) -> dict:
+    m = manifest(model)
+    p = dict(m["preprocess"])
+    p["channels"] = p.get("channels", "RGB").lower()
+    return {"preprocess": p, "layout": m["layout"]}
+
+
+def make_data(cfg: dict, workdir: Path) -> dict[str, bytes]:
+    """Image shards and, per model, the same samples as pre-transformed tensor shards."""
+    from tensorgate.suffix import preprocess
+
+    items = dataset.samples(cfg["images"])
+    objects = {f"images/{i:05d}.tar": s for i, s in enumerate(dataset.image_shards(items, cfg["per_shard"]))}
+    for model in cfg["models"]:
+        info = model_info(model)
+        shards = dataset.tensor_shards(items, cfg["per_shard"], lambda jpg: preprocess(jpg, info))
+        objects.update({f"tensors/{model}/{i:05d}.tar": s for i, s in enumerate(shards)})
+    return objects
+
+
+class Tiers:
+    """Starts SeaweedFS and the gateway (storage tier) and runs trainers (compute tier), in
+    namespaces or, for the smoke mode, on loopback."""
+
+    def __init__(self, namespaces: bool, workdir: Path, cache: bool):
+        self.ns, self.workdir, self.cache = namespaces, workdir, cache
+        self.host = S_IP if namespaces else "127.0.0.1"
+        self.procs: list[subprocess.Popen] = []
+
+    def storage_cmd(self, argv: list[str]) -> list[str]:
+        return (["ip", "netns", "exec", "tg-storage", "taskset", "-c", "0"] if self.ns else []) + argv
+
+    def compute_cmd(self, argv: list[str]) -> list[str]:
+        return (["ip", "netns", "exec", "tg-compute", "taskset", "-c", "1"] if self.ns else []) + argv
+
+    def start(self) -> None:
+        env = dict(os.environ, SEAWEED_PORT=str(SEAWEED_PORT))
+        out = subprocess.run(self.storage_cmd([str(ROOT / "scripts/seaweedfs.sh"), "start"]), env=env, check=True,
+                             capture_output=True, text=True)
+        self.seaweed = out.stdout.strip()
+        import onnxruntime
+
+        lib = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
+        port, admin = (9000, 9001) if self.ns else (free_port(), free_port())
+        self.endpoint, self.admin = f"http://{self.host}:{port}", f"http://{self.host}:{admin}"
+        cfg = self.workdir / f"gateway-{port}.toml"
+        cfg.write_text(f'[[credentials]]\naccess_key = "{KEY}"\nsecret_key = "{SECRET}"\n'
+                       f"[pushdown]\nworkers = 1\nmax_batch = 16\nqueue_capacity = 1024\n"
+                       f"[pushdown.cache]\nenabled = {'true' if self.cache else 'false'}\nmemory_bytes = 2147483648\n")
+        genv = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+        genv.update(TENSORGATE_CONFIG=str(cfg), TENSORGATE_LISTEN=f"{self.host}:{port}",
+                    TENSORGATE_ADMIN_LISTEN=f"{self.host}:{admin}", TENSORGATE_BACKEND_ENDPOINT=self.seaweed,
+                    TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak", TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
+                    TENSORGATE_MODELS_DIR=str(ROOT / "models"), TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG="warn")
+        log = open(self.workdir / f"gateway-{port}.log", "w")
+        self.gateway = subprocess.Popen(self.storage_cmd([str(ROOT / "target/release/tensorgate"), "serve"]), env=genv,
+                                        stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(self.gateway)
+        self.in_storage([sys.executable, "-c", WAIT_READY, self.admin])
+
+    def in_storage(self, argv: list[str], stdin: bytes | None = None) -> bytes:
+        return subprocess.run(self.storage_cmd(argv), input=stdin, check=True, capture_output=True).stdout
+
+    def upload(self, objects: dict[str, bytes]) -> None:
+        """Writes the dataset straight into SeaweedFS, inside the storage tier (not over the link)."""
+        blob = io.BytesIO()
+        with tarfile.open(fileobj=blob, mode="w") as tar:
+            for name, data in objects.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        self.in_storage([sys.executable, "-c", UPLOAD, self.seaweed], stdin=blob.getvalue())
+
+    def gateway_pid(self) -> int:
+        """The gateway process (a child of `ip netns exec` / taskset, which exec it)."""
+        return self.gateway.pid
+
+    def usage(self) -> tuple[float, int]:
+        """Storage-side CPU seconds so far and peak RSS (bytes) of the gateway."""
+        pid = self.gateway_pid()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        hwm = next(int(l.split()[1]) * 1024 for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmHWM"))
+        return cpu, hwm
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.gateway_pid()}/clear_refs").write_text("5")
+
+    def train(self, model: str, mode: str, batch: int, epochs: int, overlap: bool) -> dict:
+        argv = [sys.executable, str(ROOT / "bench/repro/trainer.py"), "--endpoint", self.endpoint, "--admin", self.admin,
+                "--access-key", KEY, "--secret-key", SECRET, "--model", model, "--mode", mode,
+                "--batch-size", str(batch), "--epochs", str(epochs), "--overlap", str(int(overlap))]
+        out = subprocess.run(self.compute_cmd(argv), check=True, capture_output=True, text=True, timeout=3600)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        env = dict(os.environ, SEAWEED_PORT=str(SEAWEED_PORT))
+        subprocess.run(self.storage_cmd([str(ROOT / "scripts/seaweedfs.sh"), "stop"]), env=env, check=False, capture_output=True)
+
+
+WAIT_READY = """
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        urllib.request.urlopen(sys.argv[1] + "/readyz", timeout=1); sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit("gateway not ready")
+"""
+
+UPLOAD = """
+import io, sys, tarfile, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id="seaweed-ak", aws_secret_access_key="seaweed-sk", region_name="us-east-1")
+try:
+    s3.create_bucket(Bucket="repro")
+except Exception:
+    pass
+with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read())) as tar:
+    for m in tar:
+        s3.put_object(Bucket="repro", Key=m.name, Body=tar.extractfile(m).read())
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shape(rate) -> None:
+    if rate is not None:
+        subprocess.run([str(TOPOLOGY), "rate", str(rate)], check=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=sorted(MODES), default="quick")
+    ap.add_argument("--out", type=Path, default=None, help="results JSONL (default bench/results/repro-MODE.jsonl)")
+    args = ap.parse_args(argv)
+    cfg = MODES[args.mode]
+    namespaces = args.mode != "smoke"
+    out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
+    workdir = Path(tempfile.mkdtemp(prefix="repro-"))
+    objects = make_data(cfg, workdir)
+    jpeg_bytes = sum(len(v) for k, v in objects.items() if k.startswith("images/"))
+    if namespaces:
+        subprocess.run([str(TOPOLOGY), "up", str(cfg["rates"][0])], check=True)
+    tiers = None
+    started = time.time()
+    try:
+        tiers = Tiers(namespaces, workdir, cache=False)
+        tiers.start()
+        tiers.upload(objects)
+
+        def record(model, rate, mode, overlap, epochs, repeat, tiers=tiers, extra=None):
+            tiers.reset_peak()
+            cpu0, _ = tiers.usage()
+            r = tiers.train(model, mode, cfg["batch"], epochs, overlap)
+            cpu1, peak = tiers.usage()
+            row = dict(model=model, rate=rate, mode=mode, overlap=overlap, repeat=repeat, images=cfg["images"],
+                       batch=cfg["batch"], jpeg_bytes=jpeg_bytes, storage_cpu_secs=cpu1 - cpu0, storage_peak_rss=peak, **r,
+                       **(extra or {}))
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"[{time.time() - started:6.0f}s] {model} {rate} Mbit/s {mode} overlap={overlap}: "
+                  f"{sum(r['epochs']):.1f}s, {r['bytes'] / 1e6:.1f} MB, split {r['split']}", flush=True)
+
+        for rate in cfg["rates"]:
+            shape(rate)
+            for model in cfg["models"]:
+                modes = ["images", "tensors"] + [f"split:{s}" for s in splits_to_freeze(model)] + ["auto"]
+                for repeat in range(cfg["repeats"]):
+                    for mode in modes:
+                        record(model, rate, mode, True, 1, repeat)
+                    if rate in cfg["ablation"]:
+                        for mode in ("images", f"split:{splits_to_freeze(model)[-1]}", "auto"):
+                            record(model, rate, mode, False, 1, repeat)
+        for rate in cfg["ablation"]:
+            if rate in cfg["rates"]:
+                continue
+            shape(rate)
+            for model in cfg["models"]:
+                for mode in ("images", f"split:{splits_to_freeze(model)[-1]}", "auto"):
+                    for overlap in (True, False):
+                        record(model, rate, mode, overlap, 1, 0)
+        if cfg["cache_epochs"]:
+            tiers.stop()
+            shape(25)
+            tiers = Tiers(namespaces, workdir, cache=True)
+            tiers.start()
+            model = cfg["models"][-1]
+            for mode in ("images", "tensors", "auto"):
+                record(model, 25, mode, True, cfg["cache_epochs"], 0, tiers=tiers, extra={"cache": True})
+    finally:
+        if tiers:
+            tiers.stop()
+        if namespaces:
+            subprocess.run([str(TOPOLOGY), "down"], check=False)
+    print(f"results: {out} ({time.time() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The compute-tier side of one reproduction run: stream a dataset through tensorgate in one mode
+and train a softmax-regression head on the freeze-split features, for some epochs; print one
+JSON line with the epoch times, the bytes received and the split used.
+
+Modes (HAPI's names): `images` (baseline images: raw JPEG shards, decoded and run through every
+frozen layer here), `tensors` (baseline tensors: pre-transformed input shards, every frozen layer
+here), `split:NAME` (pushdown at a fixed split), `auto` (the planner chooses)."""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from tensorgate import Client, ShardLoader
+
+
+class Head:
+    """Softmax regression on globally pooled features, one SGD step per batch."""
+
+    def __init__(self, classes: int, lr: float = 0.05, seed: int = 0):
+        self.classes, self.lr, self.rng = classes, lr, np.random.default_rng(seed)
+        self.w = None
+
+    def step(self, features: np.ndarray, labels: np.ndarray) -> None:
+        x = features.mean(axis=(2, 3)) if features.ndim == 4 and features.shape[1] >= features.shape[-1] else (
+            features.mean(axis=(1, 2)) if features.ndim == 4 else features.reshape(len(features), -1))
+        if self.w is None:
+            self.w = self.rng.normal(0, 0.01, (x.shape[1], self.classes))
+        logits = x @ self.w
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(len(labels)), labels] -= 1
+        self.w -= self.lr * x.T @ p / len(x)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--admin", required=True)
+    ap.add_argument("--access-key", required=True)
+    ap.add_argument("--secret-key", required=True)
+    ap.add_argument("--bucket", default="repro")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--overlap", type=int, default=1)
+    ap.add_argument("--classes", type=int, default=10)
+    args = ap.parse_args(argv)
+    client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
+    if args.mode == "images":
+        prefix, split = "images/", "none"
+    elif args.mode == "tensors":
+        prefix, split = f"tensors/{args.model}/", "none"
+    elif args.mode.startswith("split:"):
+        prefix, split = "images/", args.mode.split(":", 1)[1]
+    else:
+        prefix, split = "images/", "auto"
+    head = Head(args.classes)
+    epochs, moved, chosen = [], 0, split
+    loader = None
+    for _ in range(args.epochs):
+        t = time.perf_counter()
+        if loader is None:  # one loader: an auto plan is made once, in the first epoch
+            loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
+                                 prefetch=4 if args.overlap else 1, overlap=bool(args.overlap))
+        before = len(loader.fetches)
+        for features, labels, _ in loader:
+            head.step(features, labels)
+        epochs.append(time.perf_counter() - t)
+        moved += sum(f.bytes for f in loader.fetches[before:])
+        if loader.plans:
+            chosen = loader.plans[-1]["plan"]["chosen"]
+            loader.requested_split = chosen  # later epochs keep the plan (no re-profiling)
+            loader.split = chosen
+    json.dump({"epochs": epochs, "bytes": moved, "split": chosen,
+               "samples": sum(1 for _ in [])}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
