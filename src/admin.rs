@@ -1,6 +1,6 @@
 //! The admin port: `/metrics` (Prometheus text), `/healthz` (the process is alive), `/readyz`
 //! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
-//! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/plan` (JSON).
+//! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/storage`, `/v1/plan` (JSON).
 //!
 //! The admin port carries no S3 credentials: bind it where only operators and the training
 //! cluster can reach it (it serves model graphs and accepts plans, never object data).
@@ -33,6 +33,7 @@ pub fn router(gateway: Arc<Gateway>, metrics: Metrics) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{model}/suffix", get(suffix))
         .route("/v1/plan", post(plan).get(last_plan))
+        .route("/v1/storage", get(storage))
         .with_state(AdminState { gateway, metrics })
 }
 
@@ -204,6 +205,19 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
 #[derive(serde::Deserialize)]
 struct ModelQuery {
     model: String,
+}
+
+/// The storage-side terms of the cost model for a model, measured now (what a client needs to
+/// profile its own side without fetching features at every split).
+async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    match pd.storage_profile(&q.model).await {
+        Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
+        Err(e) => failure(&e),
+    }
 }
 
 /// What `split=auto` means for a model now.

@@ -65,6 +65,9 @@ pub struct StorageSplit {
     pub secs_per_sample: f64,
     /// Output bytes per sample.
     pub bytes_per_sample: f64,
+    /// Output shape per sample (lets a client time its suffix without fetching features).
+    #[serde(default)]
+    pub shape: Vec<usize>,
 }
 
 /// The storage side: candidate splits in model order up to the freeze split, and its load.

@@ -40,11 +40,15 @@ KEY, SECRET = "repro", "repro-secret"
 
 MODES = {
     # name: images, per shard, models, rates (Mbit/s; None = unshaped loopback), repeats, epochs,
-    # overlap-off ablation rates, cache run (epochs at 25 Mbit/s)
-    "smoke": dict(images=64, per_shard=32, models=["tiny-cnn"], rates=[None], repeats=1, batch=32, ablation=[None], cache_epochs=0),
-    "quick": dict(images=256, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64, ablation=[25], cache_epochs=3),
+    # overlap-off ablation rates, cache run (epochs at 25 Mbit/s), per-run time limit (s): a run past
+    # it is recorded as a timeout (its epoch time is at least the limit; early splits at 10 Mbit/s
+    # would otherwise take many minutes each)
+    "smoke": dict(images=64, per_shard=32, models=["tiny-cnn"], rates=[None], repeats=1, batch=32, ablation=[None],
+                  cache_epochs=0, limit=120),
+    "quick": dict(images=128, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64,
+                  ablation=[25], cache_epochs=3, limit=30),
     "full": dict(images=1024, per_shard=64, models=["resnet18", "resnet50-thin", "pp-lcnet"], rates=[10, 25, 50, 100, 250, 1000],
-                 repeats=3, batch=64, ablation=[10, 100], cache_epochs=5),
+                 repeats=3, batch=64, ablation=[10, 100], cache_epochs=5, limit=240),
 }
 
 
@@ -146,11 +150,14 @@ class Tiers:
     def reset_peak(self) -> None:
         Path(f"/proc/{self.gateway_pid()}/clear_refs").write_text("5")
 
-    def train(self, model: str, mode: str, batch: int, epochs: int, overlap: bool) -> dict:
+    def train(self, model: str, mode: str, batch: int, epochs: int, overlap: bool, limit: float) -> dict:
         argv = [sys.executable, str(ROOT / "bench/repro/trainer.py"), "--endpoint", self.endpoint, "--admin", self.admin,
                 "--access-key", KEY, "--secret-key", SECRET, "--model", model, "--mode", mode,
                 "--batch-size", str(batch), "--epochs", str(epochs), "--overlap", str(int(overlap))]
-        out = subprocess.run(self.compute_cmd(argv), check=True, capture_output=True, text=True, timeout=3600)
+        try:
+            out = subprocess.run(self.compute_cmd(argv), check=True, capture_output=True, text=True, timeout=limit * epochs)
+        except subprocess.TimeoutExpired:
+            return {"epochs": [limit] * epochs, "bytes": None, "split": mode.split(":")[-1], "timeout": True}
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def stop(self) -> None:
@@ -225,7 +232,7 @@ def main(argv=None):
         def record(model, rate, mode, overlap, epochs, repeat, tiers=tiers, extra=None):
             tiers.reset_peak()
             cpu0, _ = tiers.usage()
-            r = tiers.train(model, mode, cfg["batch"], epochs, overlap)
+            r = tiers.train(model, mode, cfg["batch"], epochs, overlap, cfg["limit"])
             cpu1, peak = tiers.usage()
             row = dict(model=model, rate=rate, mode=mode, overlap=overlap, repeat=repeat, images=cfg["images"],
                        batch=cfg["batch"], jpeg_bytes=jpeg_bytes, storage_cpu_secs=cpu1 - cpu0, storage_peak_rss=peak, **r,
@@ -233,7 +240,8 @@ def main(argv=None):
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(f"[{time.time() - started:6.0f}s] {model} {rate} Mbit/s {mode} overlap={overlap}: "
-                  f"{sum(r['epochs']):.1f}s, {r['bytes'] / 1e6:.1f} MB, split {r['split']}", flush=True)
+                  f"{sum(r['epochs']):.1f}s{' (timeout)' if r.get('timeout') else ''}, "
+                  f"{(r['bytes'] or 0) / 1e6:.1f} MB, split {r['split']}", flush=True)
 
         for rate in cfg["rates"]:
             shape(rate)

@@ -14,10 +14,11 @@ pub const INPUT: &str = "input";
 const MEASURE_BATCH: usize = 4;
 
 /// A split's measured prefix cost.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SplitCost {
     pub secs_per_sample: f64,
     pub bytes_per_sample: f64,
+    pub shape: Vec<usize>,
 }
 
 impl Pushdown {
@@ -49,7 +50,7 @@ impl Pushdown {
     async fn split_cost(&self, model: &str, split: &str) -> Result<SplitCost, PushdownError> {
         let key = (model.to_owned(), split.to_owned());
         if let Some(c) = self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-            return Ok(*c);
+            return Ok(c.clone());
         }
         let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let m = self.model(model)?;
@@ -71,12 +72,13 @@ impl Pushdown {
             Ok(SplitCost {
                 secs_per_sample: t.elapsed().as_secs_f64() / MEASURE_BATCH as f64,
                 bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
+                shape: out.shape.iter().skip(1).copied().collect(),
             })
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))?
         .map_err(PushdownError::Model)?;
-        self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, cost);
+        self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, cost.clone());
         Ok(cost)
     }
 
@@ -100,6 +102,7 @@ impl Pushdown {
                 split,
                 secs_per_sample: c.secs_per_sample + decode,
                 bytes_per_sample: c.bytes_per_sample,
+                shape: c.shape,
             });
         }
         let (queued, capacity) = {

@@ -109,6 +109,11 @@ class Client:
         q = f"from={split}" + (f"&to={to}" if to else "")
         return self._admin(f"/v1/models/{model}/suffix?{q}")
 
+    def storage(self, model: str) -> dict:
+        """The storage side's cost-model terms for `model`: per candidate split, seconds and bytes
+        per sample and the output shape."""
+        return json.loads(self._admin(f"/v1/storage?model={model}"))
+
     def plan(self, model: str, profile: dict) -> dict:
         """Asks the gateway's planner; returns {"plan": {"chosen", "candidates"}, "storage": ...}."""
         return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile}))

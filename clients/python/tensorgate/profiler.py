@@ -1,17 +1,24 @@
 """Profiling the compute tier and the network for the split planner (docs/planner.md).
 
-HAPI profiles online during a first epoch; this profiles on one representative shard before
-training: for every candidate split it fetches the shard's features (timing the transfer, so
-bandwidth is per request, as HAPI measures it) and times the suffix that finishes the frozen
-layers here; for the baseline it fetches the raw shard and times decoding plus every frozen layer.
+HAPI profiles online during a first epoch. This profiles before training, cheaply even on a slow
+link:
+- the compute side's time per split comes from running each suffix locally on random tensors of the
+  split's shape (the gateway reports the shapes with its own terms, `/v1/storage`);
+- bandwidth and raw bytes per sample come from fetching one raw shard (the baseline's transfer);
+- the baseline's compute comes from decoding that shard and running every frozen layer here.
+Nothing is fetched at the (possibly huge) early splits.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
+import numpy as np
+
 from .suffix import NO_PUSHDOWN, SuffixRunner
+
+#: Samples per local timing run.
+PROBE = 8
 
 
 def _timed(fn, *args) -> float:
@@ -22,39 +29,36 @@ def _timed(fn, *args) -> float:
 
 
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
-            shards: int = 1, train_secs_per_batch: float = 0.0, splits: list[str] | None = None,
-            baseline: bool = True, memory_limit: int | None = None) -> dict:
-    """A client profile (the planner's `ClientProfile`) measured on shard `key`. `samples` is the
-    epoch size (default: the shard's sample count x `shards`); `train_secs_per_batch` is the
+            shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
+            memory_limit: int | None = None) -> dict:
+    """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
+    the epoch size (default: the shard's sample count x `shards`); `train_secs_per_batch` is the
     trainable head's time per batch, which only the trainer knows."""
-    info = client.models()[model]
-    names = [s["name"] for s in info["splits"]]
-    candidates = splits or names[: names.index(info["freeze"]) + 1]
-    compute, bandwidth, n = {}, [], None
-    for split in candidates:
-        got = client.get(bucket, key, model, split)
-        feats = got.result.features
-        n = len(feats)
-        if got.transfer_seconds > 0:
-            bandwidth.append(got.bytes / got.transfer_seconds)
-        runner = SuffixRunner(client, model, split)
-        compute[split] = _timed(runner, feats) / n
+    storage = client.storage(model)
+    rng = np.random.default_rng(0)
+    compute = {}
+    for split in storage["splits"]:
+        x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
+        compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
     raw = client.get(bucket, key)
-    if raw.transfer_seconds > 0:
-        bandwidth.append(raw.bytes / raw.transfer_seconds)
-    if baseline:
-        try:
-            from .loader import _decode_raw_shard
+    body = raw.result.features.tobytes()
+    from .loader import _decode_raw_shard
 
+    info = client.models()[model]
+    try:
+        n = len(_decode_raw_shard(body, info).keys) if not baseline else None
+        if baseline:
             runner = SuffixRunner(client, model, NO_PUSHDOWN)
-            compute[NO_PUSHDOWN] = _timed(lambda b: runner(_decode_raw_shard(b, info).features),
-                                          raw.result.features.tobytes()) / n
-        except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
-            pass
+            decoded = []
+            secs = _timed(lambda b: decoded.append(runner(_decode_raw_shard(b, info).features)), body)
+            n = len(decoded[-1])
+            compute[NO_PUSHDOWN] = secs / n
+    except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
+        n = body.count(b".cls") or 1
     return {
         "batch_size": batch_size,
         "samples": samples or n * shards,
-        "bandwidth_bytes_per_sec": statistics.median(bandwidth) if bandwidth else 1e9,
+        "bandwidth_bytes_per_sec": raw.bytes / raw.transfer_seconds if raw.transfer_seconds > 0 else 1e10,
         "train_secs_per_batch": train_secs_per_batch,
         "compute_secs_per_sample": compute,
         "raw_bytes_per_sample": raw.bytes / n,
