@@ -189,6 +189,7 @@ mod tests {
                     split: s.into(),
                     secs_per_sample: secs * secs_scale,
                     bytes_per_sample: bytes,
+                    shape: Vec::new(),
                 })
                 .collect(),
             parallelism: 1.0,

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from tensorgate import Client, ShardLoader
+from tensorgate.suffix import prefetch_graphs
 
 
 class Head:
@@ -58,6 +59,8 @@ def main(argv=None):
         prefix, split = "images/", args.mode.split(":", 1)[1]
     else:
         prefix, split = "images/", "auto"
+    # Setup, not epoch time: the compute tier holds its model's layers (HAPI's client has them).
+    prefetch_graphs(client, args.model)
     head = Head(args.classes)
     epochs, moved, chosen = [], 0, split
     loader = None

@@ -4,11 +4,41 @@ and the baseline (raw images decoded here, every frozen layer run here)."""
 from __future__ import annotations
 
 import io
+import os
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 NO_PUSHDOWN = "none"
+
+
+def cache_dir() -> Path:
+    """Where suffix graphs are kept (`TENSORGATE_CACHE_DIR`, else ~/.cache/tensorgate)."""
+    return Path(os.environ.get("TENSORGATE_CACHE_DIR") or Path.home() / ".cache" / "tensorgate")
+
+
+def graph(client, model: str, split: str, to: str) -> bytes:
+    """The ONNX graph from `split` (or "input") to `to`, downloaded once per model version and
+    kept on disk: the compute tier holds its model's layers, they are not data to move per epoch."""
+    digest = client.models()[model]["sha256"][:16]
+    path = cache_dir() / f"{model}-{digest}-{split}-{to}.onnx"
+    if path.exists():
+        return path.read_bytes()
+    data = client.suffix_graph(model, split, to)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return data
+
+
+def prefetch_graphs(client, model: str) -> None:
+    """Downloads every suffix graph a plan could need (each candidate split and the baseline)."""
+    info = client.models()[model]
+    names = [s["name"] for s in info["splits"]]
+    for split in names[: names.index(info["freeze"])] + ["input"]:
+        graph(client, model, split, info["freeze"])
 
 
 class SuffixRunner:
@@ -23,10 +53,10 @@ class SuffixRunner:
         self.info = info
         self.session = None
         if split != self.to:
-            graph = client.suffix_graph(model, "input" if split == NO_PUSHDOWN else split, self.to)
+            onnx = graph(client, model, "input" if split == NO_PUSHDOWN else split, self.to)
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads
-            self.session = ort.InferenceSession(graph, opts, providers=providers or ["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(onnx, opts, providers=providers or ["CPUExecutionProvider"])
             self.input = self.session.get_inputs()[0].name
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
