@@ -6,6 +6,8 @@ veth pair shaped with tc tbf (bench/repro/topology.sh), swept over rates, models
     sudo .venv/bin/python bench/repro/run.py --mode full      # <= 2 hours
     .venv/bin/python bench/repro/run.py --mode smoke          # CI: loopback, tiny data, no namespaces
 
+`TENSORGATE_BIN` names the gateway binary (default: target/release/tensorgate).
+
 Every run appends a JSON line to `bench/results/repro-<mode>.jsonl` (median over repeats is taken
 by bench/repro/report.py, which writes docs/REPRODUCTION.md and its plots). The topology is always
 torn down, even on failure.
@@ -102,6 +104,17 @@ class Tiers:
         out = subprocess.run(self.storage_cmd([str(ROOT / "scripts/seaweedfs.sh"), "start"]), env=env, check=True,
                              capture_output=True, text=True)
         self.seaweed = out.stdout.strip()
+        self.start_gateway()
+
+    def restart_gateway(self, cache: bool) -> None:
+        """A fresh gateway over the same store (the dataset stays)."""
+        self.gateway.terminate()
+        self.gateway.wait(timeout=30)
+        self.procs.remove(self.gateway)
+        self.cache = cache
+        self.start_gateway()
+
+    def start_gateway(self) -> None:
         import onnxruntime
 
         lib = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
@@ -117,7 +130,8 @@ class Tiers:
                     TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak", TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
                     TENSORGATE_MODELS_DIR=str(ROOT / "models"), TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG="warn")
         log = open(self.workdir / f"gateway-{port}.log", "w")
-        self.gateway = subprocess.Popen(self.storage_cmd([str(ROOT / "target/release/tensorgate"), "serve"]), env=genv,
+        binary = os.environ.get("TENSORGATE_BIN") or str(ROOT / "target/release/tensorgate")
+        self.gateway = subprocess.Popen(self.storage_cmd([binary, "serve"]), env=genv,
                                         stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(self.gateway)
         self.in_storage([sys.executable, "-c", WAIT_READY, self.admin])
@@ -155,10 +169,21 @@ class Tiers:
                 "--access-key", KEY, "--secret-key", SECRET, "--model", model, "--mode", mode,
                 "--batch-size", str(batch), "--epochs", str(epochs), "--overlap", str(int(overlap))]
         try:
-            out = subprocess.run(self.compute_cmd(argv), check=True, capture_output=True, text=True, timeout=limit * epochs)
+            out = subprocess.run(self.compute_cmd(argv), capture_output=True, text=True, timeout=limit * epochs)
+            if out.returncode != 0:
+                raise RuntimeError(f"trainer {mode} failed: {out.stderr[-3000:]}")
         except subprocess.TimeoutExpired:
             return {"epochs": [limit] * epochs, "bytes": None, "split": mode.split(":")[-1], "timeout": True}
         return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def prefetch_graphs(self, models: list[str]) -> None:
+        """Puts every suffix graph in the client's disk cache (setup: the compute tier holds its
+        model), so that no timed run downloads one."""
+        code = ("import sys; from tensorgate import Client; from tensorgate.suffix import prefetch_graphs; "
+                "c = Client(sys.argv[1], sys.argv[2], sys.argv[3], admin=sys.argv[4]); "
+                "[prefetch_graphs(c, m) for m in sys.argv[5:]]")
+        subprocess.run(self.compute_cmd([sys.executable, "-c", code, self.endpoint, KEY, SECRET, self.admin, *models]),
+                       check=True, capture_output=True, timeout=1800)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -228,6 +253,8 @@ def main(argv=None):
         tiers = Tiers(namespaces, workdir, cache=False)
         tiers.start()
         tiers.upload(objects)
+        shape(1000 if namespaces else None)
+        tiers.prefetch_graphs(cfg["models"])
 
         def record(model, rate, mode, overlap, epochs, repeat, tiers=tiers, extra=None):
             tiers.reset_peak()
@@ -262,10 +289,8 @@ def main(argv=None):
                     for overlap in (True, False):
                         record(model, rate, mode, overlap, 1, 0)
         if cfg["cache_epochs"]:
-            tiers.stop()
             shape(25)
-            tiers = Tiers(namespaces, workdir, cache=True)
-            tiers.start()
+            tiers.restart_gateway(cache=True)
             model = cfg["models"][-1]
             for mode in ("images", "tensors", "auto"):
                 record(model, 25, mode, True, cfg["cache_epochs"], 0, tiers=tiers, extra={"cache": True})

@@ -46,7 +46,8 @@ class Client:
         self.s3.meta.events.register("before-sign.s3.GetObject", _add_headers)
 
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
-            batch: int | None = None, dtype: str | None = None, fmt: str | None = None) -> Fetch:
+            batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
+            range: str | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array)."""
         fields = {}
@@ -56,7 +57,8 @@ class Client:
                 if v is not None:
                     fields[k] = v
         t0 = time.perf_counter()
-        resp = self.s3.get_object(Bucket=bucket, Key=key, TensorgateFields=fields)
+        extra = {"Range": range} if range else {}
+        resp = self.s3.get_object(Bucket=bucket, Key=key, TensorgateFields=fields, **extra)
         t1 = time.perf_counter()
         body = resp["Body"].read()
         t2 = time.perf_counter()
@@ -81,6 +83,7 @@ class Client:
         return sorted(keys)
 
     def sizes(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        """Object sizes under a prefix, by key."""
         out = {}
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})

@@ -4,8 +4,9 @@ HAPI profiles online during a first epoch. This profiles before training, cheapl
 link:
 - the compute side's time per split comes from running each suffix locally on random tensors of the
   split's shape (the gateway reports the shapes with its own terms, `/v1/storage`);
-- bandwidth and raw bytes per sample come from fetching one raw shard (the baseline's transfer);
-- the baseline's compute comes from decoding that shard and running every frozen layer here.
+- bandwidth and raw bytes per sample come from fetching the first 512 KiB of one raw shard;
+- the baseline's compute comes from decoding the samples in those bytes and running every frozen
+  layer here.
 Nothing is fetched at the (possibly huge) early splits.
 """
 
@@ -19,6 +20,8 @@ from .suffix import NO_PUSHDOWN, SuffixRunner
 
 #: Samples per local timing run.
 PROBE = 8
+#: Bytes of a raw shard fetched to measure bandwidth and sample sizes (0.4 s at 10 Mbit/s).
+PROBE_BYTES = 512 * 1024
 
 
 def _timed(fn, *args) -> float:
@@ -28,40 +31,62 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t
 
 
+def _complete_members(partial: bytes) -> tuple[bytes, list[int]]:
+    """The whole members at the start of a partial tar (re-packed as a tar) and the sizes of its
+    image members."""
+    import io
+    import tarfile
+
+    out, sizes = io.BytesIO(), []
+    with tarfile.open(fileobj=out, mode="w") as dst:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(partial)) as src:
+                for m in src:
+                    data = src.extractfile(m).read() if m.isfile() else None
+                    if data is None or len(data) != m.size:
+                        break
+                    dst.addfile(m, io.BytesIO(data))
+                    if m.name.lower().endswith((".jpg", ".jpeg", ".png", ".npy")):
+                        sizes.append(m.size + 1024)  # member headers and padding, with its label
+        except (tarfile.TarError, OSError, EOFError):
+            pass
+    return out.getvalue(), sizes
+
+
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
             shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
-            memory_limit: int | None = None) -> dict:
+            memory_limit: int | None = None, probe_bytes: int = PROBE_BYTES) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
-    the epoch size (default: the shard's sample count x `shards`); `train_secs_per_batch` is the
-    trainable head's time per batch, which only the trainer knows."""
+    the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
+    the trainable head's time per batch, which only the trainer knows."""
     storage = client.storage(model)
     rng = np.random.default_rng(0)
     compute = {}
     for split in storage["splits"]:
         x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
         compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
-    raw = client.get(bucket, key)
-    body = raw.result.features.tobytes()
-    from .loader import _decode_raw_shard
+    # The first `probe_bytes` of the raw shard: bandwidth, sample sizes, baseline inputs.
+    raw = client.get(bucket, key, range=f"bytes=0-{probe_bytes - 1}")
+    whole, sizes = _complete_members(raw.result.features.tobytes())
+    per_sample = sum(sizes) / len(sizes) if sizes else float(raw.bytes)
+    shard_bytes = client.sizes(bucket, key).get(key, raw.bytes)
+    if baseline and sizes:
+        from .loader import _decode_raw_shard
 
-    info = client.models()[model]
-    try:
-        n = len(_decode_raw_shard(body, info).keys) if not baseline else None
-        if baseline:
+        info = client.models()[model]
+        try:
             runner = SuffixRunner(client, model, NO_PUSHDOWN)
-            decoded = []
-            secs = _timed(lambda b: decoded.append(runner(_decode_raw_shard(b, info).features)), body)
-            n = len(decoded[-1])
-            compute[NO_PUSHDOWN] = secs / n
-    except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
-        n = body.count(b".cls") or 1
+            n = len(_decode_raw_shard(whole, info).keys)
+            compute[NO_PUSHDOWN] = _timed(lambda b: runner(_decode_raw_shard(b, info).features), whole) / n
+        except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
+            pass
     return {
         "batch_size": batch_size,
-        "samples": samples or n * shards,
+        "samples": samples or max(1, round(shard_bytes / per_sample)) * shards,
         "bandwidth_bytes_per_sec": raw.bytes / raw.transfer_seconds if raw.transfer_seconds > 0 else 1e10,
         "train_secs_per_batch": train_secs_per_batch,
         "compute_secs_per_sample": compute,
-        "raw_bytes_per_sample": raw.bytes / n,
+        "raw_bytes_per_sample": per_sample,
         **({"memory_limit": memory_limit} if memory_limit else {}),
     }
 
