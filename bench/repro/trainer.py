@@ -78,8 +78,10 @@ def main(argv=None):
             chosen = loader.plans[-1]["plan"]["chosen"]
             loader.requested_split = chosen  # later epochs keep the plan (no re-profiling)
             loader.split = chosen
-    json.dump({"epochs": epochs, "bytes": moved, "split": chosen,
-               "samples": sum(1 for _ in [])}, sys.stdout)
+    plans = [{"chosen": p["plan"]["chosen"], "bandwidth": p["profile"]["bandwidth_bytes_per_sec"],
+              "predicted": {c["split"]: c["epoch_secs"] for c in p["plan"]["candidates"]}} for p in (loader.plans if loader else [])]
+    used = sorted({f.split or "none" for f in loader.fetches}) if loader else []
+    json.dump({"epochs": epochs, "bytes": moved, "split": chosen, "splits_used": used, "plans": plans}, sys.stdout)
     print()
 
 

@@ -298,10 +298,15 @@ impl Pushdown {
                     Item::Image(bytes) => {
                         let (m, tally) = (model.clone(), self.preprocessed.clone());
                         tokio::task::spawn_blocking(move || {
-                            let started = Instant::now();
+                            let (started, cpu) = (Instant::now(), thread_cpu_nanos());
                             let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
                             let out = preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels);
-                            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                            // CPU time, not wall time: a shard's samples preprocess concurrently,
+                            // and their wall times would count the contention many times over.
+                            let nanos = match (cpu, thread_cpu_nanos()) {
+                                (Some(a), Some(b)) => b.saturating_sub(a),
+                                _ => u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                            };
                             tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
                             tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             out
@@ -385,6 +390,11 @@ struct Parsed {
     items: Vec<Item>,
     keys: Vec<String>,
     labels: Option<Vec<i64>>,
+}
+
+/// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
+fn thread_cpu_nanos() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 fn no_preprocess(model: &str) -> PushdownError {
