@@ -87,34 +87,39 @@ def report(results: Path, out: Path, command: str) -> str:
               "JPEG. Here the late splits of a ResNet shrink below the JPEG, the early ones are far larger.", ""]
 
     # (b) epoch time vs bandwidth, (c) split choice quality
-    lines += ["## (b) First-epoch time vs bandwidth", ""]
-    header = "| model | Mbit/s | images | tensors | best fixed split | auto (chose) | auto / best baseline | auto / best split |"
-    lines += [header, "|---|---|---|---|---|---|---|---|"]
+    lines += ["## (b) First-epoch time vs bandwidth", "",
+              "`auto` is end to end (profiling included); `chosen` is the fixed-split run of the split it chose",
+              "(`none` = the images baseline), i.e. the choice without its one-time profiling cost.", ""]
+    header = "| model | Mbit/s | images | tensors | best fixed split | auto (chose) | chosen | best baseline / auto | best baseline / chosen | chosen / best option |"
+    lines += [header, "|---|---|---|---|---|---|---|---|---|---|"]
     quality, speedups = [], {}
     for model in models:
         for rate in rates:
             get = lambda mode: m.get((model, rate, mode, True, False))  # noqa: E731
             splits = {k[2]: v for k, v in m.items() if k[0] == model and k[1] == rate and k[3] and not k[4] and k[2].startswith("split:")}
-            if not splits or not get("auto"):
+            auto = get("auto")
+            if not splits or not auto:
                 continue
-            best_name, best = min(((n, v) for n, v in splits.items() if not v["timeout"]), key=lambda x: x[1]["first"], default=(None, None))
+            ok = [(n, v) for n, v in splits.items() if not v["timeout"]]
+            best_name, best = min(ok, key=lambda x: x[1]["first"], default=(None, None))
             base = [v for v in (get("images"), get("tensors")) if v and not v["timeout"]]
             best_base = min((v["first"] for v in base), default=float("inf"))
-            auto = get("auto")
             options = [v["first"] for v in base] + ([best["first"]] if best else [])
             best_any = min(options) if options else float("inf")
-            within = auto["first"] <= 1.05 * best_any
+            chosen = get("images") if auto["split"] == "none" else splits.get(f"split:{auto['split']}")
+            chosen_t = chosen["first"] if chosen and not chosen["timeout"] else float("inf")
+            within = chosen_t <= 1.05 * best_any
             quality.append(within)
-            speedups[(model, rate)] = best_base / auto["first"]
+            speedups[(model, rate)] = (best_base / auto["first"], best_base / chosen_t)
             lines.append(
                 f"| {model} | {rate} | {fmt_t(get('images')) if get('images') else '-'} | {fmt_t(get('tensors')) if get('tensors') else '-'} | "
-                f"{best['first']:.1f} ({best_name.replace('split:', '')}) | {auto['first']:.1f} ({auto['split']}) | "
-                f"{auto['first'] / best_base:.2f} | {auto['first'] / best_any:.2f}{' ✓' if within else ''} |"
-                if best else f"| {model} | {rate} | - | - | - | - | - | - |")
+                f"{best['first']:.1f} ({best_name.replace('split:', '')}) | {auto['first']:.1f} ({auto['split']}) | {chosen_t:.1f} | "
+                f"**{best_base / auto['first']:.2f}x** | {best_base / chosen_t:.2f}x | {chosen_t / best_any:.2f}{' ✓' if within else ''} |"
+                if best else f"| {model} | {rate} | - | - | - | - | - | - | - | - |")
     lines += ["", "## (c) Split-choice quality", "",
-              f"`auto` is the best or within 5% of the best option (every fixed split and both baselines) in "
+              f"The split `auto` chose is the best option (every fixed split and both baselines) or within 5% of it in "
               f"**{sum(quality)} of {len(quality)}** configurations ({100 * sum(quality) / max(len(quality), 1):.0f}%); "
-              f"paper: {100 * PAPER_WITHIN_5:.1f}% (of splits only, at B=1000 on GPUs, 50 Mbit/s-12 Gbit/s).", ""]
+              f"paper: {100 * PAPER_WITHIN_5:.1f}% (splits only, B=1000 on GPUs, 50 Mbit/s-12 Gbit/s).", ""]
     # (d) overlap
     lines += ["## (d) Overlap on vs off", "", "| model | Mbit/s | mode | overlap on | overlap off | off / on |", "|---|---|---|---|---|---|"]
     for (model, rate, mode, ov, c), v in sorted(m.items(), key=lambda kv: str(kv[0])):
@@ -161,6 +166,20 @@ def report(results: Path, out: Path, command: str) -> str:
     for (model, rate, mode, ov, c), v in sorted(m.items(), key=lambda kv: str(kv[0])):
         if ov and not c:
             lines.append(f"| {model} | {rate} | {mode} | {v['cpu']:.1f} | {v['rss'] / 2**20:.0f} |")
+    lines += ["", "## What differs from the paper's setup", "",
+              "- Scale: 2 vCPUs (one per tier), CPU inference on both tiers, 10-1000 Mbit/s instead of 50 Mbit/s-12 Gbit/s,",
+              "  a few hundred images instead of ImageNet. On one core the bandwidth at which compute balances the network is",
+              "  10-100x lower than on HAPI's GPUs, so the same shapes appear at lower rates (hapi.md section 7.2).",
+              "- Models: ResNet-50-thin (trained, frozen through its pool like HAPI's ResNet-50 at index 21/22), ResNet-18",
+              "  (topology, random weights), PP-LCNet (trained). No AlexNet/VGG/ViT-B.",
+              "- The compute tier has no GPU: the baselines decode and run every frozen layer on one CPU core, which makes",
+              "  them slower relative to the network than HAPI's GPU baselines.",
+              "- `auto` profiles before training (one raw shard's first 512 KiB, suffixes on random tensors) instead of",
+              "  HAPI's mixed profiling epoch; its cost is inside `auto`'s first epoch here.",
+              "- No added latency (netem is unavailable), tbf only.",
+              "- Batch adaptation (e): see docs/BENCHMARKS.md, \"Batch adaptation under a memory budget\" (bench/adaptation.py):",
+              "  without adaptation the process grew 946 MiB against a 512 MiB budget at 8 tenants; with it, all requests",
+              "  completed within the budget at 1.01-1.10x the unconstrained throughput.", ""]
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text

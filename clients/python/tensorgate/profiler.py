@@ -6,7 +6,9 @@ link:
   split's shape (the gateway reports the shapes with its own terms, `/v1/storage`);
 - bandwidth and raw bytes per sample come from fetching the first 512 KiB of one raw shard;
 - the baseline's compute comes from decoding the samples in those bytes and running every frozen
-  layer here.
+  layer here;
+- the CPU this process spends per received byte (network stack, HTTP, copies) becomes the
+  planner's deserialisation term: on a small compute node it competes with the suffix.
 Nothing is fetched at the (possibly huge) early splits.
 """
 
@@ -66,7 +68,11 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
         compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
     # The first `probe_bytes` of the raw shard: bandwidth, sample sizes, baseline inputs.
+    cpu = time.process_time()
     raw = client.get(bucket, key, range=f"bytes=0-{probe_bytes - 1}")
+    # Receiving and decoding a response costs this process CPU (network stack, HTTP parsing,
+    # copies) on the same cores that run the suffix: the planner's per-byte NP term.
+    receive_cpu = (time.process_time() - cpu) / max(raw.bytes, 1)
     whole, sizes = _complete_members(raw.result.features.tobytes())
     per_sample = sum(sizes) / len(sizes) if sizes else float(raw.bytes)
     shard_bytes = client.sizes(bucket, key).get(key, raw.bytes)
@@ -87,6 +93,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         "train_secs_per_batch": train_secs_per_batch,
         "compute_secs_per_sample": compute,
         "raw_bytes_per_sample": per_sample,
+        "decode_secs_per_byte": max(receive_cpu, 5e-10),
         **({"memory_limit": memory_limit} if memory_limit else {}),
     }
 

@@ -41,6 +41,10 @@ def prefetch_graphs(client, model: str) -> None:
         graph(client, model, split, info["freeze"])
 
 
+#: Sessions by (model digest, from, to, threads, providers): creating one is the expensive part.
+_SESSIONS: dict = {}
+
+
 class SuffixRunner:
     """Runs `model`'s frozen layers from `split` to the freeze split (`to`) with onnxruntime, on
     features the gateway computed up to `split`. Identity when `split` is the freeze split.
@@ -53,10 +57,13 @@ class SuffixRunner:
         self.info = info
         self.session = None
         if split != self.to:
-            onnx = graph(client, model, "input" if split == NO_PUSHDOWN else split, self.to)
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = threads
-            self.session = ort.InferenceSession(onnx, opts, providers=providers or ["CPUExecutionProvider"])
+            key = (info["sha256"], split, self.to, threads, tuple(providers or ()))
+            if key not in _SESSIONS:  # the profiler's sessions serve the loader afterwards
+                onnx = graph(client, model, "input" if split == NO_PUSHDOWN else split, self.to)
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = threads
+                _SESSIONS[key] = ort.InferenceSession(onnx, opts, providers=providers or ["CPUExecutionProvider"])
+            self.session = _SESSIONS[key]
             self.input = self.session.get_inputs()[0].name
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
