@@ -34,7 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import dataset  # noqa: E402
-from conftest import free_port, ort_library, wait_ready  # noqa: E402
+import conftest  # noqa: E402
+
+conftest.BINARY = ROOT / "target" / "release" / "tensorgate"
 
 N_IMAGES = int(os.environ.get("N_IMAGES", "2000"))
 PER_SHARD = 100
@@ -62,27 +64,13 @@ def total(m: dict, prefix: str) -> float:
 
 
 class Gateway:
+    """The release gateway on SeaweedFS (conftest.run_gateway) with a presigning client."""
+
     def __init__(self, seaweed: str, workdir: Path, cache_toml: str):
-        self.port, admin_port = free_port(), free_port()
-        cfg = workdir / f"gw-{self.port}.toml"
-        cfg.write_text(cache_toml)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "ORT_"))}
-        env.update(
-            TENSORGATE_CONFIG=str(cfg),
-            TENSORGATE_LISTEN=f"127.0.0.1:{self.port}",
-            TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
-            TENSORGATE_BACKEND_ENDPOINT=seaweed,
-            TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
-            TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
-            TENSORGATE_MODELS_DIR=str(ROOT / "models"),
-            TENSORGATE_ORT_LIBRARY=ort_library(),
-            TENSORGATE_LOG="warn",
-        )
-        self.proc = subprocess.Popen([str(ROOT / "target/release/tensorgate"), "serve"], env=env)
-        self.admin = f"http://127.0.0.1:{admin_port}"
-        wait_ready(self.admin, self.proc)
+        self._running = conftest.run_gateway(workdir, cache_toml, seaweed=seaweed, env={"TENSORGATE_LOG": "warn"})
+        _, self.admin, client, self.pid = self._running.__enter__()
         self.s3 = boto3.client(
-            "s3", endpoint_url=f"http://127.0.0.1:{self.port}", aws_access_key_id="tensorgate-dev",
+            "s3", endpoint_url=client.meta.endpoint_url, aws_access_key_id="tensorgate-dev",
             aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1",
             config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
         )
@@ -90,7 +78,7 @@ class Gateway:
         self.http = urllib3.PoolManager(maxsize=THREADS, retries=False)
 
     def peak_rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
@@ -111,8 +99,7 @@ class Gateway:
         return time.perf_counter() - t, sum(n for _, n in got), [d for d, _ in got]
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        self._running.__exit__(None, None, None)
 
 
 def run(name, seaweed, workdir, cache_toml, keys, samples_per_key):

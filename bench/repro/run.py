@@ -49,8 +49,8 @@ MODES = {
                   cache_epochs=0, limit=120),
     "quick": dict(images=128, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64,
                   ablation=[25], cache_epochs=3, limit=30),
-    "full": dict(images=1024, per_shard=64, models=["resnet18", "resnet50-thin", "pp-lcnet"], rates=[10, 25, 50, 100, 250, 1000],
-                 repeats=3, batch=64, ablation=[10, 100], cache_epochs=5, limit=240),
+    "full": dict(images=256, per_shard=64, models=["resnet18", "resnet50-thin", "pp-lcnet"], rates=[10, 25, 50, 100, 250, 1000],
+                 repeats=3, batch=64, ablation=[10, 100], cache_epochs=5, limit=45),
 }
 
 
