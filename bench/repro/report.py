@@ -17,8 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PAPER_WITHIN_5 = 0.868
 
 
-def load(path: Path) -> list[dict]:
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+def load(paths: list[Path]) -> list[dict]:
+    rows = [json.loads(l) for p in paths for l in p.read_text().splitlines() if l.strip()]
+    for r in rows:  # runs with an emulated training step are a separate configuration
+        if r.get("train_secs"):
+            r["mode"] = f"{r['mode']} (+{r['train_secs']:g} s train/batch)"
+    return rows
 
 
 def median_runs(rows: list[dict]) -> dict:
@@ -47,7 +51,7 @@ def fmt_t(v: dict) -> str:
     return f"≥{v['first']:.0f}" if v["timeout"] else f"{v['first']:.1f}"
 
 
-def report(results: Path, out: Path, command: str) -> str:
+def report(results: list[Path], out: Path, command: str) -> str:
     rows = load(results)
     m = median_runs(rows)
     plots = out.parent / "repro"
@@ -57,8 +61,8 @@ def report(results: Path, out: Path, command: str) -> str:
     lines = [
         "# Reproducing HAPI under emulated bandwidth",
         "",
-        f"Command: `{command}` (results: `{results.relative_to(ROOT) if results.is_relative_to(ROOT) else results}`; "
-        f"report: `.venv/bin/python bench/repro/report.py {results.name}`). Setup: `bench/repro/README.md`.",
+        f"Command: `{command}` (results: {', '.join(f'`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`' for p in results)}; "
+        f"report: `.venv/bin/python bench/repro/report.py {' '.join(p.name for p in results)}`). Setup: `bench/repro/README.md`.",
         "",
         "Storage tier (SeaweedFS + tensorgate, 1 inference worker) pinned to CPU 0, compute tier (the trainer:",
         "suffix or baseline frozen layers with onnxruntime on 1 thread, a softmax-regression head) pinned to CPU 1,",
@@ -209,11 +213,11 @@ def report(results: Path, out: Path, command: str) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "REPRODUCTION.md")
     ap.add_argument("--command", default="sudo .venv/bin/python bench/repro/run.py --mode quick")
     args = ap.parse_args(argv)
-    print(report(args.results.resolve(), args.out, args.command))
+    print(report([p.resolve() for p in args.results], args.out, args.command))
 
 
 if __name__ == "__main__":

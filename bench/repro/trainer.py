@@ -49,6 +49,8 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--train-secs", type=float, default=0.0,
+                    help="extra seconds per batch, emulating the trainable layers on an accelerator (no CPU)")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
     if args.mode == "images":
@@ -72,6 +74,8 @@ def main(argv=None):
         before = len(loader.fetches)
         for features, labels, _ in loader:
             head.step(features, labels)
+            if args.train_secs:
+                time.sleep(args.train_secs)
         epochs.append(time.perf_counter() - t)
         moved += sum(f.bytes for f in loader.fetches[before:])
         if loader.plans:

@@ -62,20 +62,17 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
     the trainable head's time per batch, which only the trainer knows."""
     storage = client.storage(model)
-    rng = np.random.default_rng(0)
-    compute = {}
-    for split in storage["splits"]:
-        x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
-        compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
     # The first `probe_bytes` of the raw shard: bandwidth, sample sizes, baseline inputs.
     cpu = time.process_time()
     raw = client.get(bucket, key, range=f"bytes=0-{probe_bytes - 1}")
     # Receiving and decoding a response costs this process CPU (network stack, HTTP parsing,
     # copies) on the same cores that run the suffix: the planner's per-byte NP term.
     receive_cpu = (time.process_time() - cpu) / max(raw.bytes, 1)
+    bandwidth = raw.bytes / raw.transfer_seconds if raw.transfer_seconds > 0 else 1e10
     whole, sizes = _complete_members(raw.result.features.tobytes())
     per_sample = sum(sizes) / len(sizes) if sizes else float(raw.bytes)
     shard_bytes = client.sizes(bucket, key).get(key, raw.bytes)
+    compute = {}
     if baseline and sizes:
         from .loader import _decode_raw_shard
 
@@ -86,10 +83,20 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
             compute[NO_PUSHDOWN] = _timed(lambda b: runner(_decode_raw_shard(b, info).features), whole) / n
         except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
             pass
+    # A split whose features alone take longer to cross the network than the baseline's whole
+    # per-sample cost (its transfer plus its compute) cannot win: it is not profiled (saves an
+    # inference session each; at 10 Mbit/s that is every early split).
+    ceiling = per_sample / bandwidth + compute[NO_PUSHDOWN] if NO_PUSHDOWN in compute else float("inf")
+    rng = np.random.default_rng(0)
+    for split in storage["splits"]:
+        if split["bytes_per_sample"] / bandwidth > ceiling:
+            continue
+        x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
+        compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
     return {
         "batch_size": batch_size,
         "samples": samples or max(1, round(shard_bytes / per_sample)) * shards,
-        "bandwidth_bytes_per_sec": raw.bytes / raw.transfer_seconds if raw.transfer_seconds > 0 else 1e10,
+        "bandwidth_bytes_per_sec": bandwidth,
         "train_secs_per_batch": train_secs_per_batch,
         "compute_secs_per_sample": compute,
         "raw_bytes_per_sample": per_sample,
