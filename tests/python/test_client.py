@@ -134,7 +134,11 @@ def test_the_loader_profiles_and_plans_by_itself(gw):
     assert keys == sorted(data)
     plan = loader.plans[0]
     assert plan["plan"]["chosen"] in {"none", "stem", "block1", "block2"}
-    assert set(plan["profile"]["compute_secs_per_sample"]) >= {"stem", "block1", "block2"}
+    profiled = set(plan["profile"]["compute_secs_per_sample"])
+    assert "none" in profiled
+    # Splits the network alone rules out are not profiled, and the planner says so.
+    for c in plan["plan"]["candidates"]:
+        assert (c["split"] in profiled) == (c["excluded"] is None), c
 
 
 def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path):
