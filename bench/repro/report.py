@@ -143,7 +143,7 @@ def report(results: list[Path], out: Path, command: str) -> str:
         ratio = min(sum(v["epochs"]) for v in cache_base) / sum(cache_auto[0]["epochs"])
         lines.append(f"| {len(cache_auto[0]['epochs'])}-epoch run at 25 Mbit/s ≥ 10x the best baseline (issue: 5 epochs) | "
                      f"{ratio:.1f}x ({'met' if ratio >= 10 else 'not met'}) | - |")
-    lines += ["", "End to end includes `auto`'s profiling (about 1 s here: a suffix session per candidate split, a",
+    lines += ["", "End to end includes `auto`'s profiling (0.3-1 s here: a suffix session per split the network does not rule out, a",
               "512 KiB read, a plan), which a 128-image epoch cannot amortise; the choice column is the split it",
               "picked, run as a fixed split.", ""]
     # (d) overlap
