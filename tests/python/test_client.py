@@ -86,17 +86,15 @@ def test_the_next_shard_is_fetched_while_a_slow_step_trains(gw):
     loader = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=4, prefetch=2)
     step = 0.3
     ends = []
-    t0 = time.perf_counter()
     for _ in loader:
         time.sleep(step)  # a slow training step
         ends.append(time.perf_counter())
-    total = time.perf_counter() - t0
     starts = {i: t for kind, i, t in loader.events if kind == "fetch_start"}
-    fetch_time = sum(t for kind, i, t in loader.events if kind == "fetch_end") - sum(starts.values())
-    # Shard i+1 (and i+2) were requested before step i finished ...
+    done = {i: t for kind, i, t in loader.events if kind == "fetch_end"}
+    # Shard i+1 was requested, and had arrived, before step i finished: its transfer and the
+    # storage node's work for it were hidden behind training.
     assert all(starts[i + 1] < ends[i] for i in range(len(ends) - 1)), (starts, ends)
-    # ... so the epoch took about the steps alone, not steps plus fetches.
-    assert total < len(ends) * step + fetch_time, (total, fetch_time)
+    assert all(done[i + 1] < ends[i] for i in range(len(ends) - 1)), (done, ends)
 
 
 def post_plan(admin, model, profile):
