@@ -377,31 +377,9 @@ def test_head_describes_the_tensor_output(s3, bucket):
 
 def test_full_queue_answers_slowdown(tmp_path):
     """A tiny queue and a 64-sample batch: samples beyond the queue get 503 SlowDown + Retry-After."""
-    import os
-    import subprocess
+    from conftest import run_gateway
 
-    import boto3
-
-    from conftest import BINARY, free_port, ort_library, wait_ready
-
-    port, admin = free_port(), free_port()
-    cfg = tmp_path / "small-queue.toml"
-    cfg.write_text("[pushdown]\nqueue_capacity = 2\nmax_batch = 1\nworkers = 1\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
-    env.update(
-        TENSORGATE_CONFIG=str(cfg),
-        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
-        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
-        TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"),
-        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
-        TENSORGATE_ORT_LIBRARY=ort_library(),
-    )
-    proc = subprocess.Popen([str(BINARY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{admin}", proc)
-        c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
-                         aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1",
-                         config=__import__("botocore.config", fromlist=["Config"]).Config(retries={"max_attempts": 1}))
+    with run_gateway(tmp_path, "[pushdown]\nqueue_capacity = 2\nmax_batch = 1\nworkers = 1\n") as (_, _, c, _):
         c.put_object(Bucket="demo", Key="big.npy", Body=npy_bytes(np.zeros((64, 3, 224, 224), np.float32)))
         with pytest.raises(botocore.exceptions.ClientError) as e:
             pushdown_get(c, "demo", "big.npy", model="resnet18", split="layer3")
@@ -412,42 +390,23 @@ def test_full_queue_answers_slowdown(tmp_path):
         # The gateway stays up and serves the next (small) request.
         c.put_object(Bucket="demo", Key="one.npy", Body=npy_bytes(np.zeros((3, 224, 224), np.float32)))
         assert pushdown_get(c, "demo", "one.npy", model="resnet18", split="layer3")["ContentType"] == "application/x-npy"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_bad_inputs_under_repetition_do_not_crash_or_leak(tmp_path):
     """300 bad pushdown requests (corrupt, truncated, oversized-header images, junk shards, wrong
     shapes): the process stays up and its resident memory settles (growth after warm-up bounded)."""
     import os
-    import subprocess
     import tarfile
     import zlib
 
-    import boto3
+    from conftest import run_gateway
 
-    from conftest import BINARY, free_port, ort_library, wait_ready
+    with run_gateway(tmp_path) as (_, _, c, pid):
 
-    port, admin = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
-    env.update(
-        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
-        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin}",
-        TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"),
-        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
-        TENSORGATE_ORT_LIBRARY=ort_library(),
-    )
-    proc = subprocess.Popen([str(BINARY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        def rss_kib():
+            with open(f"/proc/{pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
-    def rss_kib():
-        with open(f"/proc/{proc.pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
-
-    try:
-        wait_ready(f"http://127.0.0.1:{admin}", proc)
-        c = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
-                         aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1")
         buf = io.BytesIO()
         synthetic_photo(64, 48, 1).save(buf, format="PNG")
         png = buf.getvalue()
@@ -487,11 +446,8 @@ def test_bad_inputs_under_repetition_do_not_crash_or_leak(tmp_path):
             round_()
         grown = rss_kib() - warm
         print(f"RSS after warm-up {warm / 1024:.1f} MiB, growth over 240 more bad requests {grown / 1024:.1f} MiB")
-        assert proc.poll() is None, "the gateway exited"
+        assert os.path.exists(f"/proc/{pid}/status"), "the gateway exited"
         assert grown < 16 * 1024, f"RSS grew {grown / 1024:.1f} MiB"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_pushdown_metrics(gateway, s3, bucket):
