@@ -49,6 +49,9 @@ MODES = {
                   cache_epochs=0, limit=120),
     "quick": dict(images=128, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64,
                   ablation=[25], cache_epochs=3, limit=30),
+    # The other two models at the quick settings (no ablation or cache runs): about 11 minutes.
+    "quick-more": dict(images=128, per_shard=64, models=["resnet18", "pp-lcnet"], rates=[10, 100, 1000], repeats=1,
+                       batch=64, ablation=[], cache_epochs=0, limit=30),
     # The overlap ablation where both sides matter: a training step (emulated accelerator time,
     # 0.5 s per batch of 64) comparable to a batch's transfer at 25 Mbit/s (6.7 MB: 2.2 s) and to
     # the storage node's compute for it (about 1.5 s at pool).
