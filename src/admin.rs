@@ -97,22 +97,9 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Reply {
     (status, [(header::CONTENT_TYPE, "application/json")], format!("{value:#}\n").into_bytes())
 }
 
-fn failure(e: &crate::pushdown::PushdownError) -> Reply {
-    let spec = crate::error::GatewayError::Pushdown(clone_message(e)).spec();
+fn failure(e: crate::pushdown::PushdownError) -> Reply {
+    let spec = crate::error::GatewayError::Pushdown(e).spec();
     json(spec.status, &serde_json::json!({ "error": spec.code, "message": spec.message }))
-}
-
-/// `PushdownError` is not `Clone`; its rendering only needs the variant and the message.
-fn clone_message(e: &crate::pushdown::PushdownError) -> crate::pushdown::PushdownError {
-    use crate::pushdown::PushdownError as E;
-    match e {
-        E::UnknownModel { .. } | E::UnknownSplit { .. } | E::InvalidArgument { .. } => {
-            E::InvalidArgument { field: "request".into(), message: e.to_string() }
-        }
-        E::Unsupported(m) => E::Unsupported(m.clone()),
-        E::Unavailable(m) => E::Unavailable(m.clone()),
-        other => E::Model(other.to_string()),
-    }
 }
 
 fn pushdown(s: &AdminState) -> Result<&Arc<crate::pushdown::Pushdown>, Reply> {
@@ -166,9 +153,12 @@ async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q)
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.suffix(&model, &q.from, q.to.as_deref()) {
+    // Cutting walks the whole model's protobuf: CPU work, off the async workers.
+    let pd = pd.clone();
+    let cut = tokio::task::spawn_blocking(move || pd.suffix(&model, &q.from, q.to.as_deref())).await;
+    match cut.map_err(|e| crate::pushdown::PushdownError::Internal(e.to_string())).and_then(|r| r) {
         Ok(graph) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], graph),
-        Err(e) => failure(&e),
+        Err(e) => failure(e),
     }
 }
 
@@ -198,7 +188,7 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
         Ok((plan, storage)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": req.model, "plan": plan, "storage": storage }))
         }
-        Err(e) => failure(&e),
+        Err(e) => failure(e),
     }
 }
 
@@ -216,7 +206,7 @@ async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Re
     };
     match pd.storage_profile(&q.model).await {
         Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
-        Err(e) => failure(&e),
+        Err(e) => failure(e),
     }
 }
 

@@ -253,7 +253,7 @@ fn check_prefix(
 }
 
 /// A deterministic batch of probe values in [-1, 1).
-fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
+pub(crate) fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
     let mut shape = vec![batch];
     shape.extend(&model.manifest.input_shape);
     let n: usize = shape.iter().product();

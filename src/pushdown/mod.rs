@@ -207,16 +207,16 @@ impl Pushdown {
     /// # Errors
     /// Unknown model or split, naming what exists.
     pub fn resolve(&self, spec: &PushdownSpec) -> Result<(Arc<Model>, String), PushdownError> {
-        let model = self.registry.models.get(&spec.model).ok_or_else(|| PushdownError::UnknownModel {
-            name: spec.model.clone(),
+        let model = self.model(&spec.model)?;
+        let split = split_def(&model, &spec.split)?.name.clone();
+        Ok((model, split))
+    }
+
+    fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
+        self.registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
+            name: name.to_owned(),
             known: self.registry.names().join(", "),
-        })?;
-        let split = model.split(&spec.split).ok_or_else(|| PushdownError::UnknownSplit {
-            model: spec.model.clone(),
-            split: spec.split.clone(),
-            known: model.split_names().join(", "),
-        })?;
-        Ok((model.clone(), split.name.clone()))
+        })
     }
 
     fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
@@ -395,6 +395,15 @@ struct Parsed {
 /// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
 fn thread_cpu_nanos() -> Option<u64> {
     std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// A model's split by name (or index), or the error naming the splits it has.
+fn split_def<'a>(model: &'a Model, name: &str) -> Result<&'a registry::SplitDef, PushdownError> {
+    model.split(name).ok_or_else(|| PushdownError::UnknownSplit {
+        model: model.manifest.name.clone(),
+        split: name.to_owned(),
+        known: model.split_names().join(", "),
+    })
 }
 
 fn no_preprocess(model: &str) -> PushdownError {

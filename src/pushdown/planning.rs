@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{Pushdown, PushdownError, engine, prefix};
+use super::{Pushdown, PushdownError, engine, prefix, split_def};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
 /// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).
@@ -38,13 +38,6 @@ impl Pushdown {
         Ok(out)
     }
 
-    fn model(&self, name: &str) -> Result<std::sync::Arc<super::registry::Model>, PushdownError> {
-        self.registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
-            name: name.to_owned(),
-            known: self.registry.names().join(", "),
-        })
-    }
-
     /// Measures (once, then cached) one split's prefix time per sample on one thread and its
     /// output bytes per sample, with a throwaway session on a blocking thread.
     async fn split_cost(&self, model: &str, split: &str) -> Result<SplitCost, PushdownError> {
@@ -54,18 +47,11 @@ impl Pushdown {
         }
         let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let m = self.model(model)?;
-        let tensor = m.split(split).map(|s| s.tensor.clone()).ok_or_else(|| PushdownError::UnknownSplit {
-            model: model.to_owned(),
-            split: split.to_owned(),
-            known: m.split_names().join(", "),
-        })?;
+        let tensor = split_def(&m, split)?.tensor.clone();
         let cost = tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
             let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
             let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
-            let mut shape = vec![MEASURE_BATCH];
-            shape.extend(&m.manifest.input_shape);
-            let n: usize = shape.iter().product();
-            let input: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+            let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
             engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
             let t = Instant::now();
             let out = engine::run(&mut session, &m.manifest.input, &tensor, &shape, input)?;
@@ -152,34 +138,20 @@ impl Pushdown {
         if prefix::has_external_data(&m.bytes).map_err(|e| PushdownError::Model(e.to_string()))? {
             return Err(PushdownError::Unsupported(format!("{model} keeps weights in external files")));
         }
+        let b = split_def(&m, to)?.tensor.clone();
         if from == INPUT {
             // The baseline: every frozen layer on the compute tier, from the model's input.
-            let b = m.split(to).map(|d| d.tensor.clone()).ok_or_else(|| PushdownError::UnknownSplit {
-                model: model.to_owned(),
-                split: to.to_owned(),
-                known: m.split_names().join(", "),
-            })?;
             return prefix::cut(&m.bytes, &[&b]).map_err(|e| PushdownError::Model(e.to_string()));
         }
-        let order = m.split_names();
-        let pos = |s: &str| {
-            order.iter().position(|n| *n == s).ok_or_else(|| PushdownError::UnknownSplit {
-                model: model.to_owned(),
-                split: s.to_owned(),
-                known: order.join(", "),
-            })
-        };
-        if pos(from)? > pos(to)? {
+        let a = split_def(&m, from)?;
+        let pos = |name: &str| m.manifest.splits.iter().position(|d| d.name == name);
+        if pos(&a.name) > pos(&split_def(&m, to)?.name) {
             return Err(PushdownError::InvalidArgument {
                 field: "from".into(),
                 message: format!("{from} comes after {to}"),
             });
         }
-        let tensor = |s: &str| m.split(s).map(|d| d.tensor.clone()).unwrap_or_default();
-        let (a, b) = (tensor(from), tensor(to));
-        let graph =
-            if from == to { prefix::extract(&m.bytes, &[&a], &[&a]) } else { prefix::extract(&m.bytes, &[&a], &[&b]) };
-        graph.map_err(|e| PushdownError::Model(e.to_string()))
+        prefix::extract(&m.bytes, &[&a.tensor], &[&b]).map_err(|e| PushdownError::Model(e.to_string()))
     }
 }
 

@@ -18,11 +18,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TENSORGATE_CACHE_DIR") or Path.home() / ".cache" / "tensorgate")
 
 
-def graph(client, model: str, split: str, to: str) -> bytes:
-    """The ONNX graph from `split` (or "input") to `to`, downloaded once per model version and
-    kept on disk: the compute tier holds its model's layers, they are not data to move per epoch."""
-    digest = client.models()[model]["sha256"][:16]
-    path = cache_dir() / f"{model}-{digest}-{split}-{to}.onnx"
+def graph(client, info: dict, split: str, to: str) -> bytes:
+    """The ONNX graph of model `info` (an entry of `client.models()`) from `split` (or "input") to
+    `to`, downloaded once per model version and kept on disk: the compute tier holds its model's
+    layers, they are not data to move per epoch."""
+    model = info["name"]
+    path = cache_dir() / f"{model}-{info['sha256'][:16]}-{split}-{to}.onnx"
     if path.exists():
         return path.read_bytes()
     data = client.suffix_graph(model, split, to)
@@ -38,7 +39,7 @@ def prefetch_graphs(client, model: str) -> None:
     info = client.models()[model]
     names = [s["name"] for s in info["splits"]]
     for split in names[: names.index(info["freeze"])] + ["input"]:
-        graph(client, model, split, info["freeze"])
+        graph(client, info, split, info["freeze"])
 
 
 #: Sessions by (model digest, from, to, threads, providers): creating one is the expensive part.
@@ -59,7 +60,7 @@ class SuffixRunner:
         if split != self.to:
             key = (info["sha256"], split, self.to, threads, tuple(providers or ()))
             if key not in _SESSIONS:  # the profiler's sessions serve the loader afterwards
-                onnx = graph(client, model, "input" if split == NO_PUSHDOWN else split, self.to)
+                onnx = graph(client, info, "input" if split == NO_PUSHDOWN else split, self.to)
                 opts = ort.SessionOptions()
                 opts.intra_op_num_threads = threads
                 _SESSIONS[key] = ort.InferenceSession(onnx, opts, providers=providers or ["CPUExecutionProvider"])
