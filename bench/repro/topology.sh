@@ -6,6 +6,7 @@
 #   topology.sh rate RATE_MBIT   change the rate in place
 #   topology.sh down             remove everything (idempotent)
 #   topology.sh check            exit 0 if this machine can build it (root, ip, tc, tbf)
+#   topology.sh measure          after `up`: Mbit/s of a 20 MB HTTP transfer storage -> compute
 #
 # Needs root (namespaces and qdiscs are privileged) and refuses without it. netem is not available
 # on this kernel, so no latency or loss is added; tbf's burst is rate x 5 ms (at least 32 KiB).
@@ -57,5 +58,18 @@ case "${1:-}" in
     need_root
     ip netns add tg-probe && ip netns del tg-probe
     ;;
-  *) sed -n '2,12p' "$0"; exit 64 ;;
+  measure)
+    need_root
+    dir=$(mktemp -d)
+    head -c 20000000 /dev/urandom > "$dir/blob"
+    ip netns exec "$S" python3 -m http.server 8089 --bind "$S_IP" --directory "$dir" >/dev/null 2>&1 &
+    server=$!
+    trap 'kill $server 2>/dev/null; rm -rf "$dir"' EXIT
+    sleep 1
+    ip netns exec "$C" python3 -c "
+import time, urllib.request
+t = time.time(); n = len(urllib.request.urlopen('http://$S_IP:8089/blob').read())
+print(f'{n * 8 / (time.time() - t) / 1e6:.2f} Mbit/s')"
+    ;;
+  *) sed -n '2,13p' "$0"; exit 64 ;;
 esac
