@@ -13,9 +13,10 @@ fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
 # The compute-tier client package, editable (its dependencies are all in requirements.txt).
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e clients/python
-# Optional Debian tools: rclone and s3cmd (client smoke tests), time and bc (benchmarks).
+# Optional Debian tools: rclone and s3cmd (client smoke tests), time and bc (benchmarks), nasm
+# (libjpeg-turbo's SIMD JPEG decoding in the gateway; without it the build uses plain C).
 missing=""
-for tool in rclone s3cmd bc; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
+for tool in rclone s3cmd bc nasm; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
 [ -x /usr/bin/time ] || missing="$missing time"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \

@@ -167,6 +167,9 @@ async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q)
 struct PlanRequest {
     model: String,
     profile: crate::planner::ClientProfile,
+    /// The asking client's access key: its own open requests do not count as load.
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 /// Plans a model for a client profile (and remembers it for `split=auto`).
@@ -184,7 +187,7 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
             );
         }
     };
-    match pd.plan(&req.model, &req.profile).await {
+    match pd.plan(&req.model, &req.profile, req.tenant.as_deref()).await {
         Ok((plan, storage)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": req.model, "plan": plan, "storage": storage }))
         }
@@ -195,6 +198,8 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
 #[derive(serde::Deserialize)]
 struct ModelQuery {
     model: String,
+    /// As in [`PlanRequest`].
+    tenant: Option<String>,
 }
 
 /// The storage-side terms of the cost model for a model, measured now (what a client needs to
@@ -204,7 +209,7 @@ async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Re
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.storage_profile(&q.model).await {
+    match pd.storage_profile(&q.model, q.tenant.as_deref()).await {
         Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
         Err(e) => failure(e),
     }

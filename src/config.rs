@@ -160,6 +160,8 @@ pub struct PushdownSettings {
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown.
     pub max_image_pixels: u64,
+    /// Images preprocessed at once (tenants take turns); 0: one per core the process may use.
+    pub preprocess_threads: usize,
     /// Alias buckets (`[[pushdown.aliases]]`).
     pub aliases: Vec<AliasConfig>,
     /// The tensor cache (`[pushdown.cache]`).
@@ -280,6 +282,7 @@ impl Default for PushdownSettings {
             workers: 2,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
+            preprocess_threads: 0,
             aliases: Vec::new(),
             cache: CacheSettings::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,

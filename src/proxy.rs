@@ -588,6 +588,23 @@ fn output_response(
         "\"{}\"",
         &crate::s3::sigv4::sha256_hex(format!("{}|{}", data.source_etag, key.variant).as_bytes())[..32]
     );
+    let (cache, tier) = match status {
+        CacheStatus::Miss => ("miss", None),
+        CacheStatus::Hit(t) => ("hit", Some(t)),
+        CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
+    };
+    if none_match(&parts.headers, &etag) {
+        // The client holds this output already (a compute-tier copy from an earlier epoch).
+        let mut resp = Response::builder()
+            .status(http::StatusCode::NOT_MODIFIED)
+            .header(http::header::ETAG, etag)
+            .header("x-tensorgate-split", &data.split)
+            .header("x-tensorgate-cache", cache);
+        if let Some(lm) = &data.source_last_modified {
+            resp = resp.header(http::header::LAST_MODIFIED, lm);
+        }
+        return resp.body(Body::empty()).map_err(|e| PushdownError::Internal(e.to_string()).into());
+    }
     let len = data.body.len();
     let (code, body, range) = match parts.headers.get(http::header::RANGE).and_then(|v| v.to_str().ok()) {
         Some(r) => match byte_range(r, len) {
@@ -597,11 +614,6 @@ fn output_response(
             None => return Err(GatewayError::InvalidRange { size: len }),
         },
         None => (http::StatusCode::OK, data.body.clone(), None),
-    };
-    let (cache, tier) = match status {
-        CacheStatus::Miss => ("miss", None),
-        CacheStatus::Hit(t) => ("hit", Some(t)),
-        CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
     };
     let shape: Vec<String> = data.shape.iter().map(ToString::to_string).collect();
     let mut resp = Response::builder()
@@ -629,6 +641,18 @@ fn output_response(
     }
     let body = if parts.method == Method::HEAD { Body::empty() } else { Body::from(body) };
     resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
+}
+
+/// Whether an `If-None-Match` header lists `etag` (or is `*`): RFC 9110's weak comparison, so a
+/// `W/` prefix on either side is ignored.
+fn none_match(headers: &HeaderMap, etag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+    headers
+        .get_all(http::header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim() == "*" || bare(t) == bare(etag))
 }
 
 /// Headers that apply to the pushdown output, not to the source object: not forwarded.
@@ -710,6 +734,21 @@ fn forwarded_query(q: Option<&str>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn if_none_match_compares_weakly_and_lists() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::IF_NONE_MATCH, HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert!(none_match(&with("\"abc\""), "\"abc\""));
+        assert!(none_match(&with("W/\"abc\""), "\"abc\""));
+        assert!(none_match(&with("\"x\", \"abc\""), "\"abc\""));
+        assert!(none_match(&with("*"), "\"abc\""));
+        assert!(!none_match(&with("\"abd\""), "\"abc\""));
+        assert!(!none_match(&HeaderMap::new(), "\"abc\""));
+    }
 
     #[test]
     fn byte_ranges() {

@@ -143,6 +143,7 @@ impl Server {
                 },
                 max_object_bytes: p.max_object_bytes,
                 max_image_pixels: p.max_image_pixels,
+                preprocess_threads: p.preprocess_threads,
                 governor: GovernorConfig {
                     budget: p.memory_budget,
                     adaptive: p.adaptation,

@@ -36,7 +36,9 @@ def median_runs(rows: list[dict]) -> dict:
             first=statistics.median(first),
             epochs=[statistics.median(e) for e in zip(*[r["epochs"] for r in rs])],
             bytes=statistics.median([r["bytes"] for r in rs if r["bytes"] is not None] or [0]),
-            timeout=any(r.get("timeout") for r in rs),
+            # A lower bound, not a time: stopped at the limit, or not run (skipped) because the
+            # bytes it must move already take longer than the fastest option.
+            timeout=any(r.get("timeout") or r.get("skipped") for r in rs),
             # The split the epoch ran with: the first plan (later re-plans affect later shards).
             split=(rs[0].get("plans") or [{"chosen": rs[0]["split"]}])[0]["chosen"],
             cpu=statistics.median(r["storage_cpu_secs"] for r in rs),
@@ -69,7 +71,8 @@ def report(results: list[Path], out: Path, command: str) -> str:
         "suffix or baseline frozen layers with onnxruntime on 1 thread, a softmax-regression head) pinned to CPU 1,",
         "joined by a veth pair shaped with `tc tbf` (`bench/repro/topology.sh measure`: 9.58 Mbit/s at 10). Synthetic labeled ImageNet-like",
         "JPEGs (bench/dataset.py, ~105 kB), WebDataset shards of 64, batch 64. Times are first-epoch seconds",
-        "(medians over repeats), `auto` includes its profiling. `≥N`: stopped at the per-run limit.",
+        "(medians over repeats), `auto` includes its profiling. `≥N`: a lower bound: stopped at the per-run limit, or",
+        "not run because its bytes alone need N seconds on the link, over 1.1x the fastest option measured.",
         "",
     ]
     # (a) data reduction

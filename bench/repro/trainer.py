@@ -4,7 +4,9 @@ JSON line with the epoch times, the bytes received and the split used.
 
 Modes (HAPI's names): `images` (baseline images: raw JPEG shards, decoded and run through every
 frozen layer here), `tensors` (baseline tensors: pre-transformed input shards, every frozen layer
-here), `split:NAME` (pushdown at a fixed split), `auto` (the planner chooses)."""
+here), `split:NAME` (pushdown at a fixed split), `auto` (the planner chooses). A `+local` suffix
+keeps finished features on the compute tier across epochs (`ShardLoader(local_cache_bytes=...)`,
+revalidated each epoch with If-None-Match)."""
 
 import argparse
 import json
@@ -53,12 +55,13 @@ def main(argv=None):
                     help="extra seconds per batch, emulating the trainable layers on an accelerator (no CPU)")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
-    if args.mode == "images":
+    mode, local = (args.mode[: -len("+local")], 1 << 30) if args.mode.endswith("+local") else (args.mode, 0)
+    if mode == "images":
         prefix, split = "images/", "none"
-    elif args.mode == "tensors":
+    elif mode == "tensors":
         prefix, split = f"tensors/{args.model}/", "none"
-    elif args.mode.startswith("split:"):
-        prefix, split = "images/", args.mode.split(":", 1)[1]
+    elif mode.startswith("split:"):
+        prefix, split = "images/", mode.split(":", 1)[1]
     else:
         prefix, split = "images/", "auto"
     # Setup, not epoch time: the compute tier holds its model's layers (HAPI's client has them).
@@ -70,7 +73,8 @@ def main(argv=None):
         t = time.perf_counter()
         if loader is None:  # one loader: an auto plan is made once, in the first epoch
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
-                                 prefetch=4 if args.overlap else 1, overlap=bool(args.overlap))
+                                 prefetch=4 if args.overlap else 1, overlap=bool(args.overlap),
+                                 local_cache_bytes=local)
         before = len(loader.fetches)
         for features, labels, _ in loader:
             head.step(features, labels)
@@ -85,7 +89,8 @@ def main(argv=None):
     plans = [{"chosen": p["plan"]["chosen"], "bandwidth": p["profile"]["bandwidth_bytes_per_sec"],
               "predicted": {c["split"]: c["epoch_secs"] for c in p["plan"]["candidates"]}} for p in (loader.plans if loader else [])]
     used = sorted({f.split or "none" for f in loader.fetches}) if loader else []
-    json.dump({"epochs": epochs, "bytes": moved, "split": chosen, "splits_used": used, "plans": plans}, sys.stdout)
+    json.dump({"epochs": epochs, "bytes": moved, "split": chosen, "splits_used": used, "plans": plans,
+               "profile_secs": loader.profile_seconds if loader else 0.0}, sys.stdout)
     print()
 
 

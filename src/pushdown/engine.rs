@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::Instant;
 
@@ -63,7 +63,19 @@ pub struct Engine {
     gauges: Gauges,
     verdict: tokio::sync::watch::Receiver<Verdict>,
     workers: usize,
+    observed: Arc<Observed>,
 }
+
+/// Inference CPU time its workers spent on real batches, and the samples in them: the measured
+/// per-sample prefix cost the split planner prefers over a one-off probe.
+#[derive(Debug, Default)]
+struct Observed {
+    nanos: AtomicU64,
+    samples: AtomicU64,
+}
+
+/// Samples an engine must have run before its observed cost replaces the planner's probe.
+const MIN_OBSERVED_SAMPLES: u64 = 16;
 
 /// The engine's metrics, labelled with its model and split.
 #[derive(Debug, Clone)]
@@ -113,6 +125,7 @@ impl Engine {
         let (verdict_tx, verdict) = tokio::sync::watch::channel(None);
         let verdict_tx = Arc::new(verdict_tx);
         let workers = cfg.workers.max(1);
+        let observed = Arc::new(Observed::default());
         for n in 0..workers {
             let shared = Shared {
                 env: env.clone(),
@@ -126,13 +139,14 @@ impl Engine {
                 verdict: verdict_tx.clone(),
                 governor: governor.clone(),
                 probe_lock: probe_lock.clone(),
+                observed: observed.clone(),
             };
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))
                 .spawn(move || worker(&shared, n == 0))
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        Ok(Self { tx, depth, sample_len, gauges, verdict, workers })
+        Ok(Self { tx, depth, sample_len, gauges, verdict, workers, observed })
     }
 
     /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
@@ -189,6 +203,14 @@ impl Engine {
             });
         }
         rx.await.map_err(|_| PushdownError::Internal("inference worker dropped the request".into()))?
+    }
+
+    /// Mean inference CPU seconds per sample over the batches served so far (one intra-op thread's
+    /// worth when `intra_threads` is 1); `None` until [`MIN_OBSERVED_SAMPLES`] have run.
+    #[must_use]
+    pub fn observed_secs_per_sample(&self) -> Option<f64> {
+        let n = self.observed.samples.load(Ordering::Relaxed);
+        (n >= MIN_OBSERVED_SAMPLES).then(|| self.observed.nanos.load(Ordering::Relaxed) as f64 / 1e9 / n as f64)
     }
 
     /// Samples waiting or running.
@@ -323,6 +345,7 @@ struct Shared {
     verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
     governor: Arc<Governor>,
     probe_lock: Arc<Mutex<()>>,
+    observed: Arc<Observed>,
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
@@ -399,7 +422,18 @@ fn worker(shared: &Shared, first: bool) {
             gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
         }
         gauges.samples.inc_by(batch as u64);
+        let (started, cpu) = (Instant::now(), super::thread_cpu_nanos());
         let result = run(&mut session, &model.manifest.input, tensor, &shape, data);
+        if result.is_ok() {
+            // With one intra-op thread ORT runs on this thread, and its CPU time is the cost free of
+            // contention from other work on the core; with more, wall time is the cost.
+            let nanos = match (cpu, super::thread_cpu_nanos(), shared.cfg.intra_threads <= 1) {
+                (Some(a), Some(b), true) => b.saturating_sub(a),
+                _ => u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            };
+            shared.observed.nanos.fetch_add(nanos, Ordering::Relaxed);
+            shared.observed.samples.fetch_add(batch as u64, Ordering::Relaxed);
+        }
         let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
         gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
         match result {

@@ -153,6 +153,12 @@ impl Governor {
         self.cfg
     }
 
+    /// Tenants with a pushdown request open now (the storage node's CPU is shared between them).
+    #[must_use]
+    pub fn active_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.lock().streams.values().map(|o| o.demand.tenant.clone()).collect()
+    }
+
     /// Bytes reserved now: engines' fixed memory plus admitted samples.
     #[must_use]
     pub fn reserved(&self) -> u64 {

@@ -12,6 +12,7 @@
 //! with `features`, `labels` and the sample keys.
 
 pub mod engine;
+pub mod fair;
 pub mod governor;
 pub mod memory;
 pub mod planning;
@@ -76,6 +77,8 @@ pub struct PushdownConfig {
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
     pub max_image_pixels: u64,
+    /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
+    pub preprocess_threads: usize,
     pub governor: GovernorConfig,
     pub metrics: crate::metrics::Metrics,
 }
@@ -111,6 +114,8 @@ pub struct Pushdown {
     preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
     /// The last plan per model (`split=auto`).
     plans: Mutex<HashMap<String, crate::planner::Plan>>,
+    /// CPU slots for image preprocessing, shared fairly between tenants.
+    preprocess_slots: Arc<fair::FairSlots>,
 }
 
 /// One engine's memory, for the admin API.
@@ -141,7 +146,11 @@ impl Pushdown {
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
         let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let preprocess_slots =
+            fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
         Self {
+            preprocess_slots,
             cfg,
             registry,
             env,
@@ -297,6 +306,9 @@ impl Pushdown {
                     Item::Ready(v) => v,
                     Item::Image(bytes) => {
                         let (m, tally) = (model.clone(), self.preprocessed.clone());
+                        // Held until the decode is done: one image per core at a time, tenants in
+                        // turn, a request's samples in order.
+                        let _cpu = self.preprocess_slots.acquire(tenant).await;
                         tokio::task::spawn_blocking(move || {
                             let (started, cpu) = (Instant::now(), thread_cpu_nanos());
                             let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
@@ -393,7 +405,7 @@ struct Parsed {
 }
 
 /// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
-fn thread_cpu_nanos() -> Option<u64> {
+pub(crate) fn thread_cpu_nanos() -> Option<u64> {
     std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
 }
 

@@ -53,10 +53,16 @@ impl Pushdown {
             let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
             let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
             engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
-            let t = Instant::now();
+            // CPU time of this thread (the session has one intra-op thread): requests running on
+            // the same core do not inflate it.
+            let (t, cpu) = (Instant::now(), super::thread_cpu_nanos());
             let out = engine::run(&mut session, &m.manifest.input, &tensor, &shape, input)?;
+            let secs = match (cpu, super::thread_cpu_nanos()) {
+                (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9,
+                _ => t.elapsed().as_secs_f64(),
+            };
             Ok(SplitCost {
-                secs_per_sample: t.elapsed().as_secs_f64() / MEASURE_BATCH as f64,
+                secs_per_sample: secs / MEASURE_BATCH as f64,
                 bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
                 shape: out.shape.iter().skip(1).copied().collect(),
             })
@@ -75,33 +81,35 @@ impl Pushdown {
         if n == 0 { 0.0 } else { self.preprocessed.0.load(Ordering::Relaxed) as f64 / 1e9 / n as f64 }
     }
 
-    /// The storage-side terms of the cost model for `model`, measured on this node now.
+    /// The storage-side terms of the cost model for `model`, measured on this node now, for
+    /// `tenant` (an access key): its load factor counts the other tenants with requests open, each
+    /// of which gets an equal share of the node (the governor's fair allotments). The asking
+    /// tenant's own requests are not load: a client re-planning mid-epoch has its shards queued.
     ///
     /// # Errors
     /// Unknown model, ONNX Runtime unavailable, or a split that cannot be measured.
-    pub async fn storage_profile(&self, model: &str) -> Result<StorageProfile, PushdownError> {
+    pub async fn storage_profile(&self, model: &str, tenant: Option<&str>) -> Result<StorageProfile, PushdownError> {
         let decode = self.preprocess_secs_per_sample();
         let mut splits = Vec::new();
         for split in self.candidate_splits(model)? {
             let c = self.split_cost(model, &split).await?;
+            // What this split's engine measured on real batches, once it has served some; else
+            // the probe's timing.
+            let observed = self
+                .engines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&(model.to_owned(), split.clone()))
+                .and_then(|e| e.observed_secs_per_sample());
             splits.push(StorageSplit {
                 split,
-                secs_per_sample: c.secs_per_sample + decode,
+                secs_per_sample: observed.unwrap_or(c.secs_per_sample) + decode,
                 bytes_per_sample: c.bytes_per_sample,
                 shape: c.shape,
             });
         }
-        let (queued, capacity) = {
-            let engines = self.engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            engines.iter().filter(|((m, _), _)| m == model).fold((0usize, 0usize), |(q, c), (_, e)| {
-                (q + e.queue_depth(), c + e.workers() * self.cfg.engine.max_batch)
-            })
-        };
-        Ok(StorageProfile {
-            splits,
-            parallelism: self.cfg.engine.workers as f64,
-            load_factor: 1.0 + queued as f64 / capacity.max(1) as f64,
-        })
+        let others = self.governor.active_tenants().into_iter().filter(|t| Some(t.as_str()) != tenant).count();
+        Ok(StorageProfile { splits, parallelism: self.cfg.engine.workers as f64, load_factor: 1.0 + others as f64 })
     }
 
     /// Plans `model` for a client profile and remembers the choice for `split=auto`; also returns
@@ -109,8 +117,13 @@ impl Pushdown {
     ///
     /// # Errors
     /// As [`Self::storage_profile`], or a profile the planner cannot use.
-    pub async fn plan(&self, model: &str, client: &ClientProfile) -> Result<(Plan, StorageProfile), PushdownError> {
-        let storage = self.storage_profile(model).await?;
+    pub async fn plan(
+        &self,
+        model: &str,
+        client: &ClientProfile,
+        tenant: Option<&str>,
+    ) -> Result<(Plan, StorageProfile), PushdownError> {
+        let storage = self.storage_profile(model, tenant).await?;
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
         self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(model.to_owned(), plan.clone());

@@ -97,6 +97,55 @@ def test_the_next_shard_is_fetched_while_a_slow_step_trains(gw):
     assert all(done[i + 1] < ends[i] for i in range(len(ends) - 1)), (done, ends)
 
 
+def test_unchanged_outputs_revalidate_with_304_and_the_loader_keeps_them(gw):
+    client, _, _ = gw
+    first = client.get("shards", "train/000.tar", MODEL, "block2")
+    assert first.etag and first.bytes > 0
+    again = client.get("shards", "train/000.tar", MODEL, "block2", if_none_match=first.etag)
+    assert again.not_modified and again.bytes == 0 and again.split == "block2"
+    other = client.get("shards", "train/000.tar", MODEL, "stem", if_none_match=first.etag)
+    assert not other.not_modified and other.bytes > 0  # another split is another output
+
+    rng = np.random.default_rng(9)
+    samples = [[(rng.random((3, 32, 32), dtype=np.float32), i % 3) for i in range(4)] for _ in range(3)]
+    for s, part in enumerate(samples):
+        client.s3.put_object(Bucket="shards", Key=f"kept/{s:03d}.tar", Body=shard(part, 4 * s))
+    loader = ShardLoader(client, "shards", "kept/", MODEL, "block2", batch_size=4, local_cache_bytes=1 << 20)
+    epoch1 = np.concatenate([f for f, _, _ in loader])
+    n = len(loader.fetches)
+    assert not any(f.not_modified for f in loader.fetches)
+    # Shard 1 is rewritten between epochs: it alone crosses the network again.
+    samples[1] = [(x + 1, label) for x, label in samples[1]]
+    client.s3.put_object(Bucket="shards", Key="kept/001.tar", Body=shard(samples[1], 4))
+    epoch2 = np.concatenate([f for f, _, _ in loader])
+    revalidated = [f.not_modified for f in loader.fetches[n:]]
+    assert revalidated.count(True) == 2 and len(revalidated) == 3, revalidated
+    want = reference(MODEL, "block2", np.stack([x for part in samples for x, _ in part]))
+    np.testing.assert_array_equal(epoch2, want)
+    assert not np.array_equal(epoch1[4:8], epoch2[4:8])
+
+
+def test_the_link_probe_reads_the_start_of_the_object(gw):
+    client, _, _ = gw
+    head, rate = client.probe("shards", "train/000.tar", min_bytes=1024, min_secs=0.0)
+    whole = client.get("shards", "train/000.tar").result.features.tobytes()
+    assert len(head) >= 1024 and whole.startswith(head) and rate > 0
+
+
+def test_link_rate_counts_overlapping_transfers_once():
+    from types import SimpleNamespace
+
+    from tensorgate.loader import link_rate
+
+    def f(a, b, n):
+        return SimpleNamespace(body_started=a, body_ended=b, bytes=n)
+
+    assert link_rate([f(0, 1, 100), f(0, 1, 100)]) == 200  # two flows sharing the link
+    assert link_rate([f(0, 1, 100), f(2, 3, 100)]) == 100  # idle time between is not the link's
+    assert link_rate([f(0, 2, 100), f(1, 3, 100)]) == pytest.approx(200 / 3)
+    assert link_rate([f(1, 1, 0)]) is None
+
+
 def post_plan(admin, model, profile):
     req = urllib.request.Request(f"{admin}/v1/plan", data=json.dumps({"model": model, "profile": profile}).encode(),
                                  headers={"content-type": "application/json"})

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 import boto3
+import botocore.exceptions
 from botocore.config import Config
 
 from .codec import Features, decode
+
+
+#: A read of the link probe that takes longer than this waited for the network.
+PROBE_WAIT_SECS = 0.002
 
 
 @dataclass
@@ -25,6 +31,14 @@ class Fetch:
     split: str | None
     cache: str | None
     plan: str | None
+    #: `time.perf_counter()` when the body started and finished arriving (for the aggregate rate of
+    #: transfers that overlap).
+    body_started: float = 0.0
+    body_ended: float = 0.0
+    #: The response's ETag, and whether it was `304 Not Modified` (the caller's copy is current;
+    #: `result` is then empty).
+    etag: str | None = None
+    not_modified: bool = False
 
 
 class Client:
@@ -34,6 +48,8 @@ class Client:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, *, admin: str | None = None,
                  region: str = "us-east-1", s3=None, max_pool_connections: int = 32):
         self.endpoint, self.admin = endpoint, admin
+        # Sent with plans: the gateway does not count this tenant's own requests as load.
+        self.tenant = access_key
         self.s3 = s3 or boto3.session.Session().client(
             "s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
             region_name=region,
@@ -47,9 +63,12 @@ class Client:
 
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
-            range: str | None = None) -> Fetch:
+            range: str | None = None, if_none_match: str | None = None, before_body=None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
-        (returned in `result.features` as a uint8 array)."""
+        (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
+        earlier response), an unchanged output comes back as `not_modified` with no body.
+        `before_body()`, if given, is called when the headers are in and before the body is read
+        (a loader orders its transfers with it)."""
         fields = {}
         if model:
             fields = {"model": model, "split": split or "auto"}
@@ -58,7 +77,20 @@ class Client:
                     fields[k] = v
         t0 = time.perf_counter()
         extra = {"Range": range} if range else {}
-        resp = self.s3.get_object(Bucket=bucket, Key=key, TensorgateFields=fields, **extra)
+        if if_none_match:
+            extra["IfNoneMatch"] = if_none_match
+        try:
+            resp = self.s3.get_object(Bucket=bucket, Key=key, TensorgateFields=fields, **extra)
+        except botocore.exceptions.ClientError as e:
+            meta = e.response.get("ResponseMetadata", {})
+            if meta.get("HTTPStatusCode") != 304:
+                raise
+            t = time.perf_counter()
+            h = meta.get("HTTPHeaders", {})
+            return Fetch(Features(features=None), 0, t - t0, 0.0, h.get("x-tensorgate-split"),
+                         h.get("x-tensorgate-cache"), None, t, t, h.get("etag"), True)
+        if before_body:
+            before_body()
         t1 = time.perf_counter()
         body = resp["Body"].read()
         t2 = time.perf_counter()
@@ -70,7 +102,43 @@ class Client:
 
             result = Features(features=np.frombuffer(body, dtype=np.uint8))
         return Fetch(result, len(body), t2 - t0, t2 - t1, headers.get("x-tensorgate-split"),
-                     headers.get("x-tensorgate-cache"), headers.get("x-tensorgate-plan"))
+                     headers.get("x-tensorgate-cache"), headers.get("x-tensorgate-plan"), t1, t2, headers.get("etag"))
+
+    def probe(self, bucket: str, key: str, *, max_bytes: int = 4 << 20, min_bytes: int = 128 << 10,
+              min_secs: float = 0.15, chunk: int = 16 << 10) -> tuple[bytes, float]:
+        """Reads the start of raw object `key` to measure the link: returns the bytes read and the
+        link's sustained rate (bytes/s). Stops after `min_secs` once `min_bytes` are in, or at
+        `max_bytes`, whichever comes first (a fast link reaches `max_bytes` in milliseconds).
+
+        A link's start is not its rate: data that queued in socket buffers while the response
+        headers were parsed arrives at memory speed, and a token bucket lets a burst through at
+        line speed. So the rate is measured from the first read that had to wait for the network
+        (the buffers were empty) to the end; when no read waited (a fast link), over the second
+        half of the bytes."""
+        resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes - 1}")
+        body, got, reads = resp["Body"], [], []  # reads: (started, ended, bytes before, bytes after)
+        t0 = time.perf_counter()
+        n = 0
+        try:
+            while n < max_bytes:
+                a = time.perf_counter()
+                data = body.read(chunk)
+                if not data:
+                    break
+                got.append(data)
+                reads.append((a, time.perf_counter(), n, n + len(data)))
+                n += len(data)
+                if n >= min_bytes and reads[-1][1] - t0 >= min_secs:
+                    break
+        finally:
+            body.close()
+        if not reads:
+            return b"", 1e10
+        end = reads[-1][1]
+        waited = next((r for r in reads if r[1] - r[0] > PROBE_WAIT_SECS and end > r[0]), None)
+        start = (waited[0], waited[2]) if waited else next((r[0], r[2]) for r in reads if r[3] >= n / 2)
+        rate = (n - start[1]) / (end - start[0]) if end > start[0] else n / max(end - t0, 1e-9)
+        return b"".join(got), rate
 
     def features(self, bucket: str, key: str, model: str, split: str, **kw) -> Features:
         """The decoded pushdown output of one object."""
@@ -115,11 +183,12 @@ class Client:
     def storage(self, model: str) -> dict:
         """The storage side's cost-model terms for `model`: per candidate split, seconds and bytes
         per sample and the output shape."""
-        return json.loads(self._admin(f"/v1/storage?model={model}"))
+        q = urllib.parse.urlencode({"model": model, "tenant": self.tenant})
+        return json.loads(self._admin(f"/v1/storage?{q}"))
 
     def plan(self, model: str, profile: dict) -> dict:
         """Asks the gateway's planner; returns {"plan": {"chosen", "candidates"}, "storage": ...}."""
-        return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile}))
+        return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile, "tenant": self.tenant}))
 
 
 def _stash_fields(params, context, **_):

@@ -30,12 +30,17 @@ class ShardLoader:
     - `storage_batch`: asked of the gateway (`x-tensorgate-batch`); it may lower it.
     - `overlap=False` fetches each shard only when the previous one has been consumed (the
       ablation: no cross-tier overlap).
+    - `local_cache_bytes`: keep up to this many bytes of finished features (after the suffix) here,
+      first come first kept, and revalidate them each epoch with `If-None-Match`: an unchanged
+      shard costs one round trip and no transfer or compute (the gateway answers `304` from its
+      own cache). 0 (the default) keeps nothing.
     """
 
     def __init__(self, client, bucket: str, prefix: str, model: str, split: str, batch_size: int, *,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, storage_batch: int | None = None,
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
-                 replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True):
+                 replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
+                 local_cache_bytes: int = 0):
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         self.client, self.bucket, self.prefix, self.model = client, bucket, prefix, model
@@ -46,12 +51,18 @@ class ShardLoader:
         self.replan_threshold, self.replan_every = replan_threshold, replan_every
         self.suffix_threads = suffix_threads
         self.overlap = overlap
+        self.local_cache_bytes = local_cache_bytes
+        self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
+        self._held_bytes = 0
         self.info = client.models()[model]
         self.events: list[tuple[str, int, float]] = []  # ("fetch_start"|"fetch_end"|"yield", shard, time)
         self.fetches: list = []  # per shard: the client's Fetch (bytes, transfer time, split)
         self.plans: list[dict] = []
+        #: Seconds the first epoch spent profiling and planning (`split="auto"`).
+        self.profile_seconds = 0.0
         self._runners: dict[str, SuffixRunner] = {}
         self._lock = threading.Lock()
+        self._turns = _Turns()
         self.split = split
 
     # --- which shards --------------------------------------------------------------------------
@@ -79,25 +90,48 @@ class ShardLoader:
 
     def _fetch(self, index: int, key: str, split: str) -> Features:
         self.events.append(("fetch_start", index, time.perf_counter()))
-        if split == NO_PUSHDOWN:
-            got = self.client.get(self.bucket, key)
+        held = self._held.get((key, split))
+        etag = held[0] if held else None
+        turns = self._turns
+        wait = lambda: turns.wait(index)  # noqa: E731
+        try:
+            if split == NO_PUSHDOWN:
+                got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait)
+            else:
+                got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch,
+                                      if_none_match=etag, before_body=wait)
+        finally:
+            turns.done(index)
+        if got.not_modified:
+            feats = held[1]
+        elif split == NO_PUSHDOWN:
             feats = _decode_raw_shard(got.result.features.tobytes(), self.info)
             feats.features = self._runner(NO_PUSHDOWN)(feats.features)
         else:
-            got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch)
             feats = got.result
             feats.features = self._runner(got.split or split)(feats.features)
+        if self.local_cache_bytes and got.etag and not got.not_modified:
+            self._keep((key, split), got.etag, feats)
         self.fetches.append(got)
         self.events.append(("fetch_end", index, time.perf_counter()))
-        return feats
+        return Features(feats.features, feats.labels, list(feats.keys), feats.split, feats.model)
+
+    def _keep(self, at: tuple[str, str], etag: str, feats: Features) -> None:
+        size = feats.features.nbytes + (feats.labels.nbytes if feats.labels is not None else 0)
+        with self._lock:
+            old = self._held.pop(at, None)
+            if old:
+                self._held_bytes -= old[1].features.nbytes + (old[1].labels.nbytes if old[1].labels is not None else 0)
+            if self._held_bytes + size <= self.local_cache_bytes:
+                self._held[at] = (etag, feats)
+                self._held_bytes += size
 
     def _maybe_replan(self, done: int) -> None:
         if self.requested_split != "auto" or not self.plans:
             return
-        recent = [f for f in self.fetches[-4:] if f.transfer_seconds > 0]
-        if not recent:
+        bw = link_rate(self.fetches[-4:])
+        if bw is None:
             return
-        bw = sum(f.bytes for f in recent) / sum(f.transfer_seconds for f in recent)
         planned = self.plans[-1]["profile"]["bandwidth_bytes_per_sec"]
         moved = abs(bw - planned) / planned > self.replan_threshold
         if moved or (done and done % self.replan_every == 0):
@@ -110,12 +144,16 @@ class ShardLoader:
         self.split = answer["plan"]["chosen"]
 
     def _start(self, shards: list[str]) -> None:
-        if self.requested_split == "auto":
+        if self.requested_split == "auto" and not self.plans:
             from .profiler import profile as measure
 
+            t = time.perf_counter()
+
             prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
-                           shards=len(shards), train_secs_per_batch=self.train_secs_per_batch)
+                           shards=len(shards), train_secs_per_batch=self.train_secs_per_batch,
+                           threads=self.suffix_threads)
             self._adopt(prof)
+            self.profile_seconds = time.perf_counter() - t
 
     # --- iterating -----------------------------------------------------------------------------
 
@@ -124,6 +162,7 @@ class ShardLoader:
         if not shards:
             return
         self._start(shards)
+        self._turns = turns = _Turns()
         pool = cf.ThreadPoolExecutor(self.prefetch)
         pending: deque = deque()
         next_shard = 0
@@ -163,6 +202,7 @@ class ShardLoader:
         finally:
             for f in pending:
                 f.cancel()
+            turns.close()
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _emit(self, feats, labels, keys, n, shard):
@@ -192,6 +232,47 @@ class ShardLoader:
                     yield torch.from_numpy(f), (torch.from_numpy(l) if l is not None else None), k
 
         return _Dataset()
+
+
+class _Turns:
+    """Bodies are read in shard order, one at a time: requests go out `prefetch` ahead (so the
+    storage node works ahead), but the link carries shard i before shard i+1 instead of splitting
+    between them, so the first batch arrives as soon as one shard can cross, not all of them."""
+
+    def __init__(self):
+        self.next, self.closed = 0, False
+        self.cond = threading.Condition()
+
+    def wait(self, index: int) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.closed or self.next >= index)
+
+    def done(self, index: int) -> None:
+        with self.cond:
+            self.next = max(self.next, index + 1)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+def link_rate(fetches) -> float | None:
+    """Bytes per second the link delivered to `fetches`: their bytes over the time at least one of
+    their bodies was arriving. Transfers in flight together share the link, so dividing by the sum
+    of their times (or averaging per-request rates) would undercount it by the overlap."""
+    spans = sorted((f.body_started, f.body_ended) for f in fetches if f.body_ended > f.body_started)
+    if not spans:
+        return None
+    busy, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            busy, start, end = busy + end - start, a, b
+        else:
+            end = max(end, b)
+    busy += end - start
+    return sum(f.bytes for f in fetches if f.body_ended > f.body_started) / busy
 
 
 class _Deferred:

@@ -3,10 +3,14 @@
 HAPI profiles online during a first epoch. This profiles before training, cheaply even on a slow
 link:
 - the compute side's time per split comes from running each suffix locally on random tensors of the
-  split's shape (the gateway reports the shapes with its own terms, `/v1/storage`);
-- bandwidth and raw bytes per sample come from fetching the first 512 KiB of one raw shard;
-- the baseline's compute comes from decoding the samples in those bytes and running every frozen
-  layer here;
+  split's shape (the gateway reports the shapes with its own terms, `/v1/storage`). These timings
+  depend only on the model version, the split, this machine and the thread count, so they are kept
+  on disk (`cache_dir()/profile-*.json`) like the suffix graphs: a later run of the same model here
+  skips the sessions and runs;
+- bandwidth and raw bytes per sample come from reading the start of one raw shard
+  (`Client.probe`: the sustained rate over at least 128 KiB and 0.15 s, or over 4 MiB);
+- the baseline's compute is decoding the samples in those bytes (measured every time: it depends
+  on the data) plus every frozen layer here (timed on random inputs, cached like the suffixes);
 - the CPU this process spends per received byte (network stack, HTTP, copies) becomes the
   planner's deserialisation term: on a small compute node it competes with the suffix.
 Nothing is fetched at the (possibly huge) early splits.
@@ -14,16 +18,18 @@ Nothing is fetched at the (possibly huge) early splits.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
 
 import numpy as np
+import onnxruntime as ort
 
-from .suffix import NO_PUSHDOWN, SuffixRunner
+from .suffix import NO_PUSHDOWN, SuffixRunner, cache_dir
 
 #: Samples per local timing run.
 PROBE = 8
-#: Bytes of a raw shard fetched to measure bandwidth and sample sizes (0.4 s at 10 Mbit/s).
-PROBE_BYTES = 512 * 1024
 
 
 def _timed(fn, *args) -> float:
@@ -33,9 +39,9 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t
 
 
-def _complete_members(partial: bytes) -> tuple[bytes, list[int]]:
-    """The whole members at the start of a partial tar (re-packed as a tar) and the sizes of its
-    image members."""
+def _complete_members(partial: bytes, keep: int = 0) -> tuple[bytes, list[int]]:
+    """The whole members at the start of a partial tar: the first `keep` samples' members re-packed
+    as a tar (all when 0), and the sizes of every image member."""
     import io
     import tarfile
 
@@ -47,7 +53,8 @@ def _complete_members(partial: bytes) -> tuple[bytes, list[int]]:
                     data = src.extractfile(m).read() if m.isfile() else None
                     if data is None or len(data) != m.size:
                         break
-                    dst.addfile(m, io.BytesIO(data))
+                    if not keep or len(sizes) < keep:
+                        dst.addfile(m, io.BytesIO(data))
                     if m.name.lower().endswith((".jpg", ".jpeg", ".png", ".npy")):
                         sizes.append(m.size + 1024)  # member headers and padding, with its label
         except (tarfile.TarError, OSError, EOFError):
@@ -55,44 +62,93 @@ def _complete_members(partial: bytes) -> tuple[bytes, list[int]]:
     return out.getvalue(), sizes
 
 
+class _Timings:
+    """Seconds per sample of this machine's suffix runs, by model version and split, on disk."""
+
+    def __init__(self, info: dict, threads: int):
+        host = f"{platform.machine()}-{os.cpu_count()}-{_cpu_model()}-ort{ort.__version__}-t{threads}"
+        digest = __import__("hashlib").sha256(host.encode()).hexdigest()[:12]
+        self.path = cache_dir() / f"profile-{info['name']}-{info['sha256'][:16]}-{digest}.json"
+        try:
+            self.known = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.known = {}
+        self.dirty = False
+
+    def get(self, split: str, measure) -> float:
+        if split not in self.known:
+            self.known[split] = measure()
+            self.dirty = True
+        return self.known[split]
+
+    def save(self) -> None:
+        if self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.known))
+            tmp.replace(self.path)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def _suffix_secs(client, model: str, split: str, shape, threads: int) -> float:
+    x = np.random.default_rng(0).standard_normal((PROBE, *shape)).astype(np.float32)
+    return _timed(SuffixRunner(client, model, split, threads=threads), x) / PROBE
+
+
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
             shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
-            memory_limit: int | None = None, probe_bytes: int = PROBE_BYTES) -> dict:
+            memory_limit: int | None = None, threads: int = 1, cached: bool = True) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
     the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
-    the trainable head's time per batch, which only the trainer knows."""
+    the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
+    every suffix instead of using the timings kept on disk."""
     storage = client.storage(model)
-    # The first `probe_bytes` of the raw shard: bandwidth, sample sizes, baseline inputs.
+    info = client.models()[model]
+    timings = _Timings(info, threads)
+    if not cached:
+        timings.known = {}
+    # The start of the raw shard: bandwidth, sample sizes, baseline inputs.
     cpu = time.process_time()
-    raw = client.get(bucket, key, range=f"bytes=0-{probe_bytes - 1}")
-    # Receiving and decoding a response costs this process CPU (network stack, HTTP parsing,
-    # copies) on the same cores that run the suffix: the planner's per-byte NP term.
-    receive_cpu = (time.process_time() - cpu) / max(raw.bytes, 1)
-    bandwidth = raw.bytes / raw.transfer_seconds if raw.transfer_seconds > 0 else 1e10
-    whole, sizes = _complete_members(raw.result.features.tobytes())
-    per_sample = sum(sizes) / len(sizes) if sizes else float(raw.bytes)
-    shard_bytes = client.sizes(bucket, key).get(key, raw.bytes)
+    head, bandwidth = client.probe(bucket, key)
+    # Receiving a response costs this process CPU (network stack, HTTP parsing, copies) on the
+    # same cores that run the suffix: the planner's per-byte NP term.
+    receive_cpu = (time.process_time() - cpu) / max(len(head), 1)
+    whole, sizes = _complete_members(head, keep=PROBE // 2)
+    per_sample = sum(sizes) / len(sizes) if sizes else float(len(head))
+    shard_bytes = client.sizes(bucket, key).get(key, len(head))
     compute = {}
     if baseline and sizes:
         from .loader import _decode_raw_shard
 
-        info = client.models()[model]
         try:
-            runner = SuffixRunner(client, model, NO_PUSHDOWN)
             n = len(_decode_raw_shard(whole, info).keys)
-            compute[NO_PUSHDOWN] = _timed(lambda b: runner(_decode_raw_shard(b, info).features), whole) / n
+            t = time.perf_counter()
+            _decode_raw_shard(whole, info)
+            decode = (time.perf_counter() - t) / n
+            frozen = timings.get(NO_PUSHDOWN, lambda: _suffix_secs(client, model, NO_PUSHDOWN, info["input_shape"], threads))
+            compute[NO_PUSHDOWN] = decode + frozen
         except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
             pass
     # A split whose features alone take longer to cross the network than the baseline's whole
     # per-sample cost (its transfer plus its compute) cannot win: it is not profiled (saves an
     # inference session each; at 10 Mbit/s that is every early split).
     ceiling = per_sample / bandwidth + compute[NO_PUSHDOWN] if NO_PUSHDOWN in compute else float("inf")
-    rng = np.random.default_rng(0)
     for split in storage["splits"]:
         if split["bytes_per_sample"] / bandwidth > ceiling:
             continue
-        x = rng.standard_normal((PROBE, *split["shape"])).astype(np.float32)
-        compute[split["split"]] = _timed(SuffixRunner(client, model, split["split"]), x) / PROBE
+        if split["split"] == info["freeze"]:
+            compute[split["split"]] = 0.0  # nothing left to run here
+            continue
+        compute[split["split"]] = timings.get(
+            split["split"], lambda s=split: _suffix_secs(client, model, s["split"], s["shape"], threads))
+    timings.save()
     return {
         "batch_size": batch_size,
         "samples": samples or max(1, round(shard_bytes / per_sample)) * shards,
