@@ -19,6 +19,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -267,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--mode", choices=sorted(MODES), default="quick")
     ap.add_argument("--out", type=Path, default=None, help="results JSONL (default bench/results/repro-MODE.jsonl)")
     args = ap.parse_args(argv)
+    # SIGTERM (a stopped run) unwinds through the finally below: servers stopped, topology removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cfg = MODES[args.mode]
     namespaces = args.mode != "smoke"
     out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}.jsonl"

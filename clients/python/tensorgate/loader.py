@@ -23,7 +23,8 @@ class ShardLoader:
 
     - `split`: a split name, `"none"` (no pushdown: raw shards, decoded and run here) or `"auto"`
       (profile, then ask the gateway's planner; re-plan when the measured bandwidth moves by more
-      than `replan_threshold`, or every `replan_every` shards).
+      than `replan_threshold`, or every `replan_every` shards). While it profiles, shard 0 is
+      already requested at the split with the fewest bytes, so the storage node does not wait.
     - `rank`/`world_size`: data-parallel sharding; inside a PyTorch DataLoader worker, shards are
       further split across workers.
     - `prefetch`: shards requested ahead of the one being consumed (in parallel, order kept).
@@ -143,7 +144,7 @@ class ShardLoader:
         self.plans.append({"profile": profile, **answer})
         self.split = answer["plan"]["chosen"]
 
-    def _start(self, shards: list[str]) -> None:
+    def _start(self, shards: list[str], storage: dict | None = None) -> None:
         if self.requested_split == "auto" and not self.plans:
             from .profiler import profile as measure
 
@@ -151,7 +152,7 @@ class ShardLoader:
 
             prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
                            shards=len(shards), train_secs_per_batch=self.train_secs_per_batch,
-                           threads=self.suffix_threads)
+                           threads=self.suffix_threads, storage=storage)
             self._adopt(prof)
             self.profile_seconds = time.perf_counter() - t
 
@@ -161,7 +162,6 @@ class ShardLoader:
         shards = self.shards()
         if not shards:
             return
-        self._start(shards)
         self._turns = turns = _Turns()
         pool = cf.ThreadPoolExecutor(self.prefetch)
         pending: deque = deque()
@@ -179,6 +179,19 @@ class ShardLoader:
         feats, labels, keys = [], [], []
         have = 0
         try:
+            storage = None
+            if self.requested_split == "auto" and not self.plans and self.overlap:
+                # Speculation: the storage node starts shard 0 while this side profiles (otherwise
+                # both would wait for the plan), at the split with the fewest bytes (the plan on a
+                # slow link). Any split's output serves: the suffix matches what ran. When the plan
+                # is another split, shard 0 still ran on the otherwise idle storage tier, and it
+                # reads outside the transfer order so that it holds nothing up.
+                storage = self.client.storage(self.model)
+                fewest = min(reversed(storage["splits"]), key=lambda s: s["bytes_per_sample"])["split"]
+                turns.next = 1
+                pending.append(pool.submit(self._fetch, 0, shards[0], fewest))
+                next_shard = 1
+            self._start(shards, storage)
             submit()
             done = 0
             while pending:

@@ -104,12 +104,14 @@ def _suffix_secs(client, model: str, split: str, shape, threads: int) -> float:
 
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
             shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
-            memory_limit: int | None = None, threads: int = 1, cached: bool = True) -> dict:
+            memory_limit: int | None = None, threads: int = 1, cached: bool = True,
+            storage: dict | None = None) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
     the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
     the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
-    every suffix instead of using the timings kept on disk."""
-    storage = client.storage(model)
+    every suffix instead of using the timings kept on disk; `storage` is a `/v1/storage` answer the
+    caller already has."""
+    storage = storage or client.storage(model)  # the gateway's terms, if the caller has them
     info = client.models()[model]
     timings = _Timings(info, threads)
     if not cached:
