@@ -77,7 +77,7 @@ impl FairSlots {
         }
     }
 
-    /// Slots free now (for tests and metrics).
+    /// Slots free now.
     #[must_use]
     pub fn free(&self) -> usize {
         self.lock().free
