@@ -62,6 +62,10 @@ MODES = {
     # 100 Mbit/s; the 5-epoch cache run. Runs that provably lose (below) are not run.
     "full": dict(images=256, per_shard=64, models=["resnet18", "resnet50-thin", "pp-lcnet"], rates=[10, 25, 50, 100, 250, 1000],
                  repeats=3, batch=64, ablation=[25, 100], ablation_train_secs=0.5, cache_epochs=5, limit=60),
+    # One configuration of the full mode again (every option, 3 repeats): a fresh measurement
+    # after a planner change. `--models` / `--rates` pick it (default: the full run's one miss).
+    "recheck": dict(images=256, per_shard=64, models=["resnet18"], rates=[1000], repeats=3, batch=64, ablation=[],
+                    cache_epochs=0, limit=60),
 }
 
 #: A fixed-split or tensors run is skipped when the bytes it must move, at the link's rate, already
@@ -272,10 +276,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=sorted(MODES), default="quick")
     ap.add_argument("--out", type=Path, default=None, help="results JSONL (default bench/results/repro-MODE.jsonl)")
+    ap.add_argument("--models", nargs="+", help="override the mode's models")
+    ap.add_argument("--rates", nargs="+", type=int, help="override the mode's rates (Mbit/s)")
     args = ap.parse_args(argv)
     # SIGTERM (a stopped run) unwinds through the finally below: servers stopped, topology removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    cfg = MODES[args.mode]
+    cfg = dict(MODES[args.mode], **({"models": args.models} if args.models else {}),
+               **({"rates": args.rates} if args.rates else {}))
     namespaces = args.mode != "smoke"
     out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
