@@ -50,7 +50,7 @@ MODES = {
                   cache_epochs=0, limit=120),
     "quick": dict(images=128, per_shard=64, models=["resnet50-thin"], rates=[10, 100, 1000], repeats=1, batch=64,
                   ablation=[25], cache_epochs=5, limit=30),
-    # The other two models at the quick settings (no ablation or cache runs): about 11 minutes.
+    # The other two models at the quick settings (no ablation or cache runs): about 3 minutes.
     "quick-more": dict(images=128, per_shard=64, models=["resnet18", "pp-lcnet"], rates=[10, 100, 1000], repeats=1,
                        batch=64, ablation=[], cache_epochs=0, limit=30),
     # The overlap ablation where both sides matter: a training step (emulated accelerator time,

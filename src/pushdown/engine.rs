@@ -422,15 +422,16 @@ fn worker(shared: &Shared, first: bool) {
             gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
         }
         gauges.samples.inc_by(batch as u64);
-        let (started, cpu) = (Instant::now(), super::thread_cpu_nanos());
-        let result = run(&mut session, &model.manifest.input, tensor, &shape, data);
+        // With one intra-op thread ORT runs on this thread, and its CPU time is the cost; with more,
+        // wall time is.
+        let (result, spent) = if shared.cfg.intra_threads <= 1 {
+            super::cpu_timed(|| run(&mut session, &model.manifest.input, tensor, &shape, data))
+        } else {
+            let started = Instant::now();
+            (run(&mut session, &model.manifest.input, tensor, &shape, data), started.elapsed())
+        };
         if result.is_ok() {
-            // With one intra-op thread ORT runs on this thread, and its CPU time is the cost free of
-            // contention from other work on the core; with more, wall time is the cost.
-            let nanos = match (cpu, super::thread_cpu_nanos(), shared.cfg.intra_threads <= 1) {
-                (Some(a), Some(b), true) => b.saturating_sub(a),
-                _ => u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-            };
+            let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
             shared.observed.nanos.fetch_add(nanos, Ordering::Relaxed);
             shared.observed.samples.fetch_add(batch as u64, Ordering::Relaxed);
         }

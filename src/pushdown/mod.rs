@@ -310,15 +310,12 @@ impl Pushdown {
                         // turn, a request's samples in order.
                         let _cpu = self.preprocess_slots.acquire(tenant).await;
                         tokio::task::spawn_blocking(move || {
-                            let (started, cpu) = (Instant::now(), thread_cpu_nanos());
                             let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
-                            let out = preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels);
-                            // CPU time, not wall time: a shard's samples preprocess concurrently,
-                            // and their wall times would count the contention many times over.
-                            let nanos = match (cpu, thread_cpu_nanos()) {
-                                (Some(a), Some(b)) => b.saturating_sub(a),
-                                _ => u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-                            };
+                            // CPU time, not wall time: samples preprocess concurrently, and their
+                            // wall times would count the contention many times over.
+                            let (out, spent) =
+                                cpu_timed(|| preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels));
+                            let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                             tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
                             tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             out
@@ -405,8 +402,20 @@ struct Parsed {
 }
 
 /// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
-pub(crate) fn thread_cpu_nanos() -> Option<u64> {
+fn thread_cpu_nanos() -> Option<u64> {
     std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Runs `f` and returns its result with the CPU time this thread spent on it: the cost free of
+/// contention from other work on the core (wall time where there is no per-thread CPU clock).
+pub(crate) fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let (started, cpu) = (Instant::now(), thread_cpu_nanos());
+    let out = f();
+    let spent = match (cpu, thread_cpu_nanos()) {
+        (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
+        _ => started.elapsed(),
+    };
+    (out, spent)
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.

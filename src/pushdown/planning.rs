@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use super::{Pushdown, PushdownError, engine, prefix, split_def};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
@@ -53,16 +52,13 @@ impl Pushdown {
             let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
             let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
             engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
-            // CPU time of this thread (the session has one intra-op thread): requests running on
-            // the same core do not inflate it.
-            let (t, cpu) = (Instant::now(), super::thread_cpu_nanos());
-            let out = engine::run(&mut session, &m.manifest.input, &tensor, &shape, input)?;
-            let secs = match (cpu, super::thread_cpu_nanos()) {
-                (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9,
-                _ => t.elapsed().as_secs_f64(),
-            };
+            // CPU time (the session has one intra-op thread): requests running on the same core
+            // do not inflate it.
+            let (out, spent) =
+                super::cpu_timed(|| engine::run(&mut session, &m.manifest.input, &tensor, &shape, input));
+            let out = out?;
             Ok(SplitCost {
-                secs_per_sample: secs / MEASURE_BATCH as f64,
+                secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,
                 bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
                 shape: out.shape.iter().skip(1).copied().collect(),
             })

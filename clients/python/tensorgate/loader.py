@@ -118,14 +118,16 @@ class ShardLoader:
         return Features(feats.features, feats.labels, list(feats.keys), feats.split, feats.model)
 
     def _keep(self, at: tuple[str, str], etag: str, feats: Features) -> None:
-        size = feats.features.nbytes + (feats.labels.nbytes if feats.labels is not None else 0)
+        def size(f: Features) -> int:
+            return f.features.nbytes + (f.labels.nbytes if f.labels is not None else 0)
+
         with self._lock:
             old = self._held.pop(at, None)
             if old:
-                self._held_bytes -= old[1].features.nbytes + (old[1].labels.nbytes if old[1].labels is not None else 0)
-            if self._held_bytes + size <= self.local_cache_bytes:
+                self._held_bytes -= size(old[1])
+            if self._held_bytes + size(feats) <= self.local_cache_bytes:
                 self._held[at] = (etag, feats)
-                self._held_bytes += size
+                self._held_bytes += size(feats)
 
     def _maybe_replan(self, done: int) -> None:
         if self.requested_split != "auto" or not self.plans:

@@ -18,6 +18,7 @@ Nothing is fetched at the (possibly huge) early splits.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -67,7 +68,7 @@ class _Timings:
 
     def __init__(self, info: dict, threads: int):
         host = f"{platform.machine()}-{os.cpu_count()}-{_cpu_model()}-ort{ort.__version__}-t{threads}"
-        digest = __import__("hashlib").sha256(host.encode()).hexdigest()[:12]
+        digest = hashlib.sha256(host.encode()).hexdigest()[:12]
         self.path = cache_dir() / f"profile-{info['name']}-{info['sha256'][:16]}-{digest}.json"
         try:
             self.known = json.loads(self.path.read_text())
@@ -130,7 +131,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         from .loader import _decode_raw_shard
 
         try:
-            n = len(_decode_raw_shard(whole, info).keys)
+            n = len(_decode_raw_shard(whole, info).keys)  # also the warm-up (imports Pillow)
             t = time.perf_counter()
             _decode_raw_shard(whole, info)
             decode = (time.perf_counter() - t) / n
