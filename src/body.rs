@@ -35,6 +35,8 @@ pub enum BodyError {
     LengthMismatch,
     #[error("the body's SHA-256 differs from x-amz-content-sha256")]
     Sha256Mismatch,
+    #[error("the body does not match its {0} trailer")]
+    ChecksumMismatch(&'static str),
     #[error("the request body exceeds the limit of {limit} bytes")]
     TooLarge { limit: u64 },
 }
@@ -167,6 +169,67 @@ where
     }
 }
 
+pin_project! {
+    /// A verified upload on its way to the store: every byte passes through as it arrives, except
+    /// the last one seen, which is held back until the stream behind it ends cleanly, i.e. until
+    /// every check on the body (signed SHA-256, chunk signatures, trailing checksum) has passed.
+    /// On a failure the held byte is dropped and the error ends the body, so the store never
+    /// receives the `Content-Length` it was promised and commits nothing (ADR 0007).
+    ///
+    /// The caller starts the store request only after the first verified bytes arrived (see
+    /// `Gateway::prepared_body`), so a refused body has always sent the store at least one byte:
+    /// SeaweedFS commits an empty object when a request's connection closes before any byte of
+    /// its body (observed on 4.48), but never a partial one.
+    pub struct WithholdTail<S> {
+        #[pin]
+        inner: S,
+        held: Option<Bytes>,
+        ready: std::collections::VecDeque<Bytes>,
+        done: bool,
+    }
+}
+
+impl<S> WithholdTail<S> {
+    pub fn new(inner: S) -> Self {
+        Self { inner, held: None, ready: std::collections::VecDeque::new(), done: false }
+    }
+}
+
+impl<S> futures_util::Stream for WithholdTail<S>
+where
+    S: futures_util::Stream<Item = Result<Bytes, BodyError>>,
+{
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut this = self.project();
+        loop {
+            if let Some(next) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(next)));
+            }
+            if *this.done {
+                return Poll::Ready(this.held.take().map(Ok));
+            }
+            match ready!(this.inner.as_mut().poll_next(cx)) {
+                Some(Ok(mut bytes)) if !bytes.is_empty() => {
+                    let last = bytes.split_off(bytes.len() - 1);
+                    this.ready.extend(this.held.replace(last));
+                    if !bytes.is_empty() {
+                        this.ready.push_back(bytes);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    *this.done = true;
+                    this.held.take();
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => *this.done = true,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use http_body_util::{BodyExt, Full};
@@ -184,6 +247,26 @@ mod tests {
 
         let big = Guarded::new(Full::new(Bytes::from_static(b"hello")), 4, None);
         assert!(matches!(big.collect().await, Err(BodyError::TooLarge { limit: 4 })));
+    }
+
+    #[tokio::test]
+    async fn the_last_byte_waits_for_the_checks() {
+        use futures_util::StreamExt;
+        let frames = |last: Result<Bytes, BodyError>| {
+            let first = [Ok(Bytes::from_static(b"abc")), Ok(Bytes::new()), Ok(Bytes::from_static(b"d"))];
+            futures_util::stream::iter(first.into_iter().chain([last]))
+        };
+        let joined = |items: &[Result<Bytes, BodyError>]| -> Vec<u8> {
+            items.iter().filter_map(|r| r.as_ref().ok()).flat_map(|b| b.to_vec()).collect()
+        };
+        // A clean end releases every byte, in order.
+        let ok: Vec<_> = WithholdTail::new(frames(Ok(Bytes::from_static(b"ef")))).collect().await;
+        assert!(ok.iter().all(Result::is_ok));
+        assert_eq!(joined(&ok), b"abcdef");
+        // A failure after the data: all but the last byte went out, then the error.
+        let bad: Vec<_> = WithholdTail::new(frames(Err(BodyError::Sha256Mismatch))).collect().await;
+        assert_eq!(joined(&bad), b"abc");
+        assert!(matches!(bad.last(), Some(Err(BodyError::Sha256Mismatch))));
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub struct BackendConfig {
     pub max_retries: u32,
     pub retry_budget_secs: u64,
     pub ca_file: Option<PathBuf>,
+    /// The store checks `aws-chunked` trailing checksums itself (SeaweedFS, MinIO, AWS): unsigned
+    /// trailer uploads then pass through untouched, and the store keeps the client's checksum.
+    /// Off (the default, right for every store): the gateway decodes them and checks the checksum.
+    pub trailing_checksums: bool,
 }
 
 impl Default for BackendConfig {
@@ -135,6 +139,7 @@ impl Default for BackendConfig {
             max_retries: retry.max_retries,
             retry_budget_secs: retry.budget.as_secs(),
             ca_file: None,
+            trailing_checksums: false,
         }
     }
 }
@@ -350,6 +355,9 @@ pub struct Overrides {
     /// Extra CA certificates (PEM) for an https backend.
     #[arg(long, env = "TENSORGATE_BACKEND_CA_FILE")]
     pub backend_ca_file: Option<PathBuf>,
+    /// The store checks aws-chunked trailing checksums itself (SeaweedFS, MinIO, AWS).
+    #[arg(long, env = "TENSORGATE_BACKEND_TRAILING_CHECKSUMS")]
+    pub backend_trailing_checksums: Option<bool>,
     /// Region the backend signs for.
     #[arg(long, env = "TENSORGATE_BACKEND_REGION")]
     pub backend_region: Option<String>,
@@ -417,6 +425,7 @@ impl Config {
         set(&mut self.backend.kind, &o.backend);
         set(&mut self.backend.root, &o.backend_root);
         set(&mut self.backend.region, &o.backend_region);
+        set(&mut self.backend.trailing_checksums, &o.backend_trailing_checksums);
         set(&mut self.log.format, &o.log_format);
         set(&mut self.log.filter, &o.log);
         if !o.domains.is_empty() {

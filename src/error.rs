@@ -107,6 +107,7 @@ impl GatewayError {
                 },
                 BackendError::UnsignableHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 BackendError::UnsafeKey => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+                BackendError::AnonymousWrite => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
                 BackendError::Internal(_) => S3ErrorSpec::new(
                     S::INTERNAL_SERVER_ERROR,
                     "InternalError",
@@ -177,6 +178,7 @@ fn body_spec(e: &BodyError) -> S3ErrorSpec {
         BodyError::Malformed(_) | BodyError::ChunkTooLarge => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
         BodyError::ChunkSignature => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
         BodyError::Sha256Mismatch => S3ErrorSpec::new(S::BAD_REQUEST, "XAmzContentSHA256Mismatch", msg),
+        BodyError::ChecksumMismatch(_) => S3ErrorSpec::new(S::BAD_REQUEST, "BadDigest", msg),
         BodyError::TooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
     }
 }

@@ -20,15 +20,16 @@ use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::BodyDataStream;
 
-use crate::body::{Body, BodyError, Guarded, Metered};
+use crate::body::{Body, BodyError, Guarded, Metered, WithholdTail};
 use crate::cache::{CacheKey, Cached, Entry, Lookup, ObjectId, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::s3::checksum::Algorithm;
 use crate::s3::credentials::CredentialStore;
 use crate::s3::headers::{self, CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
 use crate::s3::route::{self, S3Op, Target};
-use crate::s3::sigv4::chunked::{self, FailureSlot, TrailerChecksum};
-use crate::s3::sigv4::verify::{self, Payload, Verified};
+use crate::s3::sigv4::chunked;
+use crate::s3::sigv4::verify::{self, Identity, Payload, Verified};
 use crate::s3::sigv4::{uri_decode, uri_encode};
 
 /// Largest body of a non-data operation (tagging, multi-delete, multipart completion, bucket
@@ -36,6 +37,10 @@ use crate::s3::sigv4::{uri_decode, uri_encode};
 /// documents well below this (a 1000-key DeleteObjects is about 100 KiB; a 10000-part completion
 /// about 1 MiB).
 pub const MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
+
+/// Object bodies up to this size are verified whole before the store sees the request (one SDK
+/// chunk; 1024 in flight hold at most 64 MiB); larger ones stream with their tail withheld.
+pub const VERIFY_WHOLE_BELOW: u64 = 64 * 1024;
 
 /// Front-end settings the request path needs.
 #[derive(Debug, Clone)]
@@ -236,7 +241,7 @@ impl Gateway {
             _ => None,
         };
         if let Some((spec, plan)) = spec {
-            let mut resp = self.pushdown_get(&parts, target, spec, identity.name()).await?;
+            let mut resp = self.pushdown_get(&parts, target, spec, &identity).await?;
             if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
                 resp.headers_mut().insert("x-tensorgate-plan", v);
             }
@@ -247,9 +252,15 @@ impl Gateway {
         let limit = self.cfg.max_body_bytes;
         let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
-        let failure = FailureSlot::default();
         let (body, fwd_payload) = match payload {
             _ if !has_body => (Body::empty(), ForwardPayload::Empty),
+            // A store that requires Content-MD5 here (Swift's s3api) gets one, so clients that no
+            // longer send it (boto3 >= 1.36) work; the body is small XML.
+            Payload::Unsigned if op == S3Op::DeleteObjects => {
+                check_declared(declared, limit)?;
+                let data = BodyDataStream::new(Guarded::new(counted, limit, None));
+                self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None).await?
+            }
             Payload::Unsigned => {
                 check_declared(declared, limit)?;
                 (Body::new(Guarded::new(counted, limit, None)), ForwardPayload::Unsigned)
@@ -257,23 +268,35 @@ impl Gateway {
             Payload::Sha256(expected) => {
                 check_declared(declared, limit)?;
                 let data = BodyDataStream::new(Guarded::new(counted, limit, Some(expected)));
-                self.verified_body(op, data, declared.unwrap_or_default(), &mut headers, &failure).await?
+                let signed = Some(hex::encode(expected));
+                self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, signed).await?
             }
-            Payload::Chunked(mode) if mode.signer.is_none() && self.backend.accepts_aws_chunked() => {
-                // Unsigned chunks: pass through untouched so the backend checks the client's own
-                // trailing checksum. The framing adds little; bound it by twice the limit.
+            Payload::Chunked(mode)
+                if mode.signer.is_none() && declared.is_some() && self.backend.passes_trailing_checksums() =>
+            {
+                // Unsigned chunks to a store that checks trailing checksums: passed through
+                // untouched, so the store checks (and keeps) the client's own checksum. The
+                // framing adds little; bound it by twice the limit.
                 check_declared(Some(mode.decoded_length), limit)?;
                 (Body::new(Guarded::new(counted, limit.saturating_mul(2), None)), ForwardPayload::UnsignedTrailer)
             }
             Payload::Chunked(mode) => {
                 check_declared(Some(mode.decoded_length), limit)?;
-                for h in [headers::X_AMZ_DECODED_CONTENT_LENGTH, headers::X_AMZ_TRAILER] {
-                    headers.remove(h);
-                }
-                strip_aws_chunked(&mut headers);
+                // The store will not see the trailer: the gateway checks the client's checksum.
+                let checksum = match (mode.trailer, parts.headers.get(headers::X_AMZ_TRAILER)) {
+                    (true, Some(v)) => Some(
+                        v.to_str()
+                            .ok()
+                            .and_then(Algorithm::from_header)
+                            .ok_or(GatewayError::InvalidHeader(headers::X_AMZ_TRAILER))?,
+                    ),
+                    _ => None,
+                };
+                decoded_headers(&mut headers);
                 let decoded_length = mode.decoded_length;
-                let data = Box::pin(chunked::decode(Guarded::new(counted, limit.saturating_mul(2), None), mode));
-                self.verified_body(op, data, decoded_length, &mut headers, &failure).await?
+                let data =
+                    Box::pin(chunked::decode(Guarded::new(counted, limit.saturating_mul(2), None), mode, checksum));
+                self.prepared_body(op, data, decoded_length, &mut headers, None).await?
             }
         };
         let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
@@ -285,6 +308,7 @@ impl Gateway {
             headers,
             body,
             payload: fwd_payload,
+            anonymous: identity == Identity::Anonymous,
         };
         let result = self.backend.send(fwd).await;
         // After the backend answered (or failed: the write may still have landed), so any output
@@ -294,11 +318,6 @@ impl Gateway {
                 Some(k) => cache.object_written(&bucket, &k),
                 None => cache.bucket_written(&bucket),
             }
-        }
-        // A body the gateway refused mid-stream: the backend rejected the poisoned upload; tell
-        // the client why, not what the backend said about the checksum.
-        if let Some(e) = failure.lock().ok().and_then(|mut f| f.take()) {
-            return Err(e.into());
         }
         Ok((result?, identity.name().to_owned()))
     }
@@ -335,8 +354,12 @@ impl Gateway {
         parts: &http::request::Parts,
         target: Target,
         spec: PushdownSpec,
-        tenant: &str,
+        identity: &Identity,
     ) -> Result<Response<Body>, GatewayError> {
+        let tenant = identity.name();
+        // An anonymous reader may read an object only if the store says so on this request, so
+        // its output is never served from the cache without asking (unsigned) first.
+        let anonymous = *identity == Identity::Anonymous;
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
         pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
@@ -365,15 +388,19 @@ impl Gateway {
         let mut revalidating = None;
         let (mut _flight, mut generation) = (None, 0);
         if let Some(cache) = cache {
-            if let Lookup::Fresh(e, tier) = cache.lookup(&key).await {
+            if let Lookup::Fresh(e, tier) = cache.lookup(&key).await
+                && !anonymous
+            {
                 return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
             }
             // One request per key fetches and computes; the rest wait here and then hit.
             _flight = Some(cache.flight(&key).await);
             generation = cache.generation(&key.object);
             match cache.lookup(&key).await {
-                Lookup::Fresh(e, tier) => return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier)),
-                Lookup::Stale(e, tier) => {
+                Lookup::Fresh(e, tier) if !anonymous => {
+                    return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
+                }
+                Lookup::Fresh(e, tier) | Lookup::Stale(e, tier) => {
                     if let Ok(v) = HeaderValue::from_str(&e.data.source_etag) {
                         headers.insert(http::header::IF_NONE_MATCH, v);
                     }
@@ -392,6 +419,7 @@ impl Gateway {
             headers,
             body: Body::empty(),
             payload: ForwardPayload::Empty,
+            anonymous,
         };
         let resp = self.backend.send(fwd).await?;
         let source_etag =
@@ -472,70 +500,85 @@ impl Gateway {
             .map(|b| Body::new(Metered::new(b, prometheus_client::metrics::counter::Counter::default(), reservation))))
     }
 
-    /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash
-    /// or signed chunks), so that a failure found after bytes were sent still leaves nothing stored:
-    /// - `fs` backend: a plain stream (a body error aborts the write before anything is committed);
-    /// - object data (`PutObject`, `UploadPart`) to an S3 backend: re-framed with a checksum trailer
-    ///   (see [`chunked::reframe`]), streaming;
-    /// - any other operation (XML bodies: tagging, multi-delete, completion): read whole, at most
-    ///   [`MAX_BUFFERED_BODY`], verified, then forwarded with its hash, since S3 servers accept
-    ///   `aws-chunked` only on data uploads.
-    async fn verified_body<S>(
+    /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash,
+    /// signed chunks, a trailing checksum) for the store, framed as every store accepts it: a plain
+    /// body with an exact `Content-Length` (ADR 0007).
+    /// - object data (`PutObject`, `UploadPart`) over [`VERIFY_WHOLE_BELOW`] streams: the store
+    ///   request starts once the first verified bytes are here, and the last byte is withheld
+    ///   until every check passed ([`WithholdTail`]), so a body found bad is cut short of its
+    ///   `Content-Length` and the store commits nothing. A payload hash the client signed is
+    ///   forwarded as the store's `x-amz-content-sha256`, so stores that check it (Ceph RGW,
+    ///   Swift, AWS) check it again;
+    /// - anything else (XML bodies: tagging, multi-delete, completion; small objects) is read
+    ///   whole, verified, then forwarded with its hash, and a `Content-MD5` when the client sent
+    ///   none (Swift's s3api requires one on `DeleteObjects`, which boto3 >= 1.36 omits).
+    async fn prepared_body<S>(
         &self,
         op: S3Op,
         mut data: S,
         decoded_length: u64,
         headers: &mut HeaderMap,
-        failure: &FailureSlot,
+        signed_sha256: Option<String>,
     ) -> Result<(Body, ForwardPayload), GatewayError>
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
     {
-        if !self.backend.accepts_aws_chunked() {
-            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(decoded_length));
-            return Ok((Body::from_stream(data), ForwardPayload::Unsigned));
-        }
-        if !matches!(op, S3Op::PutObject | S3Op::UploadPart) {
-            use futures_util::StreamExt;
-            if decoded_length > MAX_BUFFERED_BODY {
-                return Err(GatewayError::EntityTooLarge { declared: decoded_length, limit: MAX_BUFFERED_BODY });
-            }
-            let mut buf = bytes::BytesMut::new();
-            while let Some(chunk) = data.next().await {
-                buf.extend_from_slice(&chunk?);
-                if buf.len() as u64 > MAX_BUFFERED_BODY {
-                    return Err(BodyError::TooLarge { limit: MAX_BUFFERED_BODY }.into());
+        use futures_util::StreamExt;
+        if decoded_length > VERIFY_WHOLE_BELOW && matches!(op, S3Op::PutObject | S3Op::UploadPart) {
+            // At least two verified bytes before the store hears of the request: one to send, one
+            // to withhold (see `WithholdTail` for why the store must see a byte before a refusal).
+            let mut head = Vec::new();
+            let mut got = 0;
+            while got < 2 {
+                match data.next().await {
+                    Some(chunk) => {
+                        let chunk = chunk?;
+                        got += chunk.len();
+                        head.push(Ok(chunk));
+                    }
+                    None => break,
                 }
             }
-            let buf = buf.freeze();
-            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(buf.len()));
-            let hash = crate::s3::sigv4::sha256_hex(&buf);
-            return Ok((Body::from(buf), ForwardPayload::Sha256(hash)));
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(decoded_length));
+            let payload = signed_sha256.map_or(ForwardPayload::Unsigned, ForwardPayload::Sha256);
+            let body = futures_util::stream::iter(head).chain(data);
+            return Ok((Body::from_stream(WithholdTail::new(body)), payload));
         }
-        let given = headers
-            .keys()
-            .find(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type")
-            .cloned()
-            .and_then(|k| {
-                headers.remove(&k).and_then(|v| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned())))
-            });
-        let checksum = match given {
-            Some((name, value)) => TrailerChecksum::Given { name, value },
-            None => TrailerChecksum::Crc32(crc32fast::Hasher::new()),
-        };
-        headers.remove(http::header::CONTENT_LENGTH);
-        let encoding = match headers.get(http::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
-            Some(other) => format!("aws-chunked, {other}"),
-            None => "aws-chunked".to_owned(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&encoding) {
-            headers.insert(http::header::CONTENT_ENCODING, v);
+        if decoded_length > MAX_BUFFERED_BODY {
+            return Err(GatewayError::EntityTooLarge { declared: decoded_length, limit: MAX_BUFFERED_BODY });
         }
-        headers.insert(headers::X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_length));
-        if let Ok(v) = HeaderValue::from_str(checksum.name()) {
-            headers.insert(headers::X_AMZ_TRAILER, v);
+        let mut buf = bytes::BytesMut::new();
+        while let Some(chunk) = data.next().await {
+            buf.extend_from_slice(&chunk?);
+            if buf.len() as u64 > MAX_BUFFERED_BODY {
+                return Err(BodyError::TooLarge { limit: MAX_BUFFERED_BODY }.into());
+            }
         }
-        Ok((Body::from_stream(chunked::reframe(data, checksum, failure.clone())), ForwardPayload::UnsignedTrailer))
+        let buf = buf.freeze();
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(buf.len()));
+        if !headers.contains_key(headers::CONTENT_MD5) {
+            use base64::Engine;
+            use md5::Digest;
+            let md5 = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&buf));
+            if let Ok(v) = HeaderValue::from_str(&md5) {
+                headers.insert(headers::CONTENT_MD5, v);
+            }
+        }
+        let hash = crate::s3::sigv4::sha256_hex(&buf);
+        Ok((Body::from(buf), ForwardPayload::Sha256(hash)))
+    }
+}
+
+/// Headers of a request whose `aws-chunked` body the gateway decoded: the framing headers go, and
+/// so does `x-amz-sdk-checksum-algorithm` unless a checksum header is still sent with it (S3
+/// refuses the algorithm without its value).
+fn decoded_headers(headers: &mut HeaderMap) {
+    for h in [headers::X_AMZ_DECODED_CONTENT_LENGTH, headers::X_AMZ_TRAILER] {
+        headers.remove(h);
+    }
+    strip_aws_chunked(headers);
+    if !headers.keys().any(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type") {
+        headers.remove(headers::X_AMZ_SDK_CHECKSUM_ALGORITHM);
     }
 }
 

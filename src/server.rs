@@ -95,6 +95,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                         max_concurrency: b.max_concurrency,
                         retry: config.retry_policy(),
                         ca_file: b.ca_file.clone(),
+                        trailing_checksums: b.trailing_checksums,
                     },
                     metrics.clone(),
                 )

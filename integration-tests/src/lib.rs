@@ -1,6 +1,10 @@
-//! Harness for the end-to-end tests: a real SeaweedFS (started by `scripts/seaweedfs.sh`), the
-//! real gateway started in-process on ephemeral ports, the real `aws-sdk-s3` client, and a raw
-//! signer (the official `aws-sigv4` crate) for the requests the SDK will not send.
+//! Harness for the end-to-end tests: a real store (SeaweedFS, Ceph RGW or OpenStack Swift, each
+//! started by its script in `scripts/`), the real gateway started in-process on ephemeral ports,
+//! the real `aws-sdk-s3` client, and a raw signer (the official `aws-sigv4` crate) for the
+//! requests the SDK will not send.
+//!
+//! `TENSORGATE_IT_STORE` picks the store the store-facing tests run against: `seaweedfs` (the
+//! default), `ceph-rgw` or `swift`. `scripts/test.sh` runs them once per store.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -52,6 +56,101 @@ pub fn seaweedfs(port: u16) -> anyhow::Result<String> {
         bail!("seaweedfs.sh failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+/// A store the gateway forwards to, as the tests see it.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub kind: StoreKind,
+    pub endpoint: String,
+    pub access_key: &'static str,
+    pub secret_key: &'static str,
+}
+
+/// The stores the suite runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    SeaweedFs,
+    CephRgw,
+    Swift,
+}
+
+impl StoreKind {
+    /// The store named by `TENSORGATE_IT_STORE` (default SeaweedFS).
+    ///
+    /// # Panics
+    /// On an unknown name.
+    #[must_use]
+    pub fn from_env() -> Self {
+        match std::env::var("TENSORGATE_IT_STORE").as_deref() {
+            Err(_) | Ok("" | "seaweedfs") => Self::SeaweedFs,
+            Ok("ceph-rgw") => Self::CephRgw,
+            Ok("swift") => Self::Swift,
+            Ok(other) => panic!("TENSORGATE_IT_STORE={other}: expected seaweedfs, ceph-rgw or swift"),
+        }
+    }
+
+    /// Whether the store implements object tagging (Swift 2.30's s3api does not).
+    #[must_use]
+    pub fn has_tagging(self) -> bool {
+        self != Self::Swift
+    }
+
+    /// Whether the store enforces ACLs on anonymous requests (Swift 2.30's s3api refuses every
+    /// anonymous request; SeaweedFS has no anonymous ACLs by default).
+    #[must_use]
+    pub fn has_public_acls(self) -> bool {
+        self == Self::CephRgw
+    }
+}
+
+/// Credentials of the stores' scripts (their defaults).
+pub const RGW_AK: &str = "rgw-ak";
+pub const RGW_SK: &str = "rgw-sk";
+pub const SWIFT_AK: &str = "test:tester";
+pub const SWIFT_SK: &str = "testing";
+pub const RGW_PORT: u16 = 18733;
+pub const SWIFT_PORT: u16 = 18833;
+
+/// Starts (or finds running) the store this run tests against.
+///
+/// # Errors
+/// When its script fails.
+pub fn store() -> anyhow::Result<Store> {
+    let kind = StoreKind::from_env();
+    let (script, port_var, port, access_key, secret_key) = match kind {
+        StoreKind::SeaweedFs => ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, SEAWEED_AK, SEAWEED_SK),
+        StoreKind::CephRgw => ("ceph-rgw.sh", "RGW_PORT", RGW_PORT, RGW_AK, RGW_SK),
+        StoreKind::Swift => ("swift.sh", "SWIFT_PORT", SWIFT_PORT, SWIFT_AK, SWIFT_SK),
+    };
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts").join(script))
+        .arg("start")
+        .env(port_var, port.to_string())
+        .output()
+        .with_context(|| format!("running scripts/{script}"))?;
+    if !out.status.success() {
+        bail!("{script} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let endpoint = String::from_utf8(out.stdout)?.lines().last().unwrap_or_default().trim().to_owned();
+    Ok(Store { kind, endpoint, access_key, secret_key })
+}
+
+/// A gateway configuration on ephemeral ports with one client credential, in front of `store`.
+#[must_use]
+pub fn store_config(store: &Store) -> Config {
+    let mut c = s3_config(&store.endpoint);
+    c.backend.access_key = Some(store.access_key.to_owned());
+    c.backend.secret_key = Some(SecretKey::new(store.secret_key.to_owned()));
+    c.backend.trailing_checksums = store.kind == StoreKind::SeaweedFs;
+    c
+}
+
+/// An SDK client that talks to the store directly, with the store's own key (to check what
+/// the store holds, bypassing the gateway).
+#[must_use]
+pub fn direct_client(store: &Store) -> aws_sdk_s3::Client {
+    sdk_client(&store.endpoint, store.access_key, store.secret_key)
 }
 
 /// Stops the SeaweedFS on `port`.

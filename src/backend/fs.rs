@@ -8,15 +8,18 @@
 //! Bucket names are already restricted by `s3::route`. Not supported by `s3s-fs`: tagging,
 //! versioning, ACLs (answered `501 NotImplemented`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt;
 use s3s::service::{S3Service, S3ServiceBuilder};
 
 use super::{BackendError, ForwardRequest, path_style_path};
 use crate::body::Body;
 use crate::s3::headers;
+use crate::s3::route::{S3Op, Target};
 
 /// In-process S3 over a local directory.
 #[derive(Clone)]
@@ -45,6 +48,21 @@ impl FsBackend {
         if req.target.key.as_deref().is_some_and(|k| !is_safe_key(k)) {
             return Err(BackendError::UnsafeKey);
         }
+        // A copy reads its source like a GET reads its key: the same check.
+        if let Some(source) = req.headers.get(headers::X_AMZ_COPY_SOURCE) {
+            let safe = source
+                .to_str()
+                .ok()
+                .and_then(|v| crate::s3::route::copy_source(v).ok())
+                .is_some_and(|(_, key)| is_safe_key(&key));
+            if !safe {
+                return Err(BackendError::UnsafeKey);
+            }
+        }
+        // A local directory has no ACLs: anonymous requests (allow_anonymous) may read only.
+        if req.anonymous && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
+            return Err(BackendError::AnonymousWrite);
+        }
         let path = path_style_path(&req.target);
         let uri = match &req.query {
             Some(q) if !q.is_empty() => format!("{path}?{q}"),
@@ -62,8 +80,179 @@ impl FsBackend {
         }
         strip_aws_chunked(out.headers_mut());
         out.headers_mut().insert(http::header::HOST, HeaderValue::from_static("localhost"));
-        let resp = self.service.call(out).await.map_err(|e| BackendError::Internal(format!("{e:?}").into()))?;
+        let resp = self.call(out).await?;
+        if matches!(req.op, S3Op::ListObjects | S3Op::ListObjectsV2) && resp.status().is_success() {
+            return self.complete_listing(&req.target, resp).await;
+        }
+        Ok(resp)
+    }
+
+    async fn call(&self, req: Request<s3s::Body>) -> Result<Response<Body>, BackendError> {
+        let resp = self.service.call(req).await.map_err(|e| BackendError::Internal(format!("{e:?}").into()))?;
         Ok(resp.map(Body::new))
+    }
+
+    /// `s3s-fs` lists objects with key, size and time only; S3 clients expect every entry to carry
+    /// its `ETag` and `StorageClass` too (CRT-based clients such as Mountpoint refuse listings
+    /// without them). Each entry's ETag is what a HEAD of it answers.
+    async fn complete_listing(&self, target: &Target, resp: Response<Body>) -> Result<Response<Body>, BackendError> {
+        let (mut parts, body) = resp.into_parts();
+        let xml = http_body_util::Limited::new(body, MAX_LISTING_BYTES)
+            .collect()
+            .await
+            .map_err(BackendError::Internal)?
+            .to_bytes();
+        let bucket = target.bucket.clone().unwrap_or_default();
+        let mut etags = HashMap::new();
+        for key in listing::keys_without_etag(&xml).map_err(|e| BackendError::Internal(e.into()))? {
+            let head = Request::builder()
+                .method(http::Method::HEAD)
+                .uri(path_style_path(&Target {
+                    bucket: Some(bucket.clone()),
+                    key: Some(key.clone()),
+                    virtual_host: false,
+                }))
+                .header(http::header::HOST, "localhost")
+                .body(s3s::Body::empty())
+                .map_err(|e| BackendError::Internal(e.into()))?;
+            let etag = self
+                .call(head)
+                .await?
+                .headers()
+                .get(http::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let Some(etag) = etag {
+                etags.insert(key, etag);
+            }
+        }
+        let xml = listing::complete(&xml, &etags).map_err(|e| BackendError::Internal(e.into()))?;
+        parts.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(xml.len()));
+        Ok(Response::from_parts(parts, Body::from(xml)))
+    }
+}
+
+/// Largest listing body read back to complete it (1000 entries of 1 KiB keys, with room).
+const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
+
+/// Completing `ListObjects` / `ListObjectsV2` XML (pure).
+mod listing {
+    use std::collections::HashMap;
+
+    use quick_xml::events::{BytesText, Event};
+    use quick_xml::{Reader, Writer};
+
+    /// The keys of `<Contents>` entries that have no `<ETag>`.
+    pub fn keys_without_etag(xml: &[u8]) -> Result<Vec<String>, quick_xml::Error> {
+        let mut out = Vec::new();
+        walk(xml, |key, has_etag| {
+            if !has_etag {
+                out.push(key.to_owned());
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// The same XML with `<ETag>` (from `etags`) and `<StorageClass>STANDARD</StorageClass>`
+    /// added to every `<Contents>` entry that lacks them.
+    pub fn complete(xml: &[u8], etags: &HashMap<String, String>) -> Result<Vec<u8>, quick_xml::Error> {
+        let mut reader = Reader::from_reader(xml);
+        let mut writer = Writer::new(Vec::with_capacity(xml.len() + etags.len() * 64));
+        let (mut depth_path, mut key, mut has_etag, mut has_class) =
+            (Vec::<Vec<u8>>::new(), String::new(), false, false);
+        let mut buf = Vec::new();
+        loop {
+            let event = reader.read_event_into(&mut buf)?;
+            match &event {
+                Event::Start(e) => {
+                    depth_path.push(e.local_name().as_ref().to_vec());
+                    match e.local_name().as_ref() {
+                        b"Contents" => (key, has_etag, has_class) = (String::new(), false, false),
+                        b"ETag" => has_etag = true,
+                        b"StorageClass" => has_class = true,
+                        _ => {}
+                    }
+                }
+                Event::Text(t) if depth_path.last().is_some_and(|n| n == b"Key") && in_contents(&depth_path) => {
+                    key = t.unescape()?.into_owned();
+                }
+                Event::End(e) => {
+                    depth_path.pop();
+                    if e.local_name().as_ref() == b"Contents" {
+                        if !has_etag && let Some(etag) = etags.get(&key) {
+                            write_text(&mut writer, "ETag", etag)?;
+                        }
+                        if !has_class {
+                            write_text(&mut writer, "StorageClass", "STANDARD")?;
+                        }
+                    }
+                }
+                Event::Eof => break,
+                _ => {}
+            }
+            writer.write_event(event)?;
+            buf.clear();
+        }
+        Ok(writer.into_inner())
+    }
+
+    fn in_contents(path: &[Vec<u8>]) -> bool {
+        path.len() >= 2 && path[path.len() - 2] == b"Contents"
+    }
+
+    fn write_text(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> Result<(), quick_xml::Error> {
+        w.create_element(name).write_text_content(BytesText::new(value))?;
+        Ok(())
+    }
+
+    fn walk(xml: &[u8], mut f: impl FnMut(&str, bool)) -> Result<(), quick_xml::Error> {
+        let mut reader = Reader::from_reader(xml);
+        let (mut path, mut key, mut has_etag) = (Vec::<Vec<u8>>::new(), String::new(), false);
+        let mut buf = Vec::new();
+        loop {
+            match reader.read_event_into(&mut buf)? {
+                Event::Start(e) => {
+                    path.push(e.local_name().as_ref().to_vec());
+                    match e.local_name().as_ref() {
+                        b"Contents" => (key, has_etag) = (String::new(), false),
+                        b"ETag" => has_etag = true,
+                        _ => {}
+                    }
+                }
+                Event::Text(t) if path.last().is_some_and(|n| n == b"Key") && in_contents(&path) => {
+                    key = t.unescape()?.into_owned();
+                }
+                Event::End(e) => {
+                    path.pop();
+                    if e.local_name().as_ref() == b"Contents" {
+                        f(&key, has_etag);
+                    }
+                }
+                Event::Eof => return Ok(()),
+                _ => {}
+            }
+            buf.clear();
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn entries_get_their_etag_and_storage_class() {
+            let xml = br#"<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name><Contents><Key>a&amp;b</Key><Size>3</Size></Contents><Contents><Key>c</Key><ETag>"x"</ETag><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"#;
+            assert_eq!(keys_without_etag(xml).expect("xml"), vec!["a&b".to_owned()]);
+            let etags = HashMap::from([("a&b".to_owned(), "\"d41d8cd98f00b204e9800998ecf8427e\"".to_owned())]);
+            let out = String::from_utf8(complete(xml, &etags).expect("xml")).expect("utf8");
+            assert!(out.contains(r#"<Key>a&amp;b</Key><Size>3</Size><ETag>&quot;d41d8cd98f00b204e9800998ecf8427e&quot;</ETag><StorageClass>STANDARD</StorageClass></Contents>"#), "{out}");
+            assert!(
+                out.contains(
+                    r#"<Key>c</Key><ETag>"x"</ETag><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"#
+                ),
+                "{out}"
+            );
+        }
     }
 }
 

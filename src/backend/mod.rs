@@ -25,6 +25,9 @@ pub struct ForwardRequest {
     pub headers: HeaderMap,
     pub body: Body,
     pub payload: ForwardPayload,
+    /// An anonymous request (`allow_anonymous`): forwarded unsigned, so the store's own ACLs and
+    /// policies decide. The store's key never signs a request nobody authenticated.
+    pub anonymous: bool,
 }
 
 /// What the forwarded body is, for the backend signature.
@@ -60,6 +63,8 @@ pub enum BackendError {
     UnsignableHeader(String),
     #[error("the object key cannot be stored by the fs backend (empty, '.' or '..' path segments, or a leading '/')")]
     UnsafeKey,
+    #[error("the fs backend serves anonymous requests read-only")]
+    AnonymousWrite,
     #[error("internal backend error")]
     Internal(#[source] crate::body::BoxError),
 }
@@ -96,11 +101,15 @@ impl Backend {
         }
     }
 
-    /// Whether raw `aws-chunked` unsigned-trailer bodies can be passed through (an S3 server
-    /// decodes them itself); otherwise the gateway decodes them first.
+    /// Whether raw `aws-chunked` unsigned-trailer bodies can be passed through (the store decodes
+    /// them and checks the trailing checksum: `backend.trailing_checksums`); otherwise the gateway
+    /// decodes them and checks the checksum itself (ADR 0007).
     #[must_use]
-    pub fn accepts_aws_chunked(&self) -> bool {
-        matches!(self, Self::S3(_))
+    pub fn passes_trailing_checksums(&self) -> bool {
+        match self {
+            Self::S3(b) => b.trailing_checksums(),
+            Self::Fs(_) => false,
+        }
     }
 
     /// Short name for logs.

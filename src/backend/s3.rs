@@ -43,6 +43,9 @@ pub struct S3BackendConfig {
     pub retry: RetryPolicy,
     /// Extra PEM CA certificates trusted for an `https` endpoint (besides the system store).
     pub ca_file: Option<std::path::PathBuf>,
+    /// The store decodes `STREAMING-UNSIGNED-PAYLOAD-TRAILER` bodies and checks their trailing
+    /// checksum (SeaweedFS, MinIO, AWS; not Ceph RGW 16 or Swift 2.30). See ADR 0007.
+    pub trailing_checksums: bool,
 }
 
 /// Forwarding client for an S3-compatible endpoint.
@@ -72,6 +75,11 @@ impl S3Backend {
         Ok(Self { cfg: Arc::new(cfg), client, limit, metrics })
     }
 
+    #[must_use]
+    pub fn trailing_checksums(&self) -> bool {
+        self.cfg.trailing_checksums
+    }
+
     fn url(&self, req: &ForwardRequest) -> String {
         let base = self.cfg.endpoint.to_string();
         let base = base.trim_end_matches('/');
@@ -97,7 +105,18 @@ impl S3Backend {
         if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
             out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
-        self.sign(&mut out, &req.payload)?;
+        if req.anonymous {
+            // The store sees the request as the client sent it: unsigned (only the framing of a
+            // passed-through aws-chunked body must still be named).
+            if req.payload == ForwardPayload::UnsignedTrailer {
+                out.headers_mut().insert(
+                    crate::s3::headers::X_AMZ_CONTENT_SHA256,
+                    HeaderValue::from_static("STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                );
+            }
+        } else {
+            self.sign(&mut out, &req.payload)?;
+        }
         Ok(out)
     }
 

@@ -7,6 +7,8 @@ pub const X_AMZ_SECURITY_TOKEN: &str = "x-amz-security-token";
 pub const X_AMZ_COPY_SOURCE: &str = "x-amz-copy-source";
 pub const X_AMZ_REQUEST_ID: &str = "x-amz-request-id";
 pub const X_AMZ_TRAILER: &str = "x-amz-trailer";
+pub const X_AMZ_SDK_CHECKSUM_ALGORITHM: &str = "x-amz-sdk-checksum-algorithm";
+pub const CONTENT_MD5: &str = "content-md5";
 /// A customer-provided encryption key (SSE-C): the backend checks it on every read.
 pub const SSE_CUSTOMER_KEY: &str = "x-amz-server-side-encryption-customer-key";
 

@@ -77,6 +77,23 @@ pub fn resolve(host: Option<&str>, raw_path: &str, domains: &[String]) -> Result
     Ok(Target { bucket, key, virtual_host: vhost_bucket.is_some() })
 }
 
+/// The `(bucket, key)` an `x-amz-copy-source` header names: `[/]bucket/key[?versionId=v]`,
+/// percent-encoded as S3 defines it. The bucket is validated like any other.
+///
+/// # Errors
+/// An invalid bucket name or an over-long key.
+pub fn copy_source(header: &str) -> Result<(String, String), RouteError> {
+    let path = header.split_once('?').map_or(header, |(p, _)| p);
+    let path = uri_decode(path);
+    let path = path.strip_prefix('/').unwrap_or(&path);
+    let (bucket, key) = path.split_once('/').ok_or(RouteError::InvalidBucketName)?;
+    validate_bucket(bucket)?;
+    if key.len() > MAX_KEY_BYTES {
+        return Err(RouteError::KeyTooLong);
+    }
+    Ok((bucket.to_owned(), key.to_owned()))
+}
+
 /// Bucket names: the union of current and legacy S3 rules (letters, digits, `.`, `-`, `_`), and never
 /// `.`/`..`-like names, so that no backend can be tricked into a path outside its root.
 fn validate_bucket(b: &str) -> Result<(), RouteError> {

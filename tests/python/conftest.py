@@ -121,8 +121,31 @@ def seaweed() -> str:
     subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, check=False)
 
 
+# The store the client tests run against (TENSORGATE_TEST_STORE: seaweedfs, ceph-rgw or swift):
+# (script, port variable, port, access key, secret key), the scripts' defaults.
+STORES = {
+    "seaweedfs": ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, "seaweed-ak", "seaweed-sk"),
+    "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 18733, "rgw-ak", "rgw-sk"),
+    "swift": ("swift.sh", "SWIFT_PORT", 18833, "test:tester", "testing"),
+}
+STORE_KIND = os.environ.get("TENSORGATE_TEST_STORE", "seaweedfs")
+
+
 @pytest.fixture(scope="session")
-def gateway(seaweed, tmp_path_factory):
+def store(request) -> dict:
+    """The store behind the session's gateway: kind, endpoint and its own keys."""
+    script, var, port, ak, sk = STORES[STORE_KIND]
+    if STORE_KIND == "seaweedfs":
+        endpoint = request.getfixturevalue("seaweed")
+    else:
+        env = dict(os.environ, **{var: str(port)})
+        out = subprocess.run([str(ROOT / "scripts" / script), "start"], env=env, check=True, capture_output=True, text=True)
+        endpoint = out.stdout.strip().splitlines()[-1]
+    return {"kind": STORE_KIND, "endpoint": endpoint, "access_key": ak, "secret_key": sk}
+
+
+@pytest.fixture(scope="session")
+def gateway(store, tmp_path_factory):
     """The tensorgate binary on free ports; yields (endpoint, admin, log path)."""
     port, admin_port = free_port(), free_port()
     gwdir = tmp_path_factory.mktemp("gw")
@@ -136,9 +159,10 @@ def gateway(seaweed, tmp_path_factory):
         TENSORGATE_CONFIG=str(config),
         TENSORGATE_LISTEN=f"127.0.0.1:{port}",
         TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
-        TENSORGATE_BACKEND_ENDPOINT=seaweed,
-        TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
-        TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
+        TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
+        TENSORGATE_BACKEND_ACCESS_KEY=store["access_key"],
+        TENSORGATE_BACKEND_SECRET_KEY=store["secret_key"],
+        TENSORGATE_BACKEND_TRAILING_CHECKSUMS=str(store["kind"] == "seaweedfs").lower(),
         TENSORGATE_ACCESS_KEY=CLIENT_AK,
         TENSORGATE_SECRET_KEY=CLIENT_SK,
         TENSORGATE_LOG="debug",

@@ -8,8 +8,8 @@ use integration_tests::*;
 use tensorgate::Server;
 
 async fn setup() -> (Server, aws_sdk_s3::Client, String) {
-    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
-    let server = Server::start(&s3_config(&endpoint)).await.expect("gateway");
+    let store = store().expect("store");
+    let server = Server::start(&store_config(&store)).await.expect("gateway");
     let client = sdk_client(&url(server.s3_addr), CLIENT_AK, CLIENT_SK);
     let bucket = unique_bucket("auth");
     client.create_bucket().bucket(&bucket).send().await.expect("create bucket");
@@ -35,7 +35,8 @@ async fn wrong_secret_and_unknown_key_are_refused() {
     let e = unknown.list_buckets().send().await.expect_err("unknown key");
     assert_eq!(aws_sdk_s3::error::ProvideErrorMetadata::code(&e), Some("InvalidAccessKeyId"));
     // The backend's own credentials are not client credentials.
-    let backend_key = sdk_client(&url(server.s3_addr), SEAWEED_AK, SEAWEED_SK);
+    let store = store().expect("store");
+    let backend_key = sdk_client(&url(server.s3_addr), store.access_key, store.secret_key);
     assert!(backend_key.list_buckets().send().await.is_err());
     server.shutdown().await;
 }
@@ -83,7 +84,7 @@ async fn presigned_urls_work_until_they_expire() {
 }
 
 #[tokio::test]
-async fn anonymous_requests_need_operator_consent() {
+async fn anonymous_requests_need_operator_consent_and_the_stores_acls() {
     let (server, _c, b) = setup().await;
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     let anon = raw(server.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::None).await.expect("get");
@@ -91,13 +92,40 @@ async fn anonymous_requests_need_operator_consent() {
     assert!(anon.text().contains("<Code>AccessDenied</Code>"));
     server.shutdown().await;
 
-    let endpoint = seaweedfs(SEAWEED_PORT).expect("seaweedfs");
-    let mut cfg = s3_config(&endpoint);
+    // With anonymous access on, requests reach the store unsigned and the store decides: a private
+    // bucket stays private (read, overwrite and delete are all refused, and nothing changed).
+    let store = store().expect("store");
+    let mut cfg = store_config(&store);
     cfg.allow_anonymous = true;
     let open = Server::start(&cfg).await.expect("gateway");
+    let c = sdk_client(&url(open.s3_addr), CLIENT_AK, CLIENT_SK);
     let host = format!("127.0.0.1:{}", open.s3_addr.port());
-    let ok = raw(open.s3_addr, "GET", &host, &format!("/{b}/k"), &[], Bytes::new(), Auth::None).await.expect("get");
-    assert_eq!(ok.status, 200, "{}", ok.text());
+    let key = format!("/{b}/k");
+    let get = raw(open.s3_addr, "GET", &host, &key, &[], Bytes::new(), Auth::None).await.expect("get");
+    assert_eq!(get.status, 403, "anonymous read of a private object: {}", get.text());
+    let put = raw(open.s3_addr, "PUT", &host, &key, &[], Bytes::from_static(b"overwritten"), Auth::None).await;
+    assert_eq!(put.expect("put").status, 403, "anonymous overwrite");
+    let del = raw(open.s3_addr, "DELETE", &host, &key, &[], Bytes::new(), Auth::None).await.expect("delete");
+    assert_eq!(del.status, 403, "anonymous delete");
+    let kept = c.get_object().bucket(&b).key("k").send().await.expect("still there");
+    assert_eq!(kept.body.collect().await.expect("body").into_bytes().as_ref(), b"secret data");
+    if store.kind.has_public_acls() {
+        // A public-read object is readable anonymously, as on the store itself.
+        c.put_object()
+            .bucket(&b)
+            .key("public")
+            .acl(aws_sdk_s3::types::ObjectCannedAcl::PublicRead)
+            .body(ByteStream::from_static(b"for everyone"))
+            .send()
+            .await
+            .expect("put public");
+        let path = format!("/{b}/public");
+        let got = raw(open.s3_addr, "GET", &host, &path, &[], Bytes::new(), Auth::None).await.expect("get");
+        assert_eq!(got.status, 200, "{}", got.text());
+        assert_eq!(got.body.as_ref(), b"for everyone");
+        let put = raw(open.s3_addr, "PUT", &host, &path, &[], Bytes::from_static(b"vandal"), Auth::None).await;
+        assert_eq!(put.expect("put").status, 403, "public-read is not public-write");
+    }
     open.shutdown().await;
 }
 
@@ -143,5 +171,21 @@ async fn tampered_signed_payload_is_not_stored() {
     .await
     .expect("put");
     assert_eq!(ok.status, 200, "{}", ok.text());
+
+    // A large body (many frames reach the store before the hash is known) over an existing key:
+    // the old content must survive.
+    let big: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+    let mut tampered = big.clone();
+    tampered[3 * 1024 * 1024] ^= 1;
+    let claimed = tensorgate::s3::sigv4::sha256_hex(&big);
+    let path = format!("/{b}/sha");
+    let signed = Auth::Header(CLIENT_AK, CLIENT_SK, &claimed);
+    let r = raw(server.s3_addr, "PUT", &host, &path, &[], tampered.into(), signed).await.expect("put");
+    assert_eq!(r.status, 400, "{}", r.text());
+    let kept = signed_get(server.s3_addr, &host, &path).await.expect("get");
+    assert_eq!(kept.body.as_ref(), b"the real body", "a tampered overwrite must leave the object as it was");
+    let r = raw(server.s3_addr, "PUT", &host, &path, &[], big.clone().into(), signed).await.expect("put");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(signed_get(server.s3_addr, &host, &path).await.expect("get").body.as_ref(), big.as_slice());
     server.shutdown().await;
 }

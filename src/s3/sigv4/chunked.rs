@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::{chunk_string_to_sign, sha256_hex, signature, trailer_string_to_sign};
 use crate::body::BodyError;
+use crate::s3::checksum::{Algorithm, Hasher};
 
 /// Largest chunk accepted. AWS SDKs send 64 KiB chunks; S3 itself documents no upper bound, but a
 /// chunk is held in memory until its signature is checked, so an unbounded one would let a client
@@ -57,6 +58,8 @@ pub struct ChunkedMode {
 
 struct Decoder<B> {
     body: B,
+    /// The trailing checksum the gateway must check itself (the store will not see the trailer).
+    checksum: Option<(Algorithm, Hasher)>,
     buf: BytesMut,
     eof: bool,
     mode: ChunkedMode,
@@ -65,14 +68,22 @@ struct Decoder<B> {
     done: bool,
 }
 
-/// Decodes (and for signed variants verifies) an `aws-chunked` body into the payload bytes.
-pub fn decode<B>(body: B, mode: ChunkedMode) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
+/// Decodes (and for signed variants verifies) an `aws-chunked` body into the payload bytes. With
+/// `checksum`, the trailer must carry that checksum and it must match the decoded bytes (for
+/// stores that never see the trailer).
+pub fn decode<B>(
+    body: B,
+    mode: ChunkedMode,
+    checksum: Option<Algorithm>,
+) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let prev_signature = mode.signer.as_ref().map(|s| s.seed_signature.clone()).unwrap_or_default();
-    let dec = Decoder { body, buf: BytesMut::new(), eof: false, mode, prev_signature, decoded: 0, done: false };
+    let checksum = checksum.map(|a| (a, a.hasher()));
+    let dec =
+        Decoder { body, checksum, buf: BytesMut::new(), eof: false, mode, prev_signature, decoded: 0, done: false };
     futures_util::stream::unfold(dec, |mut dec| async move {
         if dec.done {
             return None;
@@ -167,6 +178,9 @@ where
         if self.decoded > self.mode.decoded_length {
             return Err(BodyError::LengthMismatch);
         }
+        if let Some((_, h)) = &mut self.checksum {
+            h.update(&data);
+        }
         Ok(Some(data))
     }
 
@@ -175,6 +189,7 @@ where
         if self.mode.trailer {
             let mut canonical = String::new();
             let mut sent_signature = None;
+            let mut sent_checksum = None;
             loop {
                 let line = self.line(MAX_LINE).await?;
                 if line.is_empty() {
@@ -185,6 +200,9 @@ where
                 if name.trim().eq_ignore_ascii_case("x-amz-trailer-signature") {
                     sent_signature = Some(value.trim().to_owned());
                 } else {
+                    if self.checksum.as_ref().is_some_and(|(a, _)| name.trim().eq_ignore_ascii_case(a.header_name())) {
+                        sent_checksum = Some(value.trim().to_owned());
+                    }
                     canonical.push_str(&name.trim().to_ascii_lowercase());
                     canonical.push(':');
                     canonical.push_str(value.trim());
@@ -201,6 +219,13 @@ where
                 let expected = signature(&signer.key, &sts);
                 if !bool::from(expected.as_bytes().ct_eq(sent.as_bytes())) {
                     return Err(BodyError::ChunkSignature);
+                }
+            }
+            if let Some((alg, hasher)) = self.checksum.take() {
+                let sent =
+                    sent_checksum.ok_or(BodyError::Malformed("the trailer lacks the checksum x-amz-trailer names"))?;
+                if hasher.finalize_base64() != sent {
+                    return Err(BodyError::ChecksumMismatch(alg.header_name()));
                 }
             }
         } else {
@@ -260,7 +285,11 @@ mod tests {
     }
 
     async fn run(body: Bytes, mode: ChunkedMode) -> Result<Vec<u8>, BodyError> {
-        let mut s = std::pin::pin!(decode(Full::new(body), mode));
+        run_checked(body, mode, None).await
+    }
+
+    async fn run_checked(body: Bytes, mode: ChunkedMode, sum: Option<Algorithm>) -> Result<Vec<u8>, BodyError> {
+        let mut s = std::pin::pin!(decode(Full::new(body), mode, sum));
         let mut out = Vec::new();
         while let Some(item) = s.next().await {
             out.extend_from_slice(&item?);
@@ -295,23 +324,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reframed_bodies_end_with_a_checksum_that_fails_on_error() {
-        use futures_util::StreamExt;
-        let ok =
-            futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"trailer"))]);
-        let slot = FailureSlot::default();
-        let out: Vec<_> = reframe(ok, TrailerChecksum::Crc32(crc32fast::Hasher::new()), slot.clone()).collect().await;
-        let text: Vec<u8> = out.into_iter().flat_map(|b| b.expect("ok").to_vec()).collect();
-        // CRC32("hello trailer") = 0x5b319bbb, base64 "WzGbuw==" (checked with Python's zlib).
-        assert_eq!(text, b"6\r\nhello \r\n7\r\ntrailer\r\n0\r\nx-amz-checksum-crc32:WzGbuw==\r\n\r\n");
-        assert!(slot.lock().expect("lock").is_none());
-
-        let bad = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"hello")), Err(BodyError::ChunkSignature)]);
-        let given = TrailerChecksum::Given { name: "x-amz-checksum-sha256".into(), value: "abc=".into() };
-        let out: Vec<_> = reframe(bad, given, slot.clone()).collect().await;
-        let text: Vec<u8> = out.into_iter().flat_map(|b| b.expect("ok").to_vec()).collect();
-        assert_eq!(text, b"5\r\nhello\r\n0\r\nx-amz-checksum-sha256:Abc=\r\n\r\n");
-        assert!(matches!(slot.lock().expect("lock").take(), Some(BodyError::ChunkSignature)));
+    async fn trailing_checksums_are_checked_when_asked() {
+        let body =
+            |sum: &str| Bytes::from(format!("5\r\nhello\r\n8\r\n trailer\r\n0\r\nx-amz-checksum-crc32:{sum}\r\n\r\n"));
+        let mode = ChunkedMode { signer: None, trailer: true, decoded_length: 13 };
+        let crc = Some(Algorithm::Crc32);
+        assert_eq!(run_checked(body("WzGbuw=="), mode.clone(), crc).await.expect("valid"), b"hello trailer");
+        let r = run_checked(body("WzGbuA=="), mode.clone(), crc).await;
+        assert!(matches!(r, Err(BodyError::ChecksumMismatch("x-amz-checksum-crc32"))));
+        // A trailer without the announced checksum is refused too.
+        let r = run_checked(body("WzGbuw=="), mode, Some(Algorithm::Sha256)).await;
+        assert!(matches!(r, Err(BodyError::Malformed(_))));
     }
 
     #[tokio::test]
@@ -322,92 +345,4 @@ mod tests {
         let r = run(Bytes::from_static(b"ffffffff\r\n"), mode).await;
         assert!(matches!(r, Err(BodyError::ChunkTooLarge)));
     }
-}
-
-/// The checksum that ends a re-framed body (see [`reframe`]).
-#[derive(Debug)]
-pub enum TrailerChecksum {
-    /// The client sent `x-amz-checksum-<alg>` as a (signed) header: it moves into the trailer
-    /// unchanged, and the backend checks the data against it.
-    Given { name: String, value: String },
-    /// No client checksum: the gateway computes a CRC32 of the bytes it forwards.
-    Crc32(crc32fast::Hasher),
-}
-
-impl TrailerChecksum {
-    /// The trailer header name (`x-amz-trailer` value).
-    #[must_use]
-    pub fn name(&self) -> &str {
-        match self {
-            Self::Given { name, .. } => name,
-            Self::Crc32(_) => "x-amz-checksum-crc32",
-        }
-    }
-}
-
-/// Where [`reframe`] records why it cut a body short, for the caller to report to the client.
-pub type FailureSlot = std::sync::Arc<std::sync::Mutex<Option<BodyError>>>;
-
-/// Re-encodes verified payload bytes as a `STREAMING-UNSIGNED-PAYLOAD-TRAILER` body ending in a
-/// checksum trailer, for backends that would otherwise commit a truncated upload.
-///
-/// Why: when the gateway finds a bad chunk signature or payload hash part-way through an upload,
-/// aborting the backend connection is not enough: some stores (SeaweedFS, observed) then commit
-/// what they received. Instead, the body is ended cleanly with a checksum that cannot match, so
-/// the backend itself rejects the upload and nothing is stored. The failure is recorded in
-/// `failure` and the client gets the gateway's error, not the backend's.
-pub fn reframe<S>(
-    data: S,
-    mut checksum: TrailerChecksum,
-    failure: FailureSlot,
-) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static
-where
-    S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin + 'static,
-{
-    use futures_util::StreamExt;
-    futures_util::stream::unfold(Some((data, checksum_take(&mut checksum))), move |state| {
-        let failure = failure.clone();
-        async move {
-            let (mut data, mut checksum) = state?;
-            match data.next().await {
-                Some(Ok(bytes)) if bytes.is_empty() => Some((Ok(Bytes::new()), Some((data, checksum)))),
-                Some(Ok(bytes)) => {
-                    if let TrailerChecksum::Crc32(h) = &mut checksum {
-                        h.update(&bytes);
-                    }
-                    let mut out = BytesMut::with_capacity(bytes.len() + 16);
-                    out.extend_from_slice(format!("{:x}\r\n", bytes.len()).as_bytes());
-                    out.extend_from_slice(&bytes);
-                    out.extend_from_slice(b"\r\n");
-                    Some((Ok(out.freeze()), Some((data, checksum))))
-                }
-                None => Some((Ok(final_chunk(checksum, false)), None)),
-                Some(Err(e)) => {
-                    if let Ok(mut slot) = failure.lock() {
-                        *slot = Some(e);
-                    }
-                    Some((Ok(final_chunk(checksum, true)), None))
-                }
-            }
-        }
-    })
-}
-
-fn checksum_take(c: &mut TrailerChecksum) -> TrailerChecksum {
-    std::mem::replace(c, TrailerChecksum::Crc32(crc32fast::Hasher::new()))
-}
-
-fn final_chunk(checksum: TrailerChecksum, poison: bool) -> Bytes {
-    use base64::Engine;
-    let name = checksum.name().to_owned();
-    let mut value = match checksum {
-        TrailerChecksum::Given { value, .. } => value,
-        TrailerChecksum::Crc32(h) => base64::engine::general_purpose::STANDARD.encode(h.finalize().to_be_bytes()),
-    };
-    if poison {
-        // Still valid base64 of the right length, never equal to the real value.
-        let first = if value.starts_with('A') { "B" } else { "A" };
-        value.replace_range(0..1.min(value.len()), first);
-    }
-    Bytes::from(format!("0\r\n{name}:{value}\r\n\r\n"))
 }
