@@ -3,6 +3,7 @@
 pub mod checksum;
 pub mod credentials;
 pub mod headers;
+pub mod post_policy;
 pub mod route;
 pub mod sigv2;
 pub mod sigv4;
