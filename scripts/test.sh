@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (the README's test command):
 #   format and lint checks, Rust unit tests, end-to-end tests against a real SeaweedFS with the real
-#   aws-sdk-s3, and the Python client smoke tests (boto3, aws CLI, rclone, s3cmd) against the binary.
+#   aws-sdk-s3, and the Python client smoke tests (boto3, aws CLI, rclone, s3cmd) against the binary;
+#   then the store-facing end-to-end tests and the client tests again in front of Ceph RGW 16.2 and
+#   OpenStack Swift 2.30 (s3api), each started by its script (installed from Debian when missing).
 # Installs what it needs first (scripts/setup.sh); stops every server it started, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,8 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 cleanup() {
   for p in 18433 18533 18633; do SEAWEED_PORT=$p scripts/seaweedfs.sh stop >/dev/null 2>&1 || true; done
+  RGW_PORT=18733 scripts/ceph-rgw.sh stop >/dev/null 2>&1 || true
+  SWIFT_PORT=18833 scripts/swift.sh stop >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -33,3 +37,20 @@ echo "== python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix c
 cargo build --quiet --locked --bin tensorgate
 scripts/models.sh
 .venv/bin/python -m pytest -q tests/python
+
+# The same store-facing tests on the other stores: what passes on SeaweedFS alone is not verified
+# (SeaweedFS accepts requests that RGW and AWS refuse). The suites above ran everything on
+# SeaweedFS; here the passthrough and auth end-to-end tests and the real-client tests run again.
+for store in ceph-rgw swift; do
+  echo "== store: $store (passthrough and auth end-to-end tests, real clients)"
+  case $store in
+    ceph-rgw) RGW_PORT=18733 scripts/ceph-rgw.sh start ;;
+    swift) SWIFT_PORT=18833 scripts/swift.sh start ;;
+  esac
+  if command -v cargo-nextest >/dev/null; then
+    TENSORGATE_IT_STORE=$store cargo nextest run -p integration-tests --locked --no-fail-fast -E 'test(/^(passthrough|auth)::/)'
+  else
+    TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth::
+  fi
+  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
+done

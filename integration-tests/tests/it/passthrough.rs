@@ -197,9 +197,12 @@ async fn multipart_lifecycle_and_checksums() {
         .send()
         .await
         .expect("complete");
-    assert!(fin.e_tag().expect("etag").contains("-2"), "multipart ETag: {:?}", fin.e_tag());
     let head = c.head_object().bucket(&b).key("mp").send().await.expect("head mp");
     assert_eq!(head.content_length(), Some(5 * 1024 * 1024 + 10));
+    assert!(head.e_tag().expect("etag").contains("-2"), "multipart ETag: {:?}", head.e_tag());
+    // Ceph RGW 16.2.15 answers `<ETag></ETag>` in CompleteMultipartUploadResult, directly too.
+    let rgw_empty = store.kind == StoreKind::CephRgw && fin.e_tag() == Some("");
+    assert!(fin.e_tag() == head.e_tag() || rgw_empty, "complete: {:?}, head: {:?}", fin.e_tag(), head.e_tag());
 
     let up2 = c.create_multipart_upload().bucket(&b).key("aborted").send().await.expect("create");
     c.abort_multipart_upload()
