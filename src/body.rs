@@ -39,6 +39,8 @@ pub enum BodyError {
     ChecksumMismatch(&'static str),
     #[error("the request body exceeds the limit of {limit} bytes")]
     TooLarge { limit: u64 },
+    #[error("the form does not end right after its file part (parts after the file are not supported)")]
+    FormTrailer,
 }
 
 /// Walks an error's `source()` chain looking for a [`BodyError`]: a body failure surfaces wrapped

@@ -10,6 +10,8 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::backend::BackendError;
 use crate::body::{Body, BodyError};
 use crate::pushdown::PushdownError;
+use crate::s3::form::FormError;
+use crate::s3::post_policy::PostError;
 use crate::s3::route::RouteError;
 use crate::s3::sigv4::verify::AuthError;
 use crate::s3::xml::error_body;
@@ -30,10 +32,16 @@ pub enum GatewayError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Pushdown(#[from] PushdownError),
+    #[error(transparent)]
+    Post(#[from] PostError),
+    #[error(transparent)]
+    Form(#[from] FormError),
     #[error("the declared body size {declared} exceeds the limit of {limit} bytes")]
     EntityTooLarge { declared: u64, limit: u64 },
     #[error("invalid header {0}")]
     InvalidHeader(&'static str),
+    #[error("you must provide the Content-Length HTTP header")]
+    MissingContentLength,
     #[error("the requested range is not satisfiable (the object is {size} bytes)")]
     InvalidRange { size: usize },
     #[error("too many requests in flight; retry later")]
@@ -82,6 +90,23 @@ impl GatewayError {
                 AuthError::NotImplemented(_) => S3ErrorSpec::new(S::NOT_IMPLEMENTED, "NotImplemented", msg),
             },
             Self::Body(e) => body_spec(e),
+            Self::Post(e) => match e {
+                PostError::InvalidArgument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+                PostError::AccessDenied(_) => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
+                PostError::InvalidAccessKeyId => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
+                PostError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
+                PostError::InvalidPolicyDocument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidPolicyDocument", msg),
+                PostError::EntityTooSmall => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooSmall", msg),
+                PostError::EntityTooLarge => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
+                PostError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
+                PostError::MalformedXml => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedXML", msg),
+            },
+            Self::MissingContentLength => S3ErrorSpec::new(S::LENGTH_REQUIRED, "MissingContentLength", msg),
+            Self::Form(e) => match e {
+                FormError::Malformed(_) => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedPOSTRequest", msg),
+                FormError::NoFile => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+                FormError::TooLarge(_) => S3ErrorSpec::new(S::BAD_REQUEST, "MaxPostPreDataLengthExceeded", msg),
+            },
             Self::Route(e) => match e {
                 RouteError::InvalidBucketName => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidBucketName", msg),
                 RouteError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
@@ -179,6 +204,7 @@ fn body_spec(e: &BodyError) -> S3ErrorSpec {
         BodyError::ChunkSignature => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
         BodyError::Sha256Mismatch => S3ErrorSpec::new(S::BAD_REQUEST, "XAmzContentSHA256Mismatch", msg),
         BodyError::ChecksumMismatch(_) => S3ErrorSpec::new(S::BAD_REQUEST, "BadDigest", msg),
+        BodyError::FormTrailer => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedPOSTRequest", msg),
         BodyError::TooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod checksum;
 pub mod credentials;
+pub mod form;
 pub mod headers;
 pub mod post_policy;
 pub mod route;

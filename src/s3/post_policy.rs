@@ -86,7 +86,7 @@ const OBJECT_FIELDS: &[&str] = &[
 /// Prefixes of form fields stored with the object under their own name.
 const OBJECT_FIELD_PREFIXES: &[&str] = &["x-amz-meta-", "x-amz-server-side-encryption-", "x-amz-checksum-"];
 
-/// Why a POST upload is refused. [`PostError::s3_code`] gives the S3 status and code; the
+/// Why a POST upload is refused (S3 codes in `crate::error`); the
 /// `Display` text is the S3 message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
@@ -117,24 +117,6 @@ pub enum PostError {
     /// The `tagging` field is not a `<Tagging>` document.
     #[error("The XML you provided was not well-formed or did not validate against our published schema")]
     MalformedXml,
-}
-
-impl PostError {
-    /// The HTTP status and S3 error code.
-    #[must_use]
-    pub fn s3_code(&self) -> (u16, &'static str) {
-        match self {
-            Self::InvalidArgument(_) => (400, "InvalidArgument"),
-            Self::AccessDenied(_) => (403, "AccessDenied"),
-            Self::InvalidAccessKeyId => (403, "InvalidAccessKeyId"),
-            Self::SignatureDoesNotMatch => (403, "SignatureDoesNotMatch"),
-            Self::InvalidPolicyDocument(_) => (400, "InvalidPolicyDocument"),
-            Self::EntityTooSmall => (400, "EntityTooSmall"),
-            Self::EntityTooLarge => (400, "EntityTooLarge"),
-            Self::KeyTooLong => (400, "KeyTooLongError"),
-            Self::MalformedXml => (400, "MalformedXML"),
-        }
-    }
 }
 
 /// The form fields of a POST upload that came before the `file` part.
@@ -690,6 +672,18 @@ fn xml_text(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    /// The status and code a client sees, through the gateway's one error mapping.
+    trait Code {
+        fn s3_code(&self) -> (u16, &'static str);
+    }
+
+    impl Code for PostError {
+        fn s3_code(&self) -> (u16, &'static str) {
+            let spec = crate::error::GatewayError::from(self.clone()).spec();
+            (spec.status.as_u16(), spec.code)
+        }
+    }
+
     use time::macros::datetime;
 
     use super::*;

@@ -133,6 +133,7 @@ ops!(
     ListObjectVersions,
     ListMultipartUploads,
     DeleteObjects,
+    PostObject,
     BucketSubresource,
     GetObject,
     HeadObject,
@@ -209,6 +210,15 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             "DELETE" => S3Op::BucketSubresource,
             "HEAD" => S3Op::HeadBucket,
             "POST" if has("delete") => S3Op::DeleteObjects,
+            // A browser upload: the form carries the key, the policy and its signature.
+            "POST"
+                if headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data")) =>
+            {
+                S3Op::PostObject
+            }
             _ => S3Op::Other,
         },
         (Some(_), Some(_)) => match m {

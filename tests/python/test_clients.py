@@ -178,3 +178,56 @@ def test_embedded_default_needs_no_configuration(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_presigned_post_form_upload(s3, bucket, store):
+    """boto3's generate_presigned_post, then an HTML form upload as a browser sends it: the policy's
+    conditions hold at the gateway, the object lands on the store, and a form that breaks the policy
+    stores nothing."""
+    import requests
+
+    post = s3.generate_presigned_post(
+        bucket,
+        "uploads/${filename}",
+        Fields={"Content-Type": "text/plain", "x-amz-meta-origin": "form"},
+        Conditions=[
+            ["starts-with", "$key", "uploads/"],
+            {"Content-Type": "text/plain"},
+            {"x-amz-meta-origin": "form"},
+            ["content-length-range", 1, 1024 * 1024],
+        ],
+        ExpiresIn=300,
+    )
+    r = requests.post(post["url"], data=post["fields"], files={"file": ("note.txt", b"posted from a form")}, timeout=30)
+    assert r.status_code == 204, r.text
+    got = s3.get_object(Bucket=bucket, Key="uploads/note.txt")
+    assert got["Body"].read() == b"posted from a form"
+    assert got["ContentType"] == "text/plain"
+    assert got["Metadata"] == {"origin": "form"}
+
+    # A field the policy does not cover is refused; a file over the policy's range too.
+    fields = dict(post["fields"], success_action_status="201")
+    r = requests.post(post["url"], data=fields, files={"file": ("x.txt", b"x")}, timeout=30)
+    assert r.status_code == 403 and "AccessDenied" in r.text, r.text
+    big = requests.post(post["url"], data=post["fields"], files={"file": ("big.txt", b"y" * (1024 * 1024 + 1))}, timeout=60)
+    assert big.status_code == 400 and "EntityTooLarge" in big.text, big.text
+    tampered = dict(post["fields"], **{"x-amz-meta-origin": "elsewhere"})
+    r = requests.post(post["url"], data=tampered, files={"file": ("evil.txt", b"evil")}, timeout=30)
+    assert r.status_code == 403, r.text
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="uploads/").get("Contents", [])]
+    assert keys == ["uploads/note.txt"]
+
+    # success_action_status 201 answers S3's XML document.
+    post201 = s3.generate_presigned_post(
+        bucket, "created.txt", Fields={"success_action_status": "201"}, Conditions=[{"success_action_status": "201"}]
+    )
+    r = requests.post(post201["url"], data=post201["fields"], files={"file": ("c.txt", b"created")}, timeout=30)
+    assert r.status_code == 201, r.text
+    assert "<Key>created.txt</Key>" in r.text and f"<Bucket>{bucket}</Bucket>" in r.text, r.text
+
+    # A large file streams through (the gateway never holds it whole).
+    post = s3.generate_presigned_post(bucket, "large.bin", Conditions=[["content-length-range", 0, 64 * 1024 * 1024]])
+    data = os.urandom(12 * 1024 * 1024 + 7)
+    r = requests.post(post["url"], data=post["fields"], files={"file": ("large.bin", data)}, timeout=120)
+    assert r.status_code == 204, r.text
+    assert s3.get_object(Bucket=bucket, Key="large.bin")["Body"].read() == data

@@ -2,6 +2,8 @@
 //! forward → respond. Errors of any phase become S3 XML in `crate::error`, and each request is
 //! logged once, here at the edge.
 
+mod post_object;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,6 +204,10 @@ impl Gateway {
             self.metrics.load_shed.inc();
             return Err(GatewayError::Overloaded);
         };
+        if op == S3Op::PostObject {
+            // Authenticated by the form's signed policy, not by headers.
+            return self.post_object(req, target).await;
+        }
         let (parts, body) = req.into_parts();
         let Verified { identity, payload, .. } = verify::verify(
             &parts.method,
