@@ -54,3 +54,6 @@ for store in ceph-rgw swift; do
   fi
   TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
 done
+
+echo "== store: fs (the embedded backend; real clients)"
+TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_clients.py

@@ -127,6 +127,8 @@ STORES = {
     "seaweedfs": ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, "seaweed-ak", "seaweed-sk"),
     "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 18733, "rgw-ak", "rgw-sk"),
     "swift": ("swift.sh", "SWIFT_PORT", 18833, "test:tester", "testing"),
+    # The embedded backend: a local directory served in-process (no store process, no keys).
+    "fs": (None, None, None, None, None),
 }
 STORE_KIND = os.environ.get("TENSORGATE_TEST_STORE", "seaweedfs")
 
@@ -135,7 +137,9 @@ STORE_KIND = os.environ.get("TENSORGATE_TEST_STORE", "seaweedfs")
 def store(request) -> dict:
     """The store behind the session's gateway: kind, endpoint and its own keys."""
     script, var, port, ak, sk = STORES[STORE_KIND]
-    if STORE_KIND == "seaweedfs":
+    if STORE_KIND == "fs":
+        endpoint = None
+    elif STORE_KIND == "seaweedfs":
         endpoint = request.getfixturevalue("seaweed")
     else:
         env = dict(os.environ, **{var: str(port)})
@@ -159,16 +163,21 @@ def gateway(store, tmp_path_factory):
         TENSORGATE_CONFIG=str(config),
         TENSORGATE_LISTEN=f"127.0.0.1:{port}",
         TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
-        TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
-        TENSORGATE_BACKEND_ACCESS_KEY=store["access_key"],
-        TENSORGATE_BACKEND_SECRET_KEY=store["secret_key"],
-        TENSORGATE_BACKEND_TRAILING_CHECKSUMS=str(store["kind"] == "seaweedfs").lower(),
         TENSORGATE_ACCESS_KEY=CLIENT_AK,
         TENSORGATE_SECRET_KEY=CLIENT_SK,
         TENSORGATE_LOG="debug",
         TENSORGATE_MODELS_DIR=str(ROOT / "models"),
         ORT_DYLIB_PATH=ort_library(),
     )
+    if store["endpoint"]:
+        env.update(
+            TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
+            TENSORGATE_BACKEND_ACCESS_KEY=store["access_key"],
+            TENSORGATE_BACKEND_SECRET_KEY=store["secret_key"],
+            TENSORGATE_BACKEND_TRAILING_CHECKSUMS=str(store["kind"] == "seaweedfs").lower(),
+        )
+    else:
+        env.update(TENSORGATE_BACKEND_ROOT=str(gwdir / "data"))
     with open(log, "w") as f:
         proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=f, stderr=subprocess.STDOUT)
     admin = f"http://127.0.0.1:{admin_port}"

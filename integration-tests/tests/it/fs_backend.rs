@@ -19,6 +19,13 @@ async fn fs_backend_serves_s3_and_refuses_traversal() {
     assert_eq!(std::fs::read(root.join("local/a/b.txt")).expect("file on disk"), b"on disk");
     let listed = c.list_objects_v2().bucket("local").send().await.expect("list");
     assert_eq!(listed.contents().len(), 1);
+    // Complete entries, as CRT-based clients (Mountpoint) require: the ETag is the object's.
+    let head = c.head_object().bucket("local").key("a/b.txt").send().await.expect("head");
+    assert_eq!(listed.contents()[0].e_tag(), head.e_tag());
+    assert!(listed.contents()[0].e_tag().is_some());
+    assert_eq!(listed.contents()[0].storage_class().map(|s| s.as_str()), Some("STANDARD"));
+    let v1 = c.list_objects().bucket("local").send().await.expect("list v1");
+    assert_eq!(v1.contents()[0].e_tag(), head.e_tag());
     let missing = c.get_object().bucket("local").key("nope").send().await.expect_err("missing");
     assert!(missing.into_service_error().is_no_such_key());
 
@@ -39,6 +46,23 @@ async fn fs_backend_serves_s3_and_refuses_traversal() {
         assert!(r.text().contains("InvalidArgument"), "{}", r.text());
     }
     assert!(!root.join("other/x").exists());
+    // A copy reads its source like a GET: a source outside its bucket is refused too.
+    std::fs::write(dir.path().join("outside.txt"), b"not yours").expect("write outside");
+    for evil in ["local/..%2F..%2Foutside.txt", "/local/a/../../outside.txt", "local/%2E%2E/x"] {
+        let r = raw(
+            server.s3_addr,
+            "PUT",
+            &host,
+            "/local/stolen",
+            &[("x-amz-copy-source", evil)],
+            Bytes::new(),
+            Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"),
+        )
+        .await
+        .expect("copy");
+        assert_eq!(r.status, 400, "{evil}: {}", r.text());
+    }
+    assert!(!root.join("local/stolen").exists());
     assert!(!dir.path().join("escape").exists());
     c.delete_object().bucket("local").key("a/b.txt").send().await.expect("delete");
     server.shutdown().await;
