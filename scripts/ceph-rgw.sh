@@ -5,14 +5,14 @@
 #   scripts/ceph-rgw.sh start     # prints the endpoint; everything under .tmp/ceph-rgw-$PORT
 #   scripts/ceph-rgw.sh stop
 #   scripts/ceph-rgw.sh install   # as root: apt-get installs the packages (start does it if missing)
-# Env: RGW_PORT (S3 port, default 18733). The monitor listens on PORT+7 (msgr v2 only; msgr v1 is
+# Env: RGW_PORT (S3 port, default 19533). The monitor listens on PORT+7 (msgr v2 only; msgr v1 is
 #      off), the OSD binds in PORT+10..PORT+29 (it takes 4 of them).
 #      RGW_ACCESS_KEY / RGW_SECRET_KEY (default rgw-ak / rgw-sk): user "tester";
 #      RGW_ALT_ACCESS_KEY / RGW_ALT_SECRET_KEY (default rgw-alt-ak / rgw-alt-sk): user "alt".
 # Every start wipes the state: buckets and users do not survive a stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PORT=${RGW_PORT:-18733}
+PORT=${RGW_PORT:-19533}
 AK=${RGW_ACCESS_KEY:-rgw-ak}
 SK=${RGW_SECRET_KEY:-rgw-sk}
 ALT_AK=${RGW_ALT_ACCESS_KEY:-rgw-alt-ak}

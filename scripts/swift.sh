@@ -7,7 +7,7 @@
 #   scripts/swift.sh start     # prints the endpoint; everything under .tmp/swift-$PORT
 #   scripts/swift.sh stop
 #   scripts/swift.sh install   # as root: apt-get installs the packages (start does it if missing)
-# Env: SWIFT_PORT (proxy = S3 port, default 18833). The account, container and object servers
+# Env: SWIFT_PORT (proxy = S3 port, default 19633). The account, container and object servers
 #      listen on PORT+1, PORT+2, PORT+3, memcached on PORT+4.
 #      SWIFT_ACCESS_KEY / SWIFT_SECRET_KEY (default test:tester / testing): tempauth user
 #        "tester" of account "test" (AUTH_test), .admin. Tempauth's S3 access keys are always
@@ -20,7 +20,7 @@
 # buckets do not survive a stop. stop leaves .tmp/swift-$PORT (logs, configs) for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PORT=${SWIFT_PORT:-18833}
+PORT=${SWIFT_PORT:-19633}
 AK=${SWIFT_ACCESS_KEY:-test:tester}
 SK=${SWIFT_SECRET_KEY:-testing}
 ALT_AK=${SWIFT_ALT_ACCESS_KEY:-test2:tester2}

@@ -11,8 +11,8 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 cleanup() {
   for p in 18433 18533 18633; do SEAWEED_PORT=$p scripts/seaweedfs.sh stop >/dev/null 2>&1 || true; done
-  RGW_PORT=18733 scripts/ceph-rgw.sh stop >/dev/null 2>&1 || true
-  SWIFT_PORT=18833 scripts/swift.sh stop >/dev/null 2>&1 || true
+  RGW_PORT=19533 scripts/ceph-rgw.sh stop >/dev/null 2>&1 || true
+  SWIFT_PORT=19633 scripts/swift.sh stop >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -44,8 +44,8 @@ scripts/models.sh
 for store in ceph-rgw swift; do
   echo "== store: $store (passthrough and auth end-to-end tests, real clients)"
   case $store in
-    ceph-rgw) RGW_PORT=18733 scripts/ceph-rgw.sh start ;;
-    swift) SWIFT_PORT=18833 scripts/swift.sh start ;;
+    ceph-rgw) RGW_PORT=19533 scripts/ceph-rgw.sh start ;;
+    swift) SWIFT_PORT=19633 scripts/swift.sh start ;;
   esac
   if command -v cargo-nextest >/dev/null; then
     TENSORGATE_IT_STORE=$store cargo nextest run -p integration-tests --locked --no-fail-fast -E 'test(/^(passthrough|auth)::/)'

@@ -172,6 +172,51 @@ where
 }
 
 pin_project! {
+    /// Payload bytes checked against the `x-amz-checksum-<alg>` header the client sent, for stores
+    /// that do not check it themselves: the mismatch is the stream's last item, so with
+    /// [`WithholdTail`] a corrupt body never completes at the store.
+    pub struct Checksummed<S> {
+        #[pin]
+        inner: S,
+        check: Option<(crate::s3::checksum::Algorithm, crate::s3::checksum::Hasher, String)>,
+    }
+}
+
+impl<S> Checksummed<S> {
+    pub fn new(inner: S, algorithm: crate::s3::checksum::Algorithm, expected: String) -> Self {
+        Self { inner, check: Some((algorithm, algorithm.hasher(), expected)) }
+    }
+}
+
+impl<S> futures_util::Stream for Checksummed<S>
+where
+    S: futures_util::Stream<Item = Result<Bytes, BodyError>>,
+{
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.project();
+        let item = ready!(this.inner.poll_next(cx));
+        match &item {
+            Some(Ok(bytes)) => {
+                if let Some((_, hasher, _)) = this.check.as_mut() {
+                    hasher.update(bytes);
+                }
+            }
+            None => {
+                if let Some((algorithm, hasher, expected)) = this.check.take()
+                    && hasher.finalize_base64() != expected
+                {
+                    return Poll::Ready(Some(Err(BodyError::ChecksumMismatch(algorithm.header_name()))));
+                }
+            }
+            Some(Err(_)) => {}
+        }
+        Poll::Ready(item)
+    }
+}
+
+pin_project! {
     /// A verified upload on its way to the store: every byte passes through as it arrives, except
     /// the last one seen, which is held back until the stream behind it ends cleanly, i.e. until
     /// every check on the body (signed SHA-256, chunk signatures, trailing checksum) has passed.
@@ -269,6 +314,18 @@ mod tests {
         let bad: Vec<_> = WithholdTail::new(frames(Err(BodyError::Sha256Mismatch))).collect().await;
         assert_eq!(joined(&bad), b"abc");
         assert!(matches!(bad.last(), Some(Err(BodyError::Sha256Mismatch))));
+    }
+
+    #[tokio::test]
+    async fn header_checksums_are_checked_at_the_end() {
+        use crate::s3::checksum::Algorithm;
+        use futures_util::StreamExt;
+        let body =
+            || futures_util::stream::iter([Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"trailer"))]);
+        let ok: Vec<_> = Checksummed::new(body(), Algorithm::Crc32, "WzGbuw==".into()).collect().await;
+        assert!(ok.iter().all(Result::is_ok) && ok.len() == 2);
+        let bad: Vec<_> = Checksummed::new(body(), Algorithm::Crc32, "AAAAAA==".into()).collect().await;
+        assert!(matches!(bad.last(), Some(Err(BodyError::ChecksumMismatch("x-amz-checksum-crc32")))));
     }
 
     #[test]

@@ -109,8 +109,8 @@ pub const RGW_AK: &str = "rgw-ak";
 pub const RGW_SK: &str = "rgw-sk";
 pub const SWIFT_AK: &str = "test:tester";
 pub const SWIFT_SK: &str = "testing";
-pub const RGW_PORT: u16 = 18733;
-pub const SWIFT_PORT: u16 = 18833;
+pub const RGW_PORT: u16 = 19533;
+pub const SWIFT_PORT: u16 = 19633;
 
 /// Starts (or finds running) the store this run tests against.
 ///

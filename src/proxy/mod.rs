@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::BodyDataStream;
 
-use crate::body::{Body, BodyError, Guarded, Metered, WithholdTail};
+use crate::body::{Body, BodyError, Checksummed, Guarded, Metered, WithholdTail};
 use crate::cache::{CacheKey, Cached, Entry, Lookup, ObjectId, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -258,6 +258,11 @@ impl Gateway {
         let limit = self.cfg.max_body_bytes;
         let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+        // A checksum header on object data that the store will not check: the gateway does.
+        let header_checksum = (matches!(op, S3Op::PutObject | S3Op::UploadPart)
+            && !self.backend.passes_trailing_checksums())
+        .then(|| header_checksum(&parts.headers))
+        .flatten();
         let (body, fwd_payload) = match payload {
             _ if !has_body => (Body::empty(), ForwardPayload::Empty),
             // A store that requires Content-MD5 here (Swift's s3api) gets one, so clients that no
@@ -267,13 +272,18 @@ impl Gateway {
                 let data = BodyDataStream::new(Guarded::new(counted, limit, None));
                 self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None).await?
             }
+            Payload::Unsigned if header_checksum.is_some() && declared.is_some() => {
+                check_declared(declared, limit)?;
+                let data = checked(BodyDataStream::new(Guarded::new(counted, limit, None)), header_checksum);
+                self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None).await?
+            }
             Payload::Unsigned => {
                 check_declared(declared, limit)?;
                 (Body::new(Guarded::new(counted, limit, None)), ForwardPayload::Unsigned)
             }
             Payload::Sha256(expected) => {
                 check_declared(declared, limit)?;
-                let data = BodyDataStream::new(Guarded::new(counted, limit, Some(expected)));
+                let data = checked(BodyDataStream::new(Guarded::new(counted, limit, Some(expected))), header_checksum);
                 let signed = Some(hex::encode(expected));
                 self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, signed).await?
             }
@@ -300,9 +310,8 @@ impl Gateway {
                 };
                 decoded_headers(&mut headers);
                 let decoded_length = mode.decoded_length;
-                let data =
-                    Box::pin(chunked::decode(Guarded::new(counted, limit.saturating_mul(2), None), mode, checksum));
-                self.prepared_body(op, data, decoded_length, &mut headers, None).await?
+                let data = chunked::decode(Guarded::new(counted, limit.saturating_mul(2), None), mode, checksum);
+                self.prepared_body(op, checked(data, header_checksum), decoded_length, &mut headers, None).await?
             }
         };
         let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
@@ -572,6 +581,25 @@ impl Gateway {
         }
         let hash = crate::s3::sigv4::sha256_hex(&buf);
         Ok((Body::from(buf), ForwardPayload::Sha256(hash)))
+    }
+}
+
+/// The first `x-amz-checksum-<alg>` header of a known algorithm, with its value.
+fn header_checksum(h: &HeaderMap) -> Option<(Algorithm, String)> {
+    h.iter().find_map(|(name, value)| Some((Algorithm::from_header(name.as_str())?, value.to_str().ok()?.to_owned())))
+}
+
+/// A payload stream, checked against `checksum` when there is one.
+fn checked<S>(
+    data: S,
+    checksum: Option<(Algorithm, String)>,
+) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+{
+    match checksum {
+        Some((algorithm, expected)) => Box::pin(Checksummed::new(data, algorithm, expected)),
+        None => Box::pin(data),
     }
 }
 

@@ -125,8 +125,8 @@ def seaweed() -> str:
 # (script, port variable, port, access key, secret key), the scripts' defaults.
 STORES = {
     "seaweedfs": ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, "seaweed-ak", "seaweed-sk"),
-    "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 18733, "rgw-ak", "rgw-sk"),
-    "swift": ("swift.sh", "SWIFT_PORT", 18833, "test:tester", "testing"),
+    "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 19533, "rgw-ak", "rgw-sk"),
+    "swift": ("swift.sh", "SWIFT_PORT", 19633, "test:tester", "testing"),
     # The embedded backend: a local directory served in-process (no store process, no keys).
     "fs": (None, None, None, None, None),
 }

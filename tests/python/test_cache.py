@@ -6,6 +6,7 @@ compute once, and the disk tier survives a restart only with its integrity intac
 import concurrent.futures
 import io
 import time
+import urllib.error
 import urllib.request
 
 import botocore.exceptions
@@ -197,3 +198,27 @@ def test_disk_tier_survives_restart_and_drops_damage(seaweed, tmp_path):
         statuses = sorted((h["x-tensorgate-cache"], h.get("x-tensorgate-cache-tier")) for _, h in again)
         assert statuses == [("miss", None), ("revalidated", "disk"), ("revalidated", "disk")], statuses
         assert metric(admin, "tensorgate_cache_corrupt_entries_total") == 1
+
+
+def test_anonymous_pushdowns_ask_the_store_even_when_cached(seaweed, tmp_path):
+    """With `allow_anonymous`, an anonymous pushdown fetches unsigned, so the store decides; an
+    output cached for a signed client (even inside a trust window) is never served to an anonymous
+    one without the store answering that request first."""
+    # With anonymous access on, the development key is only there when configured.
+    config = (
+        'allow_anonymous = true\n[[credentials]]\naccess_key = "tensorgate-dev"\nsecret_key = "tensorgate-dev-secret"\n'
+        + TRUSTING
+    )
+    with run_gateway(tmp_path, config, seaweed=seaweed) as (endpoint, _, s3, _):
+        bucket = f"anon-{int(time.time() * 1000) % 10**9}"
+        s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=bucket, Key="private.npy", Body=npy_bytes(sample(3)))
+        body, headers = get(s3, bucket, "private.npy")
+        assert headers["x-tensorgate-cache"] == "miss"
+        assert get(s3, bucket, "private.npy")[1]["x-tensorgate-cache"] == "hit"
+        url = f"{endpoint}/{bucket}/private.npy?tensorgate-model=tiny-cnn&tensorgate-split=pool"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=10)
+        # SeaweedFS grants anonymous requests nothing: its 403, not the cached tensor.
+        assert e.value.code == 403
+        assert b"AccessDenied" in e.value.read()
