@@ -297,7 +297,11 @@ impl Pushdown {
                 (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
             async move {
                 let scratch = match &item {
-                    Item::Image(bytes) => preprocess::decode_scratch_bytes(bytes, max_pixels),
+                    Item::Image(bytes) => preprocess::decode_scratch_bytes(
+                        bytes,
+                        model.manifest.preprocess.as_ref().and_then(|p| p.resize_shorter),
+                        max_pixels,
+                    ),
                     Item::Ready(_) => 0,
                 };
                 let slot = stream.admit(scratch).await?;

@@ -68,11 +68,12 @@ fn bad(msg: impl Into<String>) -> PushdownError {
     PushdownError::BadInput(msg.into())
 }
 
-/// Transient bytes decoding `bytes` takes (the RGB image and its resized copy, at most as large),
-/// from the header alone; 0 if the header is unreadable or declares more than `max_pixels`
-/// (decoding then fails cheaply). The memory governor reserves it per image sample.
+/// Transient bytes decoding `bytes` takes (the RGB image and its resized copy), from the header
+/// alone; 0 if the header is unreadable or the image or its resized copy is larger than
+/// `max_pixels` (preprocessing then fails cheaply, before either is allocated). The memory
+/// governor reserves it per image sample.
 #[must_use]
-pub fn decode_scratch_bytes(bytes: &[u8], max_pixels: u64) -> u64 {
+pub fn decode_scratch_bytes(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> u64 {
     let dims = if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         std::panic::catch_unwind(|| mozjpeg::Decompress::new_mem(bytes).ok().map(|d| d.size()))
             .ok()
@@ -84,7 +85,15 @@ pub fn decode_scratch_bytes(bytes: &[u8], max_pixels: u64) -> u64 {
             .ok()
             .map(|(w, h)| (u64::from(w), u64::from(h)))
     };
-    dims.filter(|(w, h)| w.saturating_mul(*h) <= max_pixels).map_or(0, |(w, h)| 2 * 3 * w * h)
+    let Some((w, h)) = dims.filter(|(w, h)| w.saturating_mul(*h) <= max_pixels) else { return 0 };
+    let resized = match resize_shorter {
+        Some(s) => {
+            let (nw, nh) = resized_size(w as u32, h as u32, s);
+            u64::from(nw).saturating_mul(u64::from(nh))
+        }
+        None => 0,
+    };
+    if resized > max_pixels { 0 } else { 3 * (w * h + resized) }
 }
 
 /// The output size of the shorter-side resize (torchvision's rule).
@@ -115,6 +124,15 @@ pub fn image_to_input(
     let (mut cur_w, mut cur_h) = (w, h);
     if let Some(s) = p.resize_shorter {
         let (nw, nh) = resized_size(w, h, s);
+        // A thin image resized by its shorter side grows by its aspect ratio: 1 x 65,535 at 256
+        // is 4.3 G pixels. The resized copy obeys the same bound as the decoded image, checked
+        // before it is allocated (and before the resampler spends CPU on it).
+        if u64::from(nw) * u64::from(nh) > max_pixels {
+            return Err(bad(format!(
+                "image is {w}x{h}; resized to {nw}x{nh} it would exceed the limit of {max_pixels} pixels \
+                 (pushdown.max_image_pixels)"
+            )));
+        }
         pixels = resize_bilinear(&pixels, w as usize, h as usize, nw as usize, nh as usize);
         (cur_w, cur_h) = (nw, nh);
     }
@@ -291,6 +309,19 @@ mod tests {
             std: [1.0; 3],
             channels: Channels::Rgb,
         }
+    }
+
+    #[test]
+    fn thin_images_are_refused_before_their_resized_copy_exists() {
+        let p = Preprocess { resize_shorter: Some(256), ..plain(224) };
+        // 1 x 65,535 (decodes to 64 K pixels) would resize to 256 x 16,776,960.
+        let thin = png(1, 65_535);
+        // Reaching the resampler would abort the process on the 12.9 GB allocation.
+        let e = image_to_input(&thin, &p, Layout::Nchw, DEFAULT_MAX_PIXELS).expect_err("refused");
+        assert!(e.to_string().contains("256x16776960"), "{e}");
+        assert_eq!(decode_scratch_bytes(&thin, Some(256), DEFAULT_MAX_PIXELS), 0);
+        // An ordinary image counts its decoded and resized copies.
+        assert_eq!(decode_scratch_bytes(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS), 3 * (64 * 32 + 512 * 256));
     }
 
     #[test]
