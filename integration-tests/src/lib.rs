@@ -300,6 +300,15 @@ pub async fn signed_get(addr: SocketAddr, host: &str, path_and_query: &str) -> a
         .await
 }
 
+/// The status of a HEAD signed with the test client's key (does the object exist?).
+///
+/// # Errors
+/// Transport failures.
+pub async fn signed_head_status(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<u16> {
+    let r = raw(addr, "HEAD", host, path, &[], Bytes::new(), Auth::Header(CLIENT_AK, CLIENT_SK, "UNSIGNED-PAYLOAD"));
+    Ok(r.await?.status)
+}
+
 fn sign_request(
     req: &mut http::Request<Full<Bytes>>,
     ak: &str,

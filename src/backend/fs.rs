@@ -144,28 +144,32 @@ mod listing {
 
     /// The keys of `<Contents>` entries that have no `<ETag>`.
     pub fn keys_without_etag(xml: &[u8]) -> Result<Vec<String>, quick_xml::Error> {
-        let mut out = Vec::new();
-        walk(xml, |key, has_etag| {
-            if !has_etag {
-                out.push(key.to_owned());
-            }
-        })?;
-        Ok(out)
+        let mut missing = Vec::new();
+        rewrite(xml, &HashMap::new(), &mut missing)?;
+        Ok(missing)
     }
 
     /// The same XML with `<ETag>` (from `etags`) and `<StorageClass>STANDARD</StorageClass>`
     /// added to every `<Contents>` entry that lacks them.
     pub fn complete(xml: &[u8], etags: &HashMap<String, String>) -> Result<Vec<u8>, quick_xml::Error> {
+        rewrite(xml, etags, &mut Vec::new())
+    }
+
+    /// One pass over the listing: completes the entries and records the keys without an ETag.
+    fn rewrite(
+        xml: &[u8],
+        etags: &HashMap<String, String>,
+        missing: &mut Vec<String>,
+    ) -> Result<Vec<u8>, quick_xml::Error> {
         let mut reader = Reader::from_reader(xml);
         let mut writer = Writer::new(Vec::with_capacity(xml.len() + etags.len() * 64));
-        let (mut depth_path, mut key, mut has_etag, mut has_class) =
-            (Vec::<Vec<u8>>::new(), String::new(), false, false);
+        let (mut path, mut key, mut has_etag, mut has_class) = (Vec::<Vec<u8>>::new(), String::new(), false, false);
         let mut buf = Vec::new();
         loop {
             let event = reader.read_event_into(&mut buf)?;
             match &event {
                 Event::Start(e) => {
-                    depth_path.push(e.local_name().as_ref().to_vec());
+                    path.push(e.local_name().as_ref().to_vec());
                     match e.local_name().as_ref() {
                         b"Contents" => (key, has_etag, has_class) = (String::new(), false, false),
                         b"ETag" => has_etag = true,
@@ -173,14 +177,16 @@ mod listing {
                         _ => {}
                     }
                 }
-                Event::Text(t) if depth_path.last().is_some_and(|n| n == b"Key") && in_contents(&depth_path) => {
+                Event::Text(t) if path.last().is_some_and(|n| n == b"Key") && in_contents(&path) => {
                     key = t.unescape()?.into_owned();
                 }
                 Event::End(e) => {
-                    depth_path.pop();
+                    path.pop();
                     if e.local_name().as_ref() == b"Contents" {
-                        if !has_etag && let Some(etag) = etags.get(&key) {
-                            write_text(&mut writer, "ETag", etag)?;
+                        match etags.get(&key) {
+                            _ if has_etag => {}
+                            Some(etag) => write_text(&mut writer, "ETag", etag)?,
+                            None => missing.push(std::mem::take(&mut key)),
                         }
                         if !has_class {
                             write_text(&mut writer, "StorageClass", "STANDARD")?;
@@ -203,36 +209,6 @@ mod listing {
     fn write_text(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> Result<(), quick_xml::Error> {
         w.create_element(name).write_text_content(BytesText::new(value))?;
         Ok(())
-    }
-
-    fn walk(xml: &[u8], mut f: impl FnMut(&str, bool)) -> Result<(), quick_xml::Error> {
-        let mut reader = Reader::from_reader(xml);
-        let (mut path, mut key, mut has_etag) = (Vec::<Vec<u8>>::new(), String::new(), false);
-        let mut buf = Vec::new();
-        loop {
-            match reader.read_event_into(&mut buf)? {
-                Event::Start(e) => {
-                    path.push(e.local_name().as_ref().to_vec());
-                    match e.local_name().as_ref() {
-                        b"Contents" => (key, has_etag) = (String::new(), false),
-                        b"ETag" => has_etag = true,
-                        _ => {}
-                    }
-                }
-                Event::Text(t) if path.last().is_some_and(|n| n == b"Key") && in_contents(&path) => {
-                    key = t.unescape()?.into_owned();
-                }
-                Event::End(e) => {
-                    path.pop();
-                    if e.local_name().as_ref() == b"Contents" {
-                        f(&key, has_etag);
-                    }
-                }
-                Event::Eof => return Ok(()),
-                _ => {}
-            }
-            buf.clear();
-        }
     }
 
     #[cfg(test)]
