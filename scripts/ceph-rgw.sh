@@ -26,21 +26,11 @@ mkdir -p .tmp
 exec 9>".tmp/ceph-rgw-$PORT.lock"
 flock 9
 
+# shellcheck source=debian-packages.sh
+. scripts/debian-packages.sh
 install_pkgs() {
-  local bins="radosgw radosgw-admin ceph-mon ceph-osd ceph monmaptool" b missing=
-  for b in $bins; do command -v "$b" >/dev/null || missing=1; done
-  [ -z "$missing" ] && return 0
-  [ "$(id -u)" = 0 ] || { echo "ceph-rgw.sh: Ceph packages missing; run '$0 install' as root" >&2; return 1; }
-  # Keep the packages' services from starting: a policy-rc.d that says no, restored afterwards.
-  local prc=/usr/sbin/policy-rc.d saved=
-  if [ -e "$prc" ]; then saved=$(mktemp); cp -p "$prc" "$saved"; fi
-  printf '#!/bin/sh\nexit 101\n' > "$prc"; chmod 755 "$prc"
-  local pkgs="radosgw ceph-mon ceph-osd ceph-common" rc=0
-  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $pkgs ||
-    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $pkgs; }
-  } >&2 || rc=$?
-  if [ -n "$saved" ]; then mv "$saved" "$prc"; else rm -f "$prc"; fi
-  return $rc
+  ensure_debian_packages "radosgw radosgw-admin ceph-mon ceph-osd ceph monmaptool" \
+    "radosgw ceph-mon ceph-osd ceph-common" ceph-rgw.sh
 }
 
 running() { [ -f "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }

@@ -34,22 +34,11 @@ mkdir -p .tmp
 exec 9>".tmp/swift-$PORT.lock"
 flock 9
 
+# shellcheck source=debian-packages.sh
+. scripts/debian-packages.sh
 install_pkgs() {
-  local bins="swift-proxy-server swift-account-server swift-container-server swift-object-server
-              swift-ring-builder memcached" b missing=
-  for b in $bins; do command -v "$b" >/dev/null || missing=1; done
-  [ -z "$missing" ] && return 0
-  [ "$(id -u)" = 0 ] || { echo "swift.sh: Swift packages missing; run '$0 install' as root" >&2; return 1; }
-  # Keep the packages' services from starting: a policy-rc.d that says no, restored afterwards.
-  local prc=/usr/sbin/policy-rc.d saved=
-  if [ -e "$prc" ]; then saved=$(mktemp); cp -p "$prc" "$saved"; fi
-  printf '#!/bin/sh\nexit 101\n' > "$prc"; chmod 755 "$prc"
-  local pkgs="swift swift-proxy swift-account swift-container swift-object memcached" rc=0
-  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $pkgs ||
-    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $pkgs; }
-  } >&2 || rc=$?
-  if [ -n "$saved" ]; then mv "$saved" "$prc"; else rm -f "$prc"; fi
-  return $rc
+  ensure_debian_packages "swift-proxy-server swift-account-server swift-container-server swift-object-server swift-ring-builder memcached" \
+    "swift swift-proxy swift-account swift-container swift-object memcached" swift.sh
 }
 
 # Makes sure /etc/swift/swift.conf has a hash path prefix/suffix (values it has are kept).
