@@ -75,7 +75,11 @@ impl GatewayError {
         let msg = self.to_string();
         match self {
             Self::Auth(e) => match e {
-                AuthError::AnonymousDenied | AuthError::Expired => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
+                // Ceph RGW and the s3-tests suite answer 403 for out-of-range expiries and bad SigV2 dates.
+                AuthError::AnonymousDenied
+                | AuthError::Expired
+                | AuthError::ExpiresTooLong
+                | AuthError::InvalidDate => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
                 AuthError::MalformedHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationHeaderMalformed", msg),
                 AuthError::MalformedQuery(_) => {
                     S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationQueryParametersError", msg)

@@ -28,6 +28,10 @@ pub struct ForwardRequest {
     /// An anonymous request (`allow_anonymous`): forwarded unsigned, so the store's own ACLs and
     /// policies decide. The store's key never signs a request nobody authenticated.
     pub anonymous: bool,
+    /// The client sent `Expect: 100-continue`: the store is asked the same, and the body is held
+    /// until it answers `100 Continue` (so a store that refuses the request answers before the
+    /// client sends its body, as it would without the gateway).
+    pub expect_continue: bool,
 }
 
 /// What the forwarded body is, for the backend signature.

@@ -105,6 +105,9 @@ impl S3Backend {
         if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
             out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
+        if req.expect_continue {
+            out.headers_mut().insert(http::header::EXPECT, HeaderValue::from_static("100-continue"));
+        }
         if req.anonymous {
             // The store sees the request as the client sent it: unsigned (only the framing of a
             // passed-through aws-chunked body must still be named).
@@ -168,8 +171,19 @@ impl S3Backend {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
-            let body = std::mem::replace(&mut req.body, Body::empty());
-            let outgoing = self.build(&req, &url, body)?;
+            let mut body = std::mem::replace(&mut req.body, Body::empty());
+            let continued = Arc::new(tokio::sync::Notify::new());
+            if req.expect_continue && req.payload != ForwardPayload::Empty {
+                body = after_continue(body, continued.clone());
+            }
+            let mut outgoing = self.build(&req, &url, body)?;
+            if req.expect_continue {
+                hyper::ext::on_informational(&mut outgoing, move |res| {
+                    if res.status() == StatusCode::CONTINUE {
+                        continued.notify_one();
+                    }
+                });
+            }
             let t0 = Instant::now();
             let result = if req.payload == ForwardPayload::Empty {
                 match tokio::time::timeout(self.cfg.response_timeout, self.client.request(outgoing)).await {
@@ -210,6 +224,21 @@ impl S3Backend {
             return Ok(resp.map(|b| Body::new(Metered::new(b, counter, permit))));
         }
     }
+}
+
+/// How long a body waits for the store's `100 Continue` before it is sent anyway (curl's default;
+/// RFC 9110 lets a client proceed when the interim response does not come).
+pub const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
+/// `body`, starting only once `continued` is notified (the store's `100 Continue`) or after
+/// [`EXPECT_CONTINUE_WAIT`]. If the store answers with a final status first, the body is never sent.
+fn after_continue(body: Body, continued: Arc<tokio::sync::Notify>) -> Body {
+    use futures_util::StreamExt;
+    let gate = futures_util::stream::once(async move {
+        let _ = tokio::time::timeout(EXPECT_CONTINUE_WAIT, continued.notified()).await;
+        Ok(bytes::Bytes::new())
+    });
+    Body::from_stream(gate.chain(body.into_data_stream()))
 }
 
 /// Why TLS for the backend could not be set up.

@@ -324,6 +324,10 @@ impl Gateway {
             body,
             payload: fwd_payload,
             anonymous: identity == Identity::Anonymous,
+            expect_continue: parts
+                .headers
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
         };
         let result = self.backend.send(fwd).await;
         // After the backend answered (or failed: the write may still have landed), so any output
@@ -435,6 +439,7 @@ impl Gateway {
             body: Body::empty(),
             payload: ForwardPayload::Empty,
             anonymous,
+            expect_continue: false,
         };
         let resp = self.backend.send(fwd).await?;
         let source_etag =

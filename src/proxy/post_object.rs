@@ -92,6 +92,7 @@ impl Gateway {
             body,
             payload,
             anonymous: auth.identity == Identity::Anonymous,
+            expect_continue: false,
         };
         let sent = self.backend.send(fwd).await;
         if let Some(cache) = &self.cache {

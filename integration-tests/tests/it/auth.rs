@@ -112,6 +112,25 @@ async fn anonymous_requests_need_operator_consent_and_the_stores_acls() {
         assert!(matches!(via.status, 400 | 403), "anonymous {method} of a private object: {}", via.text());
         assert_eq!(via.status, bare.status, "anonymous {method}: the store decides, as without the gateway");
     }
+    // `Expect: 100-continue`: the first answer is the store's own (RGW and Swift refuse before
+    // the body is sent; SeaweedFS invites it, then refuses), never an invitation from the gateway.
+    async fn first_status(addr: std::net::SocketAddr, host: &str, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!("PUT {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n");
+        tcp.write_all(head.as_bytes()).await.expect("write");
+        let mut first = vec![0u8; 64];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut first))
+            .await
+            .expect("an answer before the body")
+            .expect("read");
+        String::from_utf8_lossy(&first[..n]).split(' ').nth(1).unwrap_or_default().to_owned()
+    }
+    let via = first_status(open.s3_addr, &host, &key).await;
+    assert_eq!(via, first_status(direct, &direct_host, &key).await, "Expect: 100-continue, as the store answers it");
+    if store.kind != StoreKind::SeaweedFs {
+        assert!(via.starts_with('4'), "refused before the body: {via}");
+    }
     let kept = c.get_object().bucket(&b).key("k").send().await.expect("still there");
     assert_eq!(kept.body.collect().await.expect("body").into_bytes().as_ref(), b"secret data");
     if store.kind.has_public_acls() {

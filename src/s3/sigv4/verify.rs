@@ -83,6 +83,10 @@ pub enum AuthError {
     TimeTooSkewed,
     #[error("the presigned URL has expired")]
     Expired,
+    #[error("X-Amz-Expires must be at most {MAX_PRESIGN_EXPIRES} seconds (7 days)")]
+    ExpiresTooLong,
+    #[error("AWS authentication requires a valid Date or x-amz-date header")]
+    InvalidDate,
     #[error("missing required header: x-amz-content-sha256")]
     MissingContentSha256,
     #[error("invalid x-amz-content-sha256: {0}")]
@@ -105,6 +109,15 @@ fn parse_credential(s: &str) -> Option<CredentialScope<'_>> {
     (it.next()? == "aws4_request").then_some(c)
 }
 
+/// An RFC 1123 date (`Tue, 07 Jul 2010 21:53:04 GMT`), as S3 reads it: the weekday is not checked
+/// (clients send wrong ones; S3 and Ceph RGW accept them), and dates before 1970 are invalid.
+fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
+    const RFC1123: &[FormatItem<'static>] =
+        format_description!("[day] [month repr:short] [year] [hour]:[minute]:[second] GMT");
+    let rest = s.trim().split_once(", ").map_or(s.trim(), |(_, rest)| rest);
+    PrimitiveDateTime::parse(rest, RFC1123).ok().map(PrimitiveDateTime::assume_utc).filter(|t| t.year() >= 1970)
+}
+
 fn parse_amz_date(s: &str) -> Option<OffsetDateTime> {
     PrimitiveDateTime::parse(s, AMZ_DATE_FORMAT).ok().map(PrimitiveDateTime::assume_utc)
 }
@@ -124,6 +137,12 @@ pub fn verify(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let query = uri.query();
+    // Every `OPTIONS` is a CORS preflight to S3 (without `Origin` the store answers `400`). Browsers
+    // never sign them; credentials in the URL belong to the request the preflight asks about. They
+    // read nothing but the bucket's CORS rules, which the store applies.
+    if method == Method::OPTIONS {
+        return Ok(Verified { identity: Identity::Anonymous, payload: Payload::Unsigned, presigned: false });
+    }
     let presigned = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("X-Amz-Signature=")));
     if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
         let auth = auth.to_str().map_err(|_| AuthError::MalformedHeader("not ASCII"))?;
@@ -138,9 +157,7 @@ pub fn verify(
     if query.is_some_and(|q| q.split('&').any(|p| p.starts_with("AWSAccessKeyId="))) {
         return verify_v2_presigned(method, uri, vhost_bucket, headers, creds, now);
     }
-    // CORS preflights carry no credentials by design (browsers never sign them); they read nothing
-    // but the bucket's CORS rules, which the backend applies.
-    if allow_anonymous || is_cors_preflight(method, headers) {
+    if allow_anonymous {
         let payload = match headers.get(headers::X_AMZ_CONTENT_SHA256) {
             Some(v) => payload_mode(v.as_bytes(), headers, None)?,
             None => Payload::Unsigned,
@@ -218,12 +235,6 @@ fn has_body(headers: &HeaderMap) -> bool {
         || headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
 }
 
-fn is_cors_preflight(method: &Method, headers: &HeaderMap) -> bool {
-    method == Method::OPTIONS
-        && headers.contains_key(http::header::ORIGIN)
-        && headers.contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
-}
-
 fn verify_v2_header(
     method: &Method,
     uri: &Uri,
@@ -236,12 +247,8 @@ fn verify_v2_header(
     let (access_key, sig) =
         credential.split_once(':').ok_or(AuthError::MalformedHeader("expected AWS key:signature"))?;
     let amz_date = header_str(headers, headers::X_AMZ_DATE);
-    let date = amz_date.or_else(|| header_str(headers, "date")).ok_or(AuthError::MalformedHeader("missing Date"))?;
-    let when = httpdate::parse_http_date(date)
-        .ok()
-        .map(OffsetDateTime::from)
-        .or_else(|| parse_amz_date(date))
-        .ok_or(AuthError::MalformedHeader("bad Date"))?;
+    let date = amz_date.or_else(|| header_str(headers, "date")).ok_or(AuthError::InvalidDate)?;
+    let when = parse_http_date(date).or_else(|| parse_amz_date(date)).ok_or(AuthError::InvalidDate)?;
     if (now - when).unsigned_abs() > MAX_CLOCK_SKEW {
         return Err(AuthError::TimeTooSkewed);
     }
@@ -293,9 +300,11 @@ fn verify_presigned(
     }
     let credential = param("X-Amz-Credential").ok_or(AuthError::MalformedQuery("missing X-Amz-Credential"))?;
     let amz_date = param("X-Amz-Date").ok_or(AuthError::MalformedQuery("missing X-Amz-Date"))?;
-    let expires: u64 = param("X-Amz-Expires")
+    // A negative lifetime is a URL that expired before it was made (boto3 signs any integer).
+    let expires: i64 = param("X-Amz-Expires")
         .and_then(|e| e.parse().ok())
         .ok_or(AuthError::MalformedQuery("missing or bad X-Amz-Expires"))?;
+    let expires = u64::try_from(expires).map_err(|_| AuthError::Expired)?;
     let signed_headers =
         param("X-Amz-SignedHeaders").ok_or(AuthError::MalformedQuery("missing X-Amz-SignedHeaders"))?;
     let sig = param("X-Amz-Signature").ok_or(AuthError::MalformedQuery("missing X-Amz-Signature"))?;
@@ -304,7 +313,7 @@ fn verify_presigned(
         return Err(AuthError::MalformedQuery("credential scope service must be s3"));
     }
     if expires > MAX_PRESIGN_EXPIRES {
-        return Err(AuthError::MalformedQuery("X-Amz-Expires must be at most 604800 seconds"));
+        return Err(AuthError::ExpiresTooLong);
     }
     let when = parse_amz_date(&amz_date).ok_or(AuthError::MalformedQuery("bad X-Amz-Date"))?;
     if !amz_date.starts_with(cs.date) {
@@ -539,6 +548,17 @@ mod tests {
     }
 
     #[test]
+    fn sigv2_dates_as_s3_reads_them() {
+        let at = |s: &str| parse_http_date(s).map(|t| t.unix_timestamp());
+        // The weekday is not checked (7 July 2010 was a Wednesday); dates before 1970 are invalid.
+        assert_eq!(at("Tue, 07 Jul 2010 21:53:04 GMT"), Some(1_278_539_584));
+        assert_eq!(at("07 Jul 2010 21:53:04 GMT"), Some(1_278_539_584));
+        assert_eq!(at("Tue, 07 Jul 1950 21:53:04 GMT"), None);
+        assert_eq!(at("Bad Date"), None);
+        assert_eq!(at(""), None);
+    }
+
+    #[test]
     fn skew_expiry_and_anonymous() {
         let now = SystemTime::now();
         let req = signed("GET", "http://gw.example:9000/bucket/key", &[], None, now);
@@ -556,8 +576,12 @@ mod tests {
             .body(())
             .expect("request");
         assert_eq!(check_req(&preflight, now).expect("preflight").identity, Identity::Anonymous);
+        // Any OPTIONS is a preflight to S3, even without Origin (the store then answers 400) or
+        // with a presigned URL's parameters (they sign the request the preflight asks about).
         let bare_options = http::Request::options("/bucket/key").body(()).expect("request");
-        assert!(matches!(check_req(&bare_options, now), Err(AuthError::AnonymousDenied)));
+        assert_eq!(check_req(&bare_options, now).expect("preflight").identity, Identity::Anonymous);
+        let presigned_options = http::Request::options(url.uri().clone()).body(()).expect("request");
+        assert_eq!(check_req(&presigned_options, now).expect("preflight").identity, Identity::Anonymous);
         let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
             .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
