@@ -205,6 +205,9 @@ impl Gateway {
             return Err(GatewayError::Overloaded);
         };
         if op == S3Op::PostObject {
+            if target.bucket.as_ref().is_some_and(|b| self.cfg.aliases.contains_key(b)) {
+                return Err(GatewayError::AliasReadOnly);
+            }
             // Authenticated by the form's signed policy, not by headers.
             return self.post_object(req, target).await;
         }
