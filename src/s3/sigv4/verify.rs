@@ -199,7 +199,16 @@ fn verify_header(
     if cs.service != "s3" {
         return Err(AuthError::MalformedHeader("credential scope service must be s3"));
     }
-    let amz_date = header_str(headers, headers::X_AMZ_DATE).ok_or(AuthError::MalformedHeader("missing x-amz-date"))?;
+    // SigV4 takes the time from x-amz-date or, without it, from Date (RFC 1123), which the
+    // string to sign then carries in ISO 8601 basic form.
+    let amz_date = match header_str(headers, headers::X_AMZ_DATE) {
+        Some(d) => d.to_owned(),
+        None => header_str(headers, "date")
+            .and_then(parse_http_date)
+            .and_then(|t| t.format(AMZ_DATE_FORMAT).ok())
+            .ok_or(AuthError::MalformedHeader("missing x-amz-date"))?,
+    };
+    let amz_date = amz_date.as_str();
     let when = parse_amz_date(amz_date).ok_or(AuthError::MalformedHeader("bad x-amz-date"))?;
     if !amz_date.starts_with(cs.date) {
         return Err(AuthError::MalformedHeader("credential date differs from x-amz-date"));
@@ -244,8 +253,9 @@ fn verify_v2_header(
     creds: &CredentialStore,
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
+    // The signature is base64 (no ':'); access keys may hold one (Swift's `account:user`).
     let (access_key, sig) =
-        credential.split_once(':').ok_or(AuthError::MalformedHeader("expected AWS key:signature"))?;
+        credential.rsplit_once(':').ok_or(AuthError::MalformedHeader("expected AWS key:signature"))?;
     let amz_date = header_str(headers, headers::X_AMZ_DATE);
     let date = amz_date.or_else(|| header_str(headers, "date")).ok_or(AuthError::InvalidDate)?;
     let when = parse_http_date(date).or_else(|| parse_amz_date(date)).ok_or(AuthError::InvalidDate)?;
@@ -642,6 +652,12 @@ mod tests {
         assert!(matches!(ok.payload, Payload::Unsigned));
         let wrong_bucket = verify(&Method::PUT, &uri, Some("other"), &h, &store(), false, now.into());
         assert!(matches!(wrong_bucket, Err(AuthError::SignatureDoesNotMatch)));
+        // An access key with a colon (Swift's `account:user`): the signature follows the last one.
+        let mut swift = CredentialStore::default();
+        swift.insert("test:tester".into(), crate::s3::credentials::SecretKey::new("SECRET".into()));
+        h.insert("authorization", format!("AWS test:tester:{sig}").parse().expect("auth"));
+        let ok = verify(&Method::PUT, &uri, Some("vb"), &h, &swift, false, now.into()).expect("valid");
+        assert_eq!(ok.identity, Identity::AccessKey("test:tester".into()));
 
         let expires = (now + Duration::from_secs(60))
             .duration_since(SystemTime::UNIX_EPOCH)
