@@ -113,8 +113,10 @@ fn parse_credential(s: &str) -> Option<CredentialScope<'_>> {
 /// (clients send wrong ones; S3 and Ceph RGW accept them), and dates before 1970 are invalid.
 fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
     const RFC1123: &[FormatItem<'static>] =
-        format_description!("[day] [month repr:short] [year] [hour]:[minute]:[second] GMT");
+        format_description!("[day] [month repr:short] [year] [hour]:[minute]:[second]");
     let rest = s.trim().split_once(", ").map_or(s.trim(), |(_, rest)| rest);
+    // UTC as RFC 1123 writes it, or as RFC 2822 does (botocore's SigV4 `Date`: `-0000`).
+    let rest = ["GMT", "UTC", "+0000", "-0000"].iter().find_map(|z| rest.strip_suffix(z))?.trim_end();
     PrimitiveDateTime::parse(rest, RFC1123).ok().map(PrimitiveDateTime::assume_utc).filter(|t| t.year() >= 1970)
 }
 
@@ -563,6 +565,8 @@ mod tests {
         // The weekday is not checked (7 July 2010 was a Wednesday); dates before 1970 are invalid.
         assert_eq!(at("Tue, 07 Jul 2010 21:53:04 GMT"), Some(1_278_539_584));
         assert_eq!(at("07 Jul 2010 21:53:04 GMT"), Some(1_278_539_584));
+        assert_eq!(at("Wed, 07 Jul 2010 21:53:04 -0000"), Some(1_278_539_584));
+        assert_eq!(at("Wed, 07 Jul 2010 21:53:04 +0200"), None);
         assert_eq!(at("Tue, 07 Jul 1950 21:53:04 GMT"), None);
         assert_eq!(at("Bad Date"), None);
         assert_eq!(at(""), None);
