@@ -172,15 +172,16 @@ impl S3Backend {
         let mut attempt = 0u32;
         loop {
             let mut body = std::mem::replace(&mut req.body, Body::empty());
-            let continued = Arc::new(tokio::sync::Notify::new());
+            let gate = Arc::new(tokio::sync::watch::channel(Continue::Waiting).0);
             if req.expect_continue && req.payload != ForwardPayload::Empty {
-                body = after_continue(body, continued.clone());
+                body = after_continue(body, gate.subscribe());
             }
             let mut outgoing = self.build(&req, &url, body)?;
             if req.expect_continue {
+                let gate = gate.clone();
                 hyper::ext::on_informational(&mut outgoing, move |res| {
                     if res.status() == StatusCode::CONTINUE {
-                        continued.notify_one();
+                        gate.send_if_modified(|s| std::mem::replace(s, Continue::Send) == Continue::Waiting);
                     }
                 });
             }
@@ -193,6 +194,16 @@ impl S3Backend {
             } else {
                 self.client.request(outgoing).await.map_err(classify)
             };
+            // A final answer before `100 Continue`: the body must never follow on this connection
+            // (the store would read it as the next request), so a body still waiting fails and the
+            // connection is closed instead of pooled.
+            gate.send_if_modified(|s| {
+                let waiting = *s == Continue::Waiting;
+                if waiting {
+                    *s = Continue::Answered;
+                }
+                waiting
+            });
             let outcome = match &result {
                 Ok(r) => status_outcome(r.status()),
                 Err(_) => "error",
@@ -221,7 +232,8 @@ impl S3Backend {
             }
             let resp = result?;
             let counter = self.metrics.backend_bytes_received.clone();
-            return Ok(resp.map(|b| Body::new(Metered::new(b, counter, permit))));
+            let refuse = RefuseWhenAnswered(gate);
+            return Ok(resp.map(|b| Body::new(Metered::new(b, counter, (permit, refuse)))));
         }
     }
 }
@@ -230,15 +242,54 @@ impl S3Backend {
 /// RFC 9110 lets a client proceed when the interim response does not come).
 pub const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
-/// `body`, starting only once `continued` is notified (the store's `100 Continue`) or after
-/// [`EXPECT_CONTINUE_WAIT`]. If the store answers with a final status first, the body is never sent.
-fn after_continue(body: Body, continued: Arc<tokio::sync::Notify>) -> Body {
+/// Where an `Expect: 100-continue` body stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Continue {
+    /// Neither `100 Continue` nor a final answer yet.
+    Waiting,
+    /// The store said `100 Continue`: send.
+    Send,
+    /// The store answered first: the body waits (never sent) while the answer streams back.
+    Answered,
+    /// The answer is delivered: the body fails, so the connection is dropped, not reused.
+    Refused,
+}
+
+/// Held by the response body of an `Expect: 100-continue` request: once the answer is delivered
+/// (or dropped), a body that was never invited is refused, closing that connection.
+#[derive(Debug)]
+struct RefuseWhenAnswered(Arc<tokio::sync::watch::Sender<Continue>>);
+
+impl Drop for RefuseWhenAnswered {
+    fn drop(&mut self) {
+        self.0.send_if_modified(|s| {
+            let answered = *s == Continue::Answered;
+            if answered {
+                *s = Continue::Refused;
+            }
+            answered
+        });
+    }
+}
+
+/// `body`, starting only once the store answered `100 Continue` or after [`EXPECT_CONTINUE_WAIT`]
+/// without any answer; if the store gave its final answer first, the body fails at once and is
+/// never sent, so no byte of it can be read by the store as the start of another request.
+fn after_continue(body: Body, mut gate: tokio::sync::watch::Receiver<Continue>) -> Body {
     use futures_util::StreamExt;
-    let gate = futures_util::stream::once(async move {
-        let _ = tokio::time::timeout(EXPECT_CONTINUE_WAIT, continued.notified()).await;
-        Ok(bytes::Bytes::new())
+    let wait = futures_util::stream::once(async move {
+        // Without any answer after the wait, send (RFC 9110); once answered, wait for the verdict.
+        if tokio::time::timeout(EXPECT_CONTINUE_WAIT, gate.wait_for(|s| *s != Continue::Waiting)).await.is_err() {
+            return Ok(bytes::Bytes::new());
+        }
+        match gate.wait_for(|s| matches!(s, Continue::Send | Continue::Refused)).await.map(|s| *s) {
+            Ok(Continue::Send) => Ok(bytes::Bytes::new()),
+            _ => Err(crate::body::BodyError::Incomplete),
+        }
     });
-    Body::from_stream(gate.chain(body.into_data_stream()))
+    Body::from_stream(
+        wait.chain(body.into_data_stream().map(|r| r.map_err(|e| crate::body::BodyError::Read(e.into())))),
+    )
 }
 
 /// Why TLS for the backend could not be set up.

@@ -391,3 +391,24 @@ async fn https_backend_with_private_ca() {
     assert_eq!(e.raw_response().map(|r| r.status().as_u16()), Some(503));
     untrusted.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_refused_expect_continue_upload_never_reaches_the_next_request() {
+    // The store answers a PUT to a missing bucket before `100 Continue`: the body must not follow
+    // on that connection later, or the store reads it as the start of the next request (seen on
+    // RGW: the next ListBuckets answered 405). Every later request through the gateway is clean.
+    let (server, c, _b) = setup().await;
+    let host = format!("127.0.0.1:{}", server.s3_addr.port());
+    let path = format!("/{}/foo", unique_bucket("missing"));
+    let body = bytes::Bytes::from_static(b"GET / HTTP/1.1\r\nHost: smuggled\r\n\r\n");
+    let sha = tensorgate::s3::sigv4::sha256_hex(&body);
+    let headers = [("expect", "100-continue")];
+    let put = raw(server.s3_addr, "PUT", &host, &path, &headers, body, Auth::Header(CLIENT_AK, CLIENT_SK, &sha));
+    // RGW and Swift refuse it (404); SeaweedFS creates the bucket and stores it.
+    let status = put.await.expect("put").status;
+    assert!(matches!(status, 200 | 404), "{status}");
+    for _ in 0..3 {
+        c.list_buckets().send().await.expect("the store's connection is not desynchronised");
+    }
+    server.shutdown().await;
+}
