@@ -76,6 +76,10 @@ pub fn parse_head(buf: &[u8], boundary: &str, max: usize) -> Result<Option<FormH
         pos += end + 4;
         let (name, filename) = disposition(headers)?;
         if name.eq_ignore_ascii_case(FILE_FIELD) {
+            // The bound holds however the bytes arrived (one large read may hold them all).
+            if pos > max {
+                return Err(FormError::TooLarge(max));
+            }
             return Ok(Some(FormHead { fields, filename, file_start: pos }));
         }
         let Some(len) = find(&buf[pos..], delimiter.as_bytes()) else { return need_more(buf, max) };
@@ -191,6 +195,8 @@ mod tests {
             assert_eq!(parse_head(&b[..cut], "XyZ", 1 << 16), Ok(None), "cut at {cut}");
         }
         assert_eq!(parse_head(&b[..60], "XyZ", 60), Err(FormError::TooLarge(60)));
+        // Complete fields over the bound are refused too, not only ones still arriving.
+        assert_eq!(parse_head(&b, "XyZ", 60), Err(FormError::TooLarge(60)));
         let no_file = b"--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nk\r\n--XyZ--\r\n";
         assert_eq!(parse_head(no_file, "XyZ", 1 << 16), Err(FormError::NoFile));
         let junk = b"--XyZ\r\nX-Other: 1\r\n\r\nk\r\n--XyZ--\r\n";

@@ -217,6 +217,11 @@ def test_presigned_post_form_upload(s3, bucket, store):
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="uploads/").get("Contents", [])]
     assert keys == ["uploads/note.txt"]
 
+    # Form fields before the file are bounded (64 KiB): a huge one is refused before anything else.
+    huge = dict(post["fields"], **{"x-ignore-padding": "p" * (100 * 1024)})
+    r = requests.post(post["url"], data=huge, files={"file": ("h.txt", b"h")}, timeout=30)
+    assert r.status_code == 400 and "MaxPostPreDataLengthExceeded" in r.text, r.text
+
     # success_action_status 201 answers S3's XML document.
     post201 = s3.generate_presigned_post(
         bucket, "created.txt", Fields={"success_action_status": "201"}, Conditions=[{"success_action_status": "201"}]
