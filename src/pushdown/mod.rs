@@ -11,6 +11,7 @@
 //! a leading dimension), and WebDataset tar shards of those ([`shard`]), answered as safetensors
 //! with `features`, `labels` and the sample keys.
 
+pub mod decode;
 pub mod engine;
 pub mod fair;
 pub mod governor;

@@ -14,19 +14,18 @@
 //!   1.5e-2 (relative L2) away from the reference, above the 1e-3 contract;
 //! - the crop offset is `round((size - crop) / 2)` with ties to even (Python's `round`).
 //!
-//! - JPEG is decoded by libjpeg-turbo's decoder (through `mozjpeg`, islow IDCT, fancy chroma
-//!   upsampling), the decoder PIL uses; `zune-jpeg` (the `image` crate's) was measured first and
-//!   differs from it by 2e-3 (4:4:4) to 1.6e-2 (4:2:0) relative L2 after normalization.
+//! - decoding to RGB, as PIL's `convert("RGB")` does for every mode, is [`decode`]'s job. JPEG is
+//!   decoded by libjpeg-turbo's decoder (through `mozjpeg`, islow IDCT, fancy chroma upsampling),
+//!   the decoder PIL uses; `zune-jpeg` (the `image` crate's) was measured first and differs from it
+//!   by 2e-3 (4:4:4) to 1.6e-2 (4:2:0) relative L2 after normalization.
 //!
-//! Images whose header declares more than `max_pixels` are refused before any pixel is decoded.
+//! Images whose header declares more than `max_pixels`, or whose resized copy would be larger,
+//! are refused before any pixel is decoded.
 
-use std::io::Cursor;
-
-use image::ImageReader;
 use serde::Deserialize;
 
-use super::PushdownError;
 use super::registry::Layout;
+use super::{PushdownError, decode};
 
 /// Largest image (in pixels, from its header) decoded by default: 40 MP covers the largest
 /// camera images in common datasets while keeping one decode under ~160 MiB of RGBA.
@@ -61,39 +60,51 @@ pub struct Preprocess {
 /// Whether the bytes start like a JPEG or PNG file.
 #[must_use]
 pub fn is_image(bytes: &[u8]) -> bool {
-    bytes.starts_with(&[0xFF, 0xD8, 0xFF]) || bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+    decode::sniff(bytes).is_some()
 }
 
 fn bad(msg: impl Into<String>) -> PushdownError {
     PushdownError::BadInput(msg.into())
 }
 
-/// Transient bytes decoding `bytes` takes (the RGB image and its resized copy), from the header
-/// alone; 0 if the header is unreadable or the image or its resized copy is larger than
-/// `max_pixels` (preprocessing then fails cheaply, before either is allocated). The memory
-/// governor reserves it per image sample.
+/// Transient bytes preprocessing `bytes` holds at its peak (the decoder's buffer, the RGB image,
+/// the resampler's horizontal pass and the resized copy), from the header alone; 0 if the header is unreadable or the image or its
+/// resized copy is larger than `max_pixels` (preprocessing then fails cheaply, before any of them
+/// is allocated). The memory governor reserves it per image sample.
 #[must_use]
 pub fn decode_scratch_bytes(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> u64 {
-    let dims = if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        std::panic::catch_unwind(|| mozjpeg::Decompress::new_mem(bytes).ok().map(|d| d.size()))
-            .ok()
-            .flatten()
-            .map(|(w, h)| (w as u64, h as u64))
-    } else {
-        ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png)
-            .into_dimensions()
-            .ok()
-            .map(|(w, h)| (u64::from(w), u64::from(h)))
-    };
-    let Some((w, h)) = dims.filter(|(w, h)| w.saturating_mul(*h) <= max_pixels) else { return 0 };
-    let resized = match resize_shorter {
-        Some(s) => {
-            let (nw, nh) = resized_size(w as u32, h as u32, s);
-            u64::from(nw).saturating_mul(u64::from(nh))
-        }
-        None => 0,
-    };
-    if resized > max_pixels { 0 } else { 3 * (w * h + resized) }
+    decode::header(bytes)
+        .and_then(|head| {
+            let resized = checked_sizes(&head, resize_shorter, max_pixels)?;
+            let resampling = resized.map_or(0, |(nw, nh)| 3 * u64::from(nw) * (u64::from(head.height) + u64::from(nh)));
+            Ok(head.decode_bytes() + resampling)
+        })
+        .unwrap_or(0)
+}
+
+/// Checks the image and its resized copy against `max_pixels`; the resized size, if any.
+fn checked_sizes(
+    head: &decode::Header,
+    resize_shorter: Option<u32>,
+    max_pixels: u64,
+) -> Result<Option<(u32, u32)>, PushdownError> {
+    let (w, h) = (head.width, head.height);
+    if head.pixels() > max_pixels {
+        return Err(bad(format!(
+            "image is {w}x{h}, more than the limit of {max_pixels} pixels (pushdown.max_image_pixels)"
+        )));
+    }
+    let Some(s) = resize_shorter else { return Ok(None) };
+    let (nw, nh) = resized_size(w, h, s);
+    // A thin image resized by its shorter side grows by its aspect ratio: 1 x 65,535 at 256
+    // is 4.3 G pixels. The resized copy obeys the same bound as the decoded image.
+    if u64::from(nw) * u64::from(nh) > max_pixels {
+        return Err(bad(format!(
+            "image is {w}x{h}; resized to {nw}x{nh} it would exceed the limit of {max_pixels} pixels \
+             (pushdown.max_image_pixels)"
+        )));
+    }
+    Ok(Some((nw, nh)))
 }
 
 /// The output size of the shorter-side resize (torchvision's rule).
@@ -116,24 +127,13 @@ pub fn image_to_input(
     layout: Layout,
     max_pixels: u64,
 ) -> Result<Vec<f32>, PushdownError> {
-    let (w, h, mut pixels) = if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        decode_jpeg(bytes, max_pixels)?
-    } else {
-        decode_png(bytes, max_pixels)?
-    };
-    let (mut cur_w, mut cur_h) = (w, h);
-    if let Some(s) = p.resize_shorter {
-        let (nw, nh) = resized_size(w, h, s);
-        // A thin image resized by its shorter side grows by its aspect ratio: 1 x 65,535 at 256
-        // is 4.3 G pixels. The resized copy obeys the same bound as the decoded image, checked
-        // before it is allocated (and before the resampler spends CPU on it).
-        if u64::from(nw) * u64::from(nh) > max_pixels {
-            return Err(bad(format!(
-                "image is {w}x{h}; resized to {nw}x{nh} it would exceed the limit of {max_pixels} pixels \
-                 (pushdown.max_image_pixels)"
-            )));
-        }
-        pixels = resize_bilinear(&pixels, w as usize, h as usize, nw as usize, nh as usize);
+    // Every size is checked from the header, before a pixel is decoded or resampled.
+    let head = decode::header(bytes)?;
+    let resized = checked_sizes(&head, p.resize_shorter, max_pixels)?;
+    let mut pixels = decode::decode_rgb(bytes, &head)?;
+    let (mut cur_w, mut cur_h) = (head.width, head.height);
+    if let Some((nw, nh)) = resized {
+        pixels = resize_bilinear(&pixels, cur_w as usize, cur_h as usize, nw as usize, nh as usize);
         (cur_w, cur_h) = (nw, nh);
     }
     let [ch, cw] = p.crop;
@@ -162,57 +162,6 @@ pub fn image_to_input(
         }
     }
     Ok(out)
-}
-
-fn too_large(w: u64, h: u64, max_pixels: u64) -> Result<(), PushdownError> {
-    if w * h > max_pixels {
-        Err(bad(format!("image is {w}x{h}, more than the limit of {max_pixels} pixels")))
-    } else {
-        Ok(())
-    }
-}
-
-fn decode_png(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32, Vec<u8>), PushdownError> {
-    let reader = || ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png);
-    let (w, h) = reader().into_dimensions().map_err(|e| bad(format!("cannot read image header: {e}")))?;
-    too_large(u64::from(w), u64::from(h), max_pixels)?;
-    let mut r = reader();
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(w);
-    limits.max_image_height = Some(h);
-    limits.max_alloc = Some(max_pixels.saturating_mul(8));
-    r.limits(limits);
-    let rgb = r.decode().map_err(|e| bad(format!("cannot decode image: {e}")))?.to_rgb8();
-    Ok((w, h, rgb.into_raw()))
-}
-
-/// How far from the end a JPEG's end-of-image marker must be. libjpeg pads a truncated stream
-/// with grey and only warns; PIL refuses it ("image file is truncated"), and so do we.
-const JPEG_EOI_WINDOW: usize = 64;
-
-fn decode_jpeg(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32, Vec<u8>), PushdownError> {
-    let tail = &bytes[bytes.len().saturating_sub(JPEG_EOI_WINDOW)..];
-    if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
-        return Err(bad("cannot decode image: the JPEG data is truncated (no end-of-image marker)"));
-    }
-    // libjpeg reports fatal errors by unwinding through the decoder (the `mozjpeg` contract):
-    // catch it here so a corrupt file is a 400, never a crash.
-    let decoded = std::panic::catch_unwind(|| -> Result<(u32, u32, Vec<u8>), PushdownError> {
-        let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
-        let (w, h) = d.size();
-        too_large(w as u64, h as u64, max_pixels)?;
-        let mut started = d.rgb().map_err(|e| bad(format!("cannot decode image: {e}")))?;
-        let pixels: Vec<u8> = started.read_scanlines().map_err(|e| bad(format!("cannot decode image: {e}")))?;
-        started.finish().map_err(|e| bad(format!("cannot decode image: {e}")))?;
-        Ok((w as u32, h as u32, pixels))
-    });
-    match decoded {
-        Ok(r) => r,
-        Err(panic) => {
-            let msg = panic.downcast_ref::<String>().map_or("corrupt JPEG data", String::as_str);
-            Err(bad(format!("cannot decode image: {msg}")))
-        }
-    }
 }
 
 /// Fixed-point precision of resampling coefficients (Pillow's `PRECISION_BITS`).
@@ -292,6 +241,8 @@ pub fn resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> 
 mod tests {
     use super::*;
 
+    use std::io::Cursor;
+
     fn png(w: u32, h: u32) -> Vec<u8> {
         let img =
             image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8]));
@@ -321,7 +272,12 @@ mod tests {
         assert!(e.to_string().contains("256x16776960"), "{e}");
         assert_eq!(decode_scratch_bytes(&thin, Some(256), DEFAULT_MAX_PIXELS), 0);
         // An ordinary image counts its decoded and resized copies.
-        assert_eq!(decode_scratch_bytes(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS), 3 * (64 * 32 + 512 * 256));
+        // An ordinary image counts the decoder's buffer (an RGBA bound for a PNG), its RGB copy, the
+        // horizontal pass (512 x 32) and the resized copy (512 x 256).
+        assert_eq!(
+            decode_scratch_bytes(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS),
+            4 * 64 * 32 + 3 * 64 * 32 + 3 * 512 * 32 + 3 * 512 * 256
+        );
     }
 
     #[test]

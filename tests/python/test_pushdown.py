@@ -1,7 +1,7 @@
 """Pushdown GET through the real gateway binary (SeaweedFS backend) against an independent
 reference: Python onnxruntime running the full model with the split tensor exposed.
 
-Inputs are preprocessed .npy tensors (image decoding is not implemented yet)."""
+Inputs are .npy tensors, JPEG and PNG images in every mode PIL reads, and WebDataset shards."""
 
 import io
 import json
@@ -207,6 +207,123 @@ def test_pushdown_from_images(s3, bucket, model, fmt):
         err = rel_l2(y, want)
         print(f"{model} {split} from {fmt}: rel L2 {err:.2e}")
         assert err <= bound, f"{model} {split} from {fmt}: rel L2 {err:.2e} > {bound}"
+
+
+def png_bytes(a: np.ndarray, color_type: int, bit_depth: int) -> bytes:
+    """A PNG written by hand (PIL cannot write 16-bit colour or 2/4-bit grey): `a` is H x W x C."""
+    import struct
+    import zlib
+
+    h, w = a.shape[:2]
+    if bit_depth == 16:
+        rows = a.astype(">u2").reshape(h, -1).view(np.uint8)
+    elif bit_depth == 8:
+        rows = a.astype(np.uint8).reshape(h, -1)
+    else:  # grey or palette indices, packed MSB first, each row padded to a byte
+        bits = np.unpackbits(a.reshape(h, w, 1).astype(np.uint8), axis=2)[:, :, 8 - bit_depth :]
+        rows = np.packbits(bits.reshape(h, -1), axis=1)
+    raw = b"".join(b"\0" + r.tobytes() for r in rows)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", w, h, bit_depth, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def strip_jpeg_segment(data: bytes, marker: int) -> bytes:
+    """The JPEG without its header segments of one marker type (e.g. 0xEE, APP14 "Adobe")."""
+    out, i = bytearray(data[:2]), 2
+    while data[i] == 0xFF and data[i + 1] != 0xDA:
+        n = int.from_bytes(data[i + 2 : i + 4], "big")
+        if data[i + 1] != marker:
+            out += data[i : i + 2 + n]
+        i += 2 + n
+    return bytes(out + data[i:])
+
+
+def mode_image(mode: str) -> tuple[str, bytes]:
+    """(key, bytes) of a 120 x 90 test picture in one of the modes PIL reads."""
+    import imagecodecs
+    from PIL import Image
+
+    photo = synthetic_photo(120, 90, seed=7)
+    rgb = np.asarray(photo)
+    grey = np.asarray(photo.convert("L"))
+
+    def pil(img, fmt, key, **kw):
+        buf = io.BytesIO()
+        img.save(buf, format=fmt, **kw)
+        return key, buf.getvalue()
+
+    rgba = np.dstack([rgb, (np.arange(120)[None, :] * 2 + np.zeros((90, 1))).astype(np.uint8)])
+    cmyk = np.dstack([255 - rgb, np.minimum(255 - rgb.max(axis=2), 90)[..., None]]).astype(np.uint8)
+    if mode == "jpeg-grey":
+        return pil(Image.fromarray(grey), "JPEG", "m.jpg", quality=90)
+    if mode == "jpeg-progressive":
+        return pil(photo, "JPEG", "m.jpg", quality=90, progressive=True)
+    if mode == "jpeg-cmyk":  # PIL writes Adobe's inverted polarity and an APP14 marker
+        return pil(Image.fromarray(cmyk, "CMYK"), "JPEG", "m.jpg", quality=90)
+    if mode == "jpeg-cmyk-no-adobe":
+        return "m.jpg", strip_jpeg_segment(pil(Image.fromarray(cmyk, "CMYK"), "JPEG", "m.jpg", quality=90)[1], 0xEE)
+    if mode == "jpeg-ycck":  # Adobe transform 2, as Photoshop writes CMYK
+        return "m.jpg", bytes(imagecodecs.jpeg8_encode(cmyk, level=90, colorspace="cmyk", outcolorspace="ycck"))
+    if mode == "jpeg-named-png":
+        return pil(photo, "JPEG", "m.png", quality=90)
+    if mode == "png-named-jpg":
+        return pil(photo, "PNG", "m.jpg")
+    if mode == "png-L":
+        return pil(Image.fromarray(grey), "PNG", "m.png")
+    if mode == "png-LA":
+        return pil(Image.fromarray(rgba[..., [0, 3]], "LA"), "PNG", "m.png")
+    if mode == "png-RGBA":
+        return pil(Image.fromarray(rgba, "RGBA"), "PNG", "m.png")
+    if mode == "png-P":
+        return pil(photo.quantize(200), "PNG", "m.png")
+    if mode == "png-P-transparent":
+        return pil(photo.quantize(200), "PNG", "m.png", transparency=3)
+    if mode == "png-1bit":
+        return pil(Image.fromarray(grey).convert("1"), "PNG", "m.png")
+    if mode == "png-grey-2bit":
+        return "m.png", png_bytes(grey[..., None] >> 6, 0, 2)
+    if mode == "png-grey-4bit":
+        return "m.png", png_bytes(grey[..., None] >> 4, 0, 4)
+    if mode == "png-grey-16bit":  # PIL's I;16: values above 255 are clamped by convert("RGB")
+        return "m.png", png_bytes(grey[..., None].astype(np.uint16) * 2, 0, 16)
+    if mode == "png-LA-16bit":
+        return "m.png", png_bytes(rgba[..., [0, 3]].astype(np.uint16) * 257 + 3, 4, 16)
+    if mode == "png-RGB-16bit":
+        return "m.png", png_bytes(rgb.astype(np.uint16) * 257 + 100, 2, 16)
+    if mode == "png-RGBA-16bit":
+        return "m.png", png_bytes(rgba.astype(np.uint16) * 256 + 255, 6, 16)
+    raise AssertionError(mode)
+
+
+IMAGE_MODES = [
+    "jpeg-grey", "jpeg-progressive", "jpeg-cmyk", "jpeg-cmyk-no-adobe", "jpeg-ycck", "jpeg-named-png",
+    "png-named-jpg", "png-L", "png-LA", "png-RGBA", "png-P", "png-P-transparent", "png-1bit",
+    "png-grey-2bit", "png-grey-4bit", "png-grey-16bit", "png-LA-16bit", "png-RGB-16bit", "png-RGBA-16bit",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", IMAGE_MODES)
+def test_image_modes_match_pil(s3, bucket, mode):
+    """Every mode gives the features of PIL's `open(...).convert("RGB")` + onnxruntime: PNG modes
+    bit for bit (up to float summation order), JPEG modes within the JPEG bound above."""
+    from PIL import Image
+
+    key, data = mode_image(mode)
+    key = f"modes/{mode}/{key}"
+    s3.put_object(Bucket=bucket, Key=key, Body=data)
+    opened = Image.open(io.BytesIO(data))
+    x = reference_preprocess(opened, "tiny-cnn")[None].astype(np.float32)
+    got = pushdown_get(s3, bucket, key, model="tiny-cnn", split="stem")
+    y = np.load(io.BytesIO(got["Body"].read()))
+    want = reference("tiny-cnn", "stem", x)[0]
+    bound = 1e-3 if opened.format == "JPEG" else 1e-6
+    err = rel_l2(y, want)
+    print(f"{mode} (PIL mode {opened.mode}): rel L2 {err:.2e}")
+    assert err <= bound, f"{mode} (PIL mode {opened.mode}): rel L2 {err:.2e} > {bound}"
 
 
 def test_bad_images_get_clear_errors(s3, bucket):

@@ -1,0 +1,254 @@
+//! Image bytes to 8-bit RGB, as `PIL.Image.open(f).convert("RGB")` gives them (what torchvision's
+//! default loader feeds a model in training). Pure and CPU-bound.
+//!
+//! The format is sniffed from the bytes, never from a name: a PNG stored as `x.jpg` decodes.
+//! Every mode PIL opens is converted the way PIL converts it (Pillow 11.3, checked per mode in
+//! `tests/python/test_pushdown.py::test_image_modes_match_pil`):
+//! - JPEG (libjpeg-turbo, the decoder PIL uses): baseline and progressive; grayscale replicated;
+//!   four-channel JPEGs (CMYK, and YCCK, which libjpeg turns into CMYK) read with Adobe's inverted
+//!   polarity whether or not an Adobe marker says so (PIL always assumes it), then
+//!   `R = (255 - K) - (C * (255 - K)) / 255`, rounded like Pillow's `MULDIV255`, and likewise G, B.
+//! - PNG: palette expanded; alpha dropped (no compositing); grayscale replicated, 1-, 2- and 4-bit
+//!   grey scaled to 8 bits; 16-bit RGB, RGBA and grey+alpha keep the high byte of each sample;
+//!   16-bit grey (PIL's mode `I;16`) is *clamped* to 255, as PIL's `I;16` to `RGB` conversion does
+//!   (most such images become white: the model saw the same in training).
+//! - EXIF orientation is not applied (PIL's `open` and torchvision's loader do not either).
+//!
+//! [`header`] reads the size and the decoder's own buffer size from the header alone, so that
+//! every buffer is bounded and reserved before a pixel is decoded.
+
+use std::io::Cursor;
+
+use image::{DynamicImage, ImageReader};
+
+use super::PushdownError;
+
+/// The image formats pushdown decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Jpeg,
+    Png,
+}
+
+/// What the header says, before any pixel is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub format: Format,
+    pub width: u32,
+    pub height: u32,
+    /// Bytes of the decoder's output before conversion to RGB: 0 when the decoder writes RGB
+    /// itself (most JPEGs), else an upper bound (e.g. 8 per pixel for 16-bit RGBA PNGs).
+    pub native_bytes: u64,
+}
+
+impl Header {
+    #[must_use]
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+
+    /// Every byte decoding holds at its peak: the native buffer and the RGB image.
+    #[must_use]
+    pub fn decode_bytes(&self) -> u64 {
+        self.native_bytes + 3 * self.pixels()
+    }
+}
+
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+const JPEG_MAGIC: &[u8] = &[0xFF, 0xD8, 0xFF];
+
+/// The format the bytes start like, if any.
+#[must_use]
+pub fn sniff(bytes: &[u8]) -> Option<Format> {
+    if bytes.starts_with(JPEG_MAGIC) {
+        Some(Format::Jpeg)
+    } else if bytes.starts_with(PNG_MAGIC) {
+        Some(Format::Png)
+    } else {
+        None
+    }
+}
+
+fn bad(msg: impl Into<String>) -> PushdownError {
+    PushdownError::BadInput(msg.into())
+}
+
+/// PNG colour types (the IHDR byte).
+mod png_color {
+    pub const GRAY: u8 = 0;
+    pub const RGB: u8 = 2;
+    pub const PALETTE: u8 = 3;
+    pub const GRAY_ALPHA: u8 = 4;
+    pub const RGBA: u8 = 6;
+}
+
+/// Bit depth and colour type from a PNG's IHDR, which the format requires to be the first chunk.
+fn png_ihdr(bytes: &[u8]) -> Result<(u8, u8), PushdownError> {
+    match bytes.get(12..26) {
+        Some(ihdr) if &ihdr[..4] == b"IHDR" => Ok((ihdr[12], ihdr[13])),
+        _ => Err(bad("cannot read image header: the PNG does not start with an IHDR chunk")),
+    }
+}
+
+/// Runs libjpeg, turning its unwinding errors (the `mozjpeg` contract) into a 400: a corrupt
+/// file is an error, never a crash.
+fn libjpeg<T>(f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic.downcast_ref::<String>().map_or("corrupt JPEG data", String::as_str);
+        Err(bad(format!("cannot decode image: {msg}")))
+    })
+}
+
+fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
+    matches!(space, mozjpeg::ColorSpace::JCS_CMYK | mozjpeg::ColorSpace::JCS_YCCK)
+}
+
+/// The image's header.
+///
+/// # Errors
+/// Not a JPEG or PNG, or an unreadable header.
+pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
+    match sniff(bytes) {
+        Some(Format::Jpeg) => libjpeg(|| {
+            let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
+            let (w, h) = d.size();
+            let (width, height) = (dim(w)?, dim(h)?);
+            let px = u64::from(width) * u64::from(height);
+            let native_bytes = if is_cmyk(d.color_space()) { 4 * px } else { 0 };
+            Ok(Header { format: Format::Jpeg, width, height, native_bytes })
+        }),
+        Some(Format::Png) => {
+            let (depth, color) = png_ihdr(bytes)?;
+            let (width, height) = ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png)
+                .into_dimensions()
+                .map_err(|e| bad(format!("cannot read image header: {e}")))?;
+            // After expansion (palette to RGB, tRNS to alpha) at most 2 or 4 channels.
+            let channels: u64 = match color {
+                png_color::GRAY | png_color::GRAY_ALPHA => 2,
+                png_color::RGB | png_color::PALETTE | png_color::RGBA => 4,
+                _ => return Err(bad(format!("cannot read image header: PNG colour type {color} does not exist"))),
+            };
+            let sample = if depth == 16 { 2 } else { 1 };
+            let native_bytes = u64::from(width) * u64::from(height) * channels * sample;
+            Ok(Header { format: Format::Png, width, height, native_bytes })
+        }
+        None => Err(bad("not a JPEG or PNG image")),
+    }
+}
+
+fn dim(v: usize) -> Result<u32, PushdownError> {
+    u32::try_from(v).map_err(|_| bad("cannot read image header: dimension out of range"))
+}
+
+/// Decodes an image to packed RGB8, `head` being its [`header`] (the caller has checked its size).
+///
+/// # Errors
+/// Corrupt, truncated or undecodable images.
+pub fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
+    match head.format {
+        Format::Jpeg => decode_jpeg(bytes),
+        Format::Png => decode_png(bytes, head),
+    }
+}
+
+/// How far from the end a JPEG's end-of-image marker must be. libjpeg pads a truncated stream
+/// with grey and only warns; PIL refuses it ("image file is truncated"), and so do we.
+const JPEG_EOI_WINDOW: usize = 64;
+
+fn decode_jpeg(bytes: &[u8]) -> Result<Vec<u8>, PushdownError> {
+    let tail = &bytes[bytes.len().saturating_sub(JPEG_EOI_WINDOW)..];
+    if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
+        return Err(bad("cannot decode image: the JPEG data is truncated (no end-of-image marker)"));
+    }
+    let failed = |e: std::io::Error| bad(format!("cannot decode image: {e}"));
+    libjpeg(|| {
+        let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
+        if is_cmyk(d.color_space()) {
+            let mut started = d.to_colorspace(mozjpeg::ColorSpace::JCS_CMYK).map_err(failed)?;
+            let cmyk: Vec<u8> = started.read_scanlines().map_err(failed)?;
+            started.finish().map_err(failed)?;
+            Ok(inverted_cmyk_to_rgb(&cmyk))
+        } else {
+            let mut started = d.rgb().map_err(failed)?;
+            let rgb: Vec<u8> = started.read_scanlines().map_err(failed)?;
+            started.finish().map_err(failed)?;
+            Ok(rgb)
+        }
+    })
+}
+
+/// `round(a * b / 255)` in integers, as Pillow computes it.
+fn muldiv255(a: u32, b: u32) -> u32 {
+    let t = a * b + 128;
+    ((t >> 8) + t) >> 8
+}
+
+/// Adobe-polarity CMYK (stored inverted) to RGB, PIL's way (module docs).
+fn inverted_cmyk_to_rgb(stored: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(stored.len() / 4 * 3);
+    for px in stored.chunks_exact(4) {
+        let nk = u32::from(px[3]); // 255 - K, with K = 255 - stored
+        for &s in &px[..3] {
+            let c = 255 - u32::from(s);
+            out.push(nk.saturating_sub(muldiv255(c, nk)) as u8);
+        }
+    }
+    out
+}
+
+fn decode_png(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
+    let (depth, color) = png_ihdr(bytes)?;
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(head.width);
+    limits.max_image_height = Some(head.height);
+    limits.max_alloc = Some(head.native_bytes.max(1));
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| bad(format!("cannot decode image: {e}")))?;
+    // 16-bit grey is PIL's `I;16`, clamped to 8 bits; tRNS may have given it an alpha channel here.
+    let clamp_gray16 = depth == 16 && color == png_color::GRAY;
+    let hi = |v: u16| (v >> 8) as u8;
+    let gray16 = |v: u16| if clamp_gray16 { v.min(255) as u8 } else { hi(v) };
+    Ok(match img {
+        DynamicImage::ImageRgb8(b) => b.into_raw(),
+        DynamicImage::ImageRgba8(b) => b.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        DynamicImage::ImageLuma8(b) => b.iter().flat_map(|&v| [v; 3]).collect(),
+        DynamicImage::ImageLumaA8(b) => b.chunks_exact(2).flat_map(|p| [p[0]; 3]).collect(),
+        DynamicImage::ImageLuma16(b) => b.iter().flat_map(|&v| [gray16(v); 3]).collect(),
+        DynamicImage::ImageLumaA16(b) => b.chunks_exact(2).flat_map(|p| [gray16(p[0]); 3]).collect(),
+        DynamicImage::ImageRgb16(b) => b.iter().map(|&v| hi(v)).collect(),
+        DynamicImage::ImageRgba16(b) => b.chunks_exact(4).flat_map(|p| [hi(p[0]), hi(p[1]), hi(p[2])]).collect(),
+        other => return Err(bad(format!("cannot decode image: unsupported PNG pixel type {:?}", other.color()))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmyk_conversion_follows_pil() {
+        // Stored (inverted) bytes: 255 is no ink. No ink at all is white; full K is black.
+        assert_eq!(inverted_cmyk_to_rgb(&[255, 255, 255, 255]), vec![255, 255, 255]);
+        assert_eq!(inverted_cmyk_to_rgb(&[255, 255, 255, 0]), vec![0, 0, 0]);
+        // Full cyan, no K: red channel gone. Values from Pillow 11.3 (`Image.fromarray(...,
+        // "CMYK").convert("RGB")` of C=255, M=0, Y=128, K=64): (0, 191, 95).
+        assert_eq!(inverted_cmyk_to_rgb(&[0, 255, 127, 191]), vec![0, 191, 95]);
+    }
+
+    #[test]
+    fn headers_bound_the_native_buffer() {
+        let rgba16 = {
+            let img = image::ImageBuffer::<image::Rgba<u16>, _>::from_pixel(10, 4, image::Rgba([1, 2, 3, 4]));
+            let mut out = Cursor::new(Vec::new());
+            img.write_to(&mut out, image::ImageFormat::Png).expect("encode");
+            out.into_inner()
+        };
+        let h = header(&rgba16).expect("header");
+        assert_eq!((h.format, h.width, h.height, h.native_bytes), (Format::Png, 10, 4, 10 * 4 * 8));
+        let rgb = decode_rgb(&rgba16, &h).expect("decode");
+        assert_eq!(&rgb[..3], &[0, 0, 0], "high bytes of 1, 2, 3");
+        assert!(header(b"GIF89a").is_err());
+        assert!(header(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDX").is_err());
+    }
+}
