@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{CacheKey, Cached};
@@ -116,11 +117,7 @@ impl DiskTier {
         let path = slot.path.clone();
         let read = tokio::task::spawn_blocking(move || read_entry(&path)).await.ok();
         match read {
-            Some(Ok((header, body))) if header.key == *key => {
-                let mut data = header.meta;
-                data.body = body.into();
-                Some((Arc::new(data), slot.generation))
-            }
+            Some(Ok((found, data))) if found == *key => Some((Arc::new(data), slot.generation)),
             other => {
                 if let Some(Err(e)) = other {
                     tracing::warn!(path = %slot.path.display(), error = %e, "Disk cache entry failed its check; dropped.");
@@ -226,20 +223,31 @@ fn read_header(path: &Path) -> std::io::Result<(Header, u64)> {
     Ok((header, file_len))
 }
 
-fn read_entry(path: &Path) -> std::io::Result<(Header, Vec<u8>)> {
-    let bytes = std::fs::read(path)?;
+fn read_entry(path: &Path) -> std::io::Result<(CacheKey, Cached)> {
+    parse_entry(&std::fs::read(path)?)
+}
+
+/// An entry file's key and output (with its body), every length and the body's CRC checked.
+/// Pure: the disk tier's whole trust boundary for bytes it finds on disk (fuzzed).
+///
+/// # Errors
+/// Anything that is not a whole, undamaged entry.
+pub fn parse_entry(bytes: &[u8]) -> std::io::Result<(CacheKey, Cached)> {
     let bad = || std::io::Error::other("damaged cache entry");
     let header_len = bytes.get(4..8).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(bad)?;
     if bytes.get(..4) != Some(MAGIC.as_slice()) {
         return Err(bad());
     }
+    let body_at = header_len.checked_add(8).ok_or_else(bad)?;
     let header: Header =
-        serde_json::from_slice(bytes.get(8..8 + header_len).ok_or_else(bad)?).map_err(std::io::Error::other)?;
-    let body = bytes.get(8 + header_len..).ok_or_else(bad)?;
+        serde_json::from_slice(bytes.get(8..body_at).ok_or_else(bad)?).map_err(std::io::Error::other)?;
+    let body = &bytes[body_at..];
     if body.len() as u64 != header.body_len || crc32fast::hash(body) != header.body_crc32 {
         return Err(bad());
     }
-    Ok((header, body.to_vec()))
+    let mut data = header.meta;
+    data.body = Bytes::copy_from_slice(body);
+    Ok((header.key, data))
 }
 
 fn write_entry(path: &Path, key: &CacheKey, data: &Cached) -> std::io::Result<()> {
@@ -265,8 +273,6 @@ fn write_entry(path: &Path, key: &CacheKey, data: &Cached) -> std::io::Result<()
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
     use crate::cache::ObjectId;
 

@@ -348,7 +348,8 @@ impl Pushdown {
         let mut meta =
             HashMap::from([("model".to_owned(), model.manifest.name.clone()), ("split".to_owned(), split.clone())]);
         if parsed.kind == Kind::Shard {
-            meta.insert("keys".to_owned(), serde_json_array(&parsed.keys));
+            // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
+            meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
         }
         let (kind, labels) = (parsed.kind, parsed.labels);
         let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
@@ -441,12 +442,6 @@ fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownError {
         (PushdownError::BadInput(m), Some(k)) => PushdownError::BadInput(format!("sample {k:?}: {m}")),
         (e, _) => e,
     }
-}
-
-fn serde_json_array(keys: &[String]) -> String {
-    let quoted: Vec<String> =
-        keys.iter().map(|k| format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""))).collect();
-    format!("[{}]", quoted.join(","))
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
