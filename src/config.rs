@@ -163,8 +163,11 @@ pub struct PushdownSettings {
     pub workers: usize,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
-    /// Largest image (pixels, from its header) decoded for pushdown.
+    /// Largest image (pixels, from its header) decoded for pushdown; its resized copy obeys it too.
     pub max_image_pixels: u64,
+    /// Most pixels one request may decode and resample, all its images together (the CPU bound of
+    /// a request: a shard of small-but-huge images is refused from its headers).
+    pub max_request_pixels: u64,
     /// Images preprocessed at once (tenants take turns); 0: one per core the process may use.
     pub preprocess_threads: usize,
     /// Alias buckets (`[[pushdown.aliases]]`).
@@ -287,6 +290,7 @@ impl Default for PushdownSettings {
             workers: 2,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
+            max_request_pixels: crate::pushdown::preprocess::DEFAULT_MAX_REQUEST_PIXELS,
             preprocess_threads: 0,
             aliases: Vec::new(),
             cache: CacheSettings::default(),
@@ -483,10 +487,11 @@ impl Config {
             || p.intra_threads == 0
             || p.workers == 0
             || p.max_object_bytes == 0
+            || p.max_request_pixels == 0
         {
             return Err(invalid(
                 "pushdown",
-                "queue_capacity, max_batch, intra_threads and max_object_bytes must be positive",
+                "queue_capacity, max_batch, intra_threads, max_object_bytes and max_request_pixels must be positive",
             ));
         }
         if p.memory_budget == 0 {

@@ -144,6 +144,7 @@ impl Server {
                 },
                 max_object_bytes: p.max_object_bytes,
                 max_image_pixels: p.max_image_pixels,
+                max_request_pixels: p.max_request_pixels,
                 preprocess_threads: p.preprocess_threads,
                 governor: GovernorConfig {
                     budget: p.memory_budget,

@@ -78,6 +78,7 @@ pub struct PushdownConfig {
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
     pub max_image_pixels: u64,
+    pub max_request_pixels: u64,
     /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
     pub preprocess_threads: usize,
     pub governor: GovernorConfig,
@@ -266,9 +267,14 @@ impl Pushdown {
 
         let t0 = Instant::now();
         let parse_model = model.clone();
-        let parsed = tokio::task::spawn_blocking(move || parse(&object, &parse_model.manifest))
-            .await
-            .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
+        let parsed = tokio::task::spawn_blocking(move || {
+            let parsed = parse(&object, &parse_model.manifest)?;
+            check_request_pixels(&parsed, &parse_model.manifest, limits)?;
+            Ok::<_, PushdownError>(parsed)
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))??;
         let decode_time = t0.elapsed();
 
         let t1 = Instant::now();
@@ -442,6 +448,31 @@ fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownError {
         (PushdownError::BadInput(m), Some(k)) => PushdownError::BadInput(format!("sample {k:?}: {m}")),
         (e, _) => e,
     }
+}
+
+/// Refuses a request whose images would decode and resample more than `limit` pixels in all,
+/// from their headers, before any is decoded.
+fn check_request_pixels(
+    parsed: &Parsed,
+    manifest: &registry::Manifest,
+    (max_image, limit): (u64, u64),
+) -> Result<(), PushdownError> {
+    let resize = manifest.preprocess.as_ref().and_then(|p| p.resize_shorter);
+    let total = parsed
+        .items
+        .iter()
+        .map(|item| match item {
+            Item::Image(bytes) => preprocess::work_pixels(bytes, resize, max_image),
+            Item::Ready(_) => 0,
+        })
+        .fold(0u64, u64::saturating_add);
+    if total > limit {
+        return Err(PushdownError::BadInput(format!(
+            "the object's images decode and resize to {total} pixels in all, more than the limit of {limit} \
+             (pushdown.max_request_pixels)"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).

@@ -567,6 +567,58 @@ def test_bad_inputs_under_repetition_do_not_crash_or_leak(tmp_path):
         assert grown < 16 * 1024, f"RSS grew {grown / 1024:.1f} MiB"
 
 
+def test_costs_are_bounded_from_headers_per_request_and_per_sample(s3, bucket, tmp_path):
+    """A request's images are refused from their headers when they would decode and resize more
+    than pushdown.max_request_pixels in all; a thin image whose resized copy would exceed
+    max_image_pixels is refused inside a shard, naming its member; the gateway stays up and serves
+    the next request."""
+    import os
+    import tarfile
+
+    from conftest import run_gateway
+
+    def tar_of(members):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    def png(w, h):
+        from PIL import Image
+
+        buf = io.BytesIO()
+        (synthetic_photo(w, h, 3) if w > 40 else Image.fromarray(np.zeros((h, w, 3), np.uint8))).save(buf, format="PNG")
+        return buf.getvalue()
+
+    # tiny-cnn resizes the shorter side to 36: a 200 x 150 image is 30,000 + 48 x 36 pixels of work.
+    per_image = 200 * 150 + 48 * 36
+    config = f"[pushdown]\nmax_request_pixels = {3 * per_image}\n"
+    with run_gateway(tmp_path, config) as (_, _, c, pid):
+        three = tar_of([(f"s/{i}.png", png(200, 150)) for i in range(3)])
+        four = tar_of([(f"s/{i}.png", png(200, 150)) for i in range(4)])
+        for k, v in {"three.tar": three, "four.tar": four}.items():
+            c.put_object(Bucket="demo", Key=k, Body=v)
+        assert pushdown_get(c, "demo", "three.tar", model="tiny-cnn", split="stem")["Body"].read()
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(c, "demo", "four.tar", model="tiny-cnn", split="stem")
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, r
+        assert "max_request_pixels" in r["Error"]["Message"] and str(4 * per_image) in r["Error"]["Message"], r["Error"]
+        assert os.path.exists(f"/proc/{pid}/status"), "the gateway exited"
+        assert pushdown_get(c, "demo", "three.tar", model="tiny-cnn", split="stem")["Body"].read()
+    # Under the default request bound, the thin member itself is refused by name.
+    s3.put_object(Bucket=bucket, Key="thin.tar", Body=tar_of([("s/ok.png", png(200, 150)), ("s/thin.png", png(1, 65535))]))
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        pushdown_get(s3, bucket, "thin.tar", model="tiny-cnn", split="stem")
+    r = e.value.response
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, r
+    for needle in ['"s/thin"', "36x2359260", "max_image_pixels"]:
+        assert needle in r["Error"]["Message"], (needle, r["Error"])
+
+
 def test_pushdown_metrics(gateway, s3, bucket):
     x = np.random.default_rng(4).random((4, 3, 32, 32), dtype=np.float32)
     s3.put_object(Bucket=bucket, Key="m.npy", Body=npy_bytes(x))
