@@ -3,7 +3,9 @@
 #   format and lint checks, Rust unit tests, end-to-end tests against a real SeaweedFS with the real
 #   aws-sdk-s3, and the Python client smoke tests (boto3, aws CLI, rclone, s3cmd) against the binary;
 #   then the store-facing end-to-end tests and the client tests again in front of Ceph RGW 16.2 and
-#   OpenStack Swift 2.30 (s3api), each started by its script (installed from Debian when missing).
+#   OpenStack Swift 2.30 (s3api), each started by its script (installed from Debian when missing);
+#   last a fuzz smoke: every AFL++ target of fuzz/ for FUZZ_SECONDS (default 12) from its corpus,
+#   after the corpora and the crashes found so far are replayed (scripts/fuzz.sh).
 # Installs what it needs first (scripts/setup.sh); stops every server it started, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,7 @@ scripts/setup.sh
 
 echo "== fmt, clippy"
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== config check"
@@ -57,3 +60,6 @@ done
 
 echo "== store: fs (the embedded backend; real clients)"
 TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_clients.py
+
+echo "== fuzz smoke (AFL++ through cargo-afl; scripts/fuzz.sh)"
+scripts/fuzz.sh smoke "${FUZZ_SECONDS:-12}"
