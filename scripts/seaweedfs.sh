@@ -3,7 +3,9 @@
 #   scripts/seaweedfs.sh start   # prints the endpoint; data under .tmp/seaweedfs
 #   scripts/seaweedfs.sh stop
 # Env: SEAWEED_PORT (S3 port, default 18333; it also uses the next 4 ports and port+10000..+10004),
-#      SEAWEED_ACCESS_KEY / SEAWEED_SECRET_KEY (default seaweed-ak / seaweed-sk).
+#      SEAWEED_ACCESS_KEY / SEAWEED_SECRET_KEY (default seaweed-ak / seaweed-sk),
+#      SEAWEED_KEEP=1 (start on the data of the last run instead of wiping it: a restart after a
+#        crash, as bench/soak.py does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${SEAWEED_PORT:-18333}
@@ -21,7 +23,8 @@ case "${1:-start}" in
     if [ -f "$DIR/pid" ] && kill -0 "$(cat "$DIR/pid")" 2>/dev/null; then
       echo "http://127.0.0.1:$PORT"; exit 0
     fi
-    rm -rf "$DIR"; mkdir -p "$DIR/data"
+    [ "${SEAWEED_KEEP:-0}" = 1 ] || rm -rf "$DIR"
+    mkdir -p "$DIR/data"
     cat > "$DIR/s3.json" <<JSON
 {"identities":[{"name":"tensorgate","credentials":[{"accessKey":"$AK","secretKey":"$SK"}],
  "actions":["Admin","Read","List","Tagging","Write"]}]}
