@@ -99,6 +99,48 @@ fn libjpeg<T>(f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, Pushdow
     })
 }
 
+/// Most scans a JPEG may have. Every scan of a progressive JPEG passes over the whole image's
+/// coefficients, and libjpeg only warns about a progression that repeats itself: a few bytes per
+/// repeated scan would buy unbounded CPU (minutes for a small file). Encoders write 1 (baseline) to
+/// about 10 (libjpeg's default progression; `jpegtran -optimize` variants stay under 20).
+pub const MAX_JPEG_SCANS: usize = 64;
+
+/// Counts the start-of-scan markers of a JPEG, walking its marker segments and skipping each scan's
+/// entropy-coded data (in which `0xFF` is always followed by a stuffed `0x00` or a restart marker).
+/// Stops counting past `limit`. Linear in the bytes and allocation-free.
+#[must_use]
+pub fn jpeg_scans(bytes: &[u8], limit: usize) -> usize {
+    let mut scans = 0;
+    let mut i = 2; // after SOI
+    while scans <= limit {
+        // Next marker: 0xFF (fill bytes allowed) then a marker code.
+        while bytes.get(i) == Some(&0xFF) && bytes.get(i + 1) == Some(&0xFF) {
+            i += 1;
+        }
+        let (Some(&0xFF), Some(&code)) = (bytes.get(i), bytes.get(i + 1)) else { break };
+        i += 2;
+        match code {
+            0xD9 => break,                  // EOI
+            0x01 | 0xD0..=0xD7 => continue, // TEM, stray RSTn: no length
+            _ => {}
+        }
+        let Some(len) = bytes.get(i..i + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else { break };
+        i += len;
+        if code == 0xDA {
+            scans += 1;
+            // Entropy-coded data up to the next marker that is not a stuffed byte or a restart.
+            while let Some(p) = bytes.get(i..).and_then(|rest| rest.iter().position(|&b| b == 0xFF)) {
+                i += p;
+                match bytes.get(i + 1) {
+                    Some(0x00 | 0xD0..=0xD7) => i += 2,
+                    _ => break,
+                }
+            }
+        }
+    }
+    scans
+}
+
 fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
     matches!(space, mozjpeg::ColorSpace::JCS_CMYK | mozjpeg::ColorSpace::JCS_YCCK)
 }
@@ -110,6 +152,13 @@ fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
 pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
     match sniff(bytes) {
         Some(Format::Jpeg) => libjpeg(|| {
+            let scans = jpeg_scans(bytes, MAX_JPEG_SCANS);
+            if scans > MAX_JPEG_SCANS {
+                return Err(bad(format!(
+                    "the JPEG has more than {MAX_JPEG_SCANS} scans (each one a pass over the whole image); \
+                     encoders write at most about 20"
+                )));
+            }
             let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
             let (w, h) = d.size();
             let (width, height) = (dim(w)?, dim(h)?);
@@ -234,6 +283,27 @@ mod tests {
         // Full cyan, no K: red channel gone. Values from Pillow 11.3 (`Image.fromarray(...,
         // "CMYK").convert("RGB")` of C=255, M=0, Y=128, K=64): (0, 191, 95).
         assert_eq!(inverted_cmyk_to_rgb(&[0, 255, 127, 191]), vec![0, 191, 95]);
+    }
+
+    /// A progressive-looking JPEG: SOI, a table segment, then `n` scans of a few data bytes each
+    /// (one with a stuffed byte and a restart marker), then EOI.
+    fn scans(n: usize) -> Vec<u8> {
+        let mut j = vec![0xFF, 0xD8, 0xFF, 0xDB, 0x00, 0x04, 0x01, 0x02];
+        for _ in 0..n {
+            j.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x03, 0x00, 0x12, 0xFF, 0x00, 0x34, 0xFF, 0xD0, 0x56]);
+        }
+        j.extend_from_slice(&[0xFF, 0xD9]);
+        j
+    }
+
+    #[test]
+    fn scans_are_counted_through_their_entropy_data() {
+        assert_eq!(jpeg_scans(&scans(0), 64), 0);
+        assert_eq!(jpeg_scans(&scans(3), 64), 3);
+        assert_eq!(jpeg_scans(&scans(1000), 64), 65, "stops counting past the limit");
+        assert_eq!(jpeg_scans(&scans(5)[..20], 64), 1, "truncated");
+        let e = header(&scans(MAX_JPEG_SCANS + 1)).expect_err("refused");
+        assert!(e.to_string().contains("more than 64 scans"), "{e}");
     }
 
     #[test]

@@ -619,6 +619,29 @@ def test_costs_are_bounded_from_headers_per_request_and_per_sample(s3, bucket, t
         assert needle in r["Error"]["Message"], (needle, r["Error"])
 
 
+def test_jpeg_with_repeated_scans_is_refused_before_decoding(s3, bucket):
+    """Each scan of a progressive JPEG is a pass over the whole image, and libjpeg only warns when a
+    progression repeats itself: 1,000 copies of a 31-byte scan of a flat 4000 x 4000 JPEG make a
+    125 KB file that costs PIL ~20 s of CPU here. The gateway counts scans first and refuses."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 4000), (128, 128, 128)).save(buf, "JPEG", quality=90, progressive=True)
+    d = buf.getvalue()
+    sos = [i for i in range(len(d) - 1) if d[i] == 0xFF and d[i + 1] == 0xDA]
+    assert 2 <= len(sos) <= 20, "PIL's progression has about 10 scans, under the gateway's limit"
+    smallest = min(range(len(sos) - 1), key=lambda i: sos[i + 1] - sos[i])
+    scan = d[sos[smallest] : sos[smallest + 1]]
+    s3.put_object(Bucket=bucket, Key="progressive.jpg", Body=d)
+    s3.put_object(Bucket=bucket, Key="scans.jpg", Body=d[: sos[-1]] + scan * 1000 + d[sos[-1] :])
+    assert pushdown_get(s3, bucket, "progressive.jpg", model="tiny-cnn", split="stem")["Body"].read()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        pushdown_get(s3, bucket, "scans.jpg", model="tiny-cnn", split="stem")
+    r = e.value.response
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 400, r
+    assert "scans" in r["Error"]["Message"], r["Error"]
+
+
 def test_pushdown_metrics(gateway, s3, bucket):
     x = np.random.default_rng(4).random((4, 3, 32, 32), dtype=np.float32)
     s3.put_object(Bucket=bucket, Key="m.npy", Body=npy_bytes(x))
