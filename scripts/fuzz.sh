@@ -32,7 +32,9 @@ run_target() {  # TARGET SECONDS
   local t=$1 secs=$2 out=.tmp/fuzz/$1
   mkdir -p "$out"
   # No UI, no CPU binding (the machine is shared), no core-dump or CPU-governor checks (containers).
-  AFL_NO_UI=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
+  # No backtraces: a panic is a crash either way, and symbolizing one takes long enough to be
+  # counted as a hang.
+  RUST_BACKTRACE=0 AFL_NO_UI=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
     AFL_SKIP_CRASHES=0 AFL_NO_WARN_INSTABILITY=1 \
     cargo afl fuzz -i "fuzz/corpus/$t" -o "$out" -V "$secs" -t "$HANG_MS" -m none -- "fuzz/target/release/$t" \
     > "$out/afl.log" 2>&1 || { echo "fuzz.sh: afl-fuzz failed for $t; see $out/afl.log" >&2; tail -20 "$out/afl.log" >&2; return 1; }

@@ -90,11 +90,36 @@ fn png_ihdr(bytes: &[u8]) -> Result<(u8, u8), PushdownError> {
     }
 }
 
-/// Runs libjpeg, turning its unwinding errors (the `mozjpeg` contract) into a 400: a corrupt
-/// file is an error, never a crash.
-fn libjpeg<T>(f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
+/// Checks the PNG chunks before the image data for what the `png` crate (0.18.1) would panic on: a
+/// palette whose length is not a whole number of RGB entries (image-rs/image-png#694, found by
+/// this project's fuzzer too). Walks chunk headers only: linear in the chunk count.
+fn png_chunks_check(bytes: &[u8]) -> Result<(), PushdownError> {
+    let mut i = PNG_MAGIC.len();
+    while let Some(head) = bytes.get(i..i + 8) {
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        match &head[4..8] {
+            b"IDAT" | b"IEND" => break,
+            b"PLTE" if len == 0 || len % 3 != 0 || len > 3 * 256 => {
+                return Err(bad(format!(
+                    "cannot decode image: the PNG palette has {len} bytes, not 1 to 256 RGB entries"
+                )));
+            }
+            _ => {}
+        }
+        i = i.saturating_add(12).saturating_add(len);
+    }
+    Ok(())
+}
+
+/// Runs a decoder, turning its panics into a 400: libjpeg reports fatal errors by unwinding (the
+/// `mozjpeg` contract), and a decoder bug must cost one request, never the process or a 500.
+fn guarded<T>(f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let msg = panic.downcast_ref::<String>().map_or("corrupt JPEG data", String::as_str);
+        let msg = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("corrupt image data");
         Err(bad(format!("cannot decode image: {msg}")))
     })
 }
@@ -151,7 +176,7 @@ fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
 /// Not a JPEG or PNG, or an unreadable header.
 pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
     match sniff(bytes) {
-        Some(Format::Jpeg) => libjpeg(|| {
+        Some(Format::Jpeg) => guarded(|| {
             let scans = jpeg_scans(bytes, MAX_JPEG_SCANS);
             if scans > MAX_JPEG_SCANS {
                 return Err(bad(format!(
@@ -168,6 +193,7 @@ pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
         }),
         Some(Format::Png) => {
             let (depth, color) = png_ihdr(bytes)?;
+            png_chunks_check(bytes)?;
             let (width, height) = ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png)
                 .into_dimensions()
                 .map_err(|e| bad(format!("cannot read image header: {e}")))?;
@@ -210,7 +236,7 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Vec<u8>, PushdownError> {
         return Err(bad("cannot decode image: the JPEG data is truncated (no end-of-image marker)"));
     }
     let failed = |e: std::io::Error| bad(format!("cannot decode image: {e}"));
-    libjpeg(|| {
+    guarded(|| {
         let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
         if is_cmyk(d.color_space()) {
             let mut started = d.to_colorspace(mozjpeg::ColorSpace::JCS_CMYK).map_err(failed)?;
@@ -253,7 +279,7 @@ fn decode_png(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
     limits.max_image_height = Some(head.height);
     limits.max_alloc = Some(head.native_bytes.max(1));
     reader.limits(limits);
-    let img = reader.decode().map_err(|e| bad(format!("cannot decode image: {e}")))?;
+    let img = guarded(|| reader.decode().map_err(|e| bad(format!("cannot decode image: {e}"))))?;
     // 16-bit grey is PIL's `I;16`, clamped to 8 bits; tRNS may have given it an alpha channel here.
     let clamp_gray16 = depth == 16 && color == png_color::GRAY;
     let hi = |v: u16| (v >> 8) as u8;
@@ -304,6 +330,17 @@ mod tests {
         assert_eq!(jpeg_scans(&scans(5)[..20], 64), 1, "truncated");
         let e = header(&scans(MAX_JPEG_SCANS + 1)).expect_err("refused");
         assert!(e.to_string().contains("more than 64 scans"), "{e}");
+    }
+
+    #[test]
+    fn a_palette_of_partial_entries_is_refused_not_panicked_on() {
+        // Found by the image fuzz target: the png crate panics on a PLTE of 49 bytes.
+        let found = include_bytes!("../../fuzz/regressions/image/png-plte-not-rgb-triples-1.png");
+        let e = header(found).expect_err("refused");
+        assert!(e.to_string().contains("palette has 49 bytes"), "{e}");
+        // Whatever a decoder panics on is a 400 of its own.
+        let e = guarded::<()>(|| panic!("decoder bug")).expect_err("caught");
+        assert!(e.to_string().contains("decoder bug"), "{e}");
     }
 
     #[test]

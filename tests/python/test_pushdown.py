@@ -341,7 +341,11 @@ def test_bad_images_get_clear_errors(s3, bucket):
     huge[16:24] = (100000).to_bytes(4, "big") + (100000).to_bytes(4, "big")
     huge[29:33] = zlib.crc32(bytes(huge[12:29])).to_bytes(4, "big")  # keep the IHDR chunk valid
     s3.put_object(Bucket=bucket, Key="huge.png", Body=bytes(huge))
-    for key, needle in [("truncated.png", "image"), ("corrupt.jpg", "image"), ("huge.png", "100000x100000")]:
+    # Found by fuzzing: a palette that is not whole RGB entries made the PNG decoder panic (a 500).
+    plte = (ROOT / "fuzz" / "regressions" / "image" / "png-plte-not-rgb-triples-1.png").read_bytes()
+    s3.put_object(Bucket=bucket, Key="plte.png", Body=plte)
+    for key, needle in [("truncated.png", "image"), ("corrupt.jpg", "image"), ("huge.png", "100000x100000"),
+                        ("plte.png", "palette")]:
         with pytest.raises(botocore.exceptions.ClientError) as e:
             pushdown_get(s3, bucket, key, model="tiny-cnn", split="stem")
         r = e.value.response
