@@ -51,6 +51,19 @@ def npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def tar_of(members: list[tuple[str, bytes]]) -> bytes:
+    """A tar archive of (name, data) members, in order (a WebDataset shard)."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def pushdown_get(s3, bucket, key, **fields):
     """GetObject with x-tensorgate-* headers added by a boto3 event hook (SigV4 stays intact)."""
 
@@ -398,17 +411,6 @@ def test_webdataset_shard_gives_features_labels_and_keys(s3, bucket):
 
 
 def test_bad_shards(s3, bucket):
-    import tarfile
-
-    def tar_of(members):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
-
     s3.put_object(Bucket=bucket, Key="empty.tar", Body=tar_of([("README.txt", b"nothing here")]))
     s3.put_object(Bucket=bucket, Key="junk.tar", Body=tar_of([("a.jpg", b"\xff\xd8\xffnot really\xff\xd9")]))
     for key, needle in [("empty.tar", "no samples"), ("junk.tar", '"a"')]:
@@ -577,18 +579,8 @@ def test_costs_are_bounded_from_headers_per_request_and_per_sample(s3, bucket, t
     max_image_pixels is refused inside a shard, naming its member; the gateway stays up and serves
     the next request."""
     import os
-    import tarfile
 
     from conftest import run_gateway
-
-    def tar_of(members):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
 
     def png(w, h):
         from PIL import Image
