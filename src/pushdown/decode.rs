@@ -99,7 +99,7 @@ fn png_chunks_check(bytes: &[u8]) -> Result<(), PushdownError> {
         let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
         match &head[4..8] {
             b"IDAT" | b"IEND" => break,
-            b"PLTE" if len == 0 || len % 3 != 0 || len > 3 * 256 => {
+            b"PLTE" if len == 0 || !len.is_multiple_of(3) || len > 3 * 256 => {
                 return Err(bad(format!(
                     "cannot decode image: the PNG palette has {len} bytes, not 1 to 256 RGB entries"
                 )));
