@@ -206,7 +206,7 @@ pub fn image_preprocess(data: &[u8]) {
         std: [0.25; 3],
         channels: Channels::Rgb,
     };
-    let scratch = preprocess::decode_scratch_bytes(data, p.resize_shorter, MAX_PIXELS);
+    let scratch = preprocess::cost(data, p.resize_shorter, MAX_PIXELS).scratch_bytes;
     match preprocess::image_to_input(data, &p, Layout::Nchw, MAX_PIXELS) {
         Ok(out) => {
             assert_eq!(out.len(), 3 * 8 * 8);

@@ -268,10 +268,10 @@ impl Pushdown {
         let t0 = Instant::now();
         let parse_model = model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
-        let parsed = tokio::task::spawn_blocking(move || {
+        let (parsed, scratch) = tokio::task::spawn_blocking(move || {
             let parsed = parse(&object, &parse_model.manifest)?;
-            check_request_pixels(&parsed, &parse_model.manifest, limits)?;
-            Ok::<_, PushdownError>(parsed)
+            let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
+            Ok::<_, PushdownError>((parsed, scratch))
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
@@ -299,18 +299,10 @@ impl Pushdown {
             .tenant_samples
             .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
             .clone();
-        let runs = parsed.items.into_iter().enumerate().map(|(i, item)| {
+        let runs = parsed.items.into_iter().zip(scratch).enumerate().map(|(i, (item, scratch))| {
             let (engine, model, keys, stream, samples) =
                 (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
             async move {
-                let scratch = match &item {
-                    Item::Image(bytes) => preprocess::decode_scratch_bytes(
-                        bytes,
-                        model.manifest.preprocess.as_ref().and_then(|p| p.resize_shorter),
-                        max_pixels,
-                    ),
-                    Item::Ready(_) => 0,
-                };
                 let slot = stream.admit(scratch).await?;
                 samples.inc();
                 let input = match item {
@@ -450,29 +442,31 @@ fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownError {
     }
 }
 
+/// Each item's scratch reservation, from its image header (read once, on a blocking thread).
 /// Refuses a request whose images would decode and resample more than `limit` pixels in all,
-/// from their headers, before any is decoded.
-fn check_request_pixels(
+/// before any is decoded.
+fn image_costs(
     parsed: &Parsed,
     manifest: &registry::Manifest,
     (max_image, limit): (u64, u64),
-) -> Result<(), PushdownError> {
+) -> Result<Vec<u64>, PushdownError> {
     let resize = manifest.preprocess.as_ref().and_then(|p| p.resize_shorter);
-    let total = parsed
+    let costs: Vec<preprocess::Cost> = parsed
         .items
         .iter()
         .map(|item| match item {
-            Item::Image(bytes) => preprocess::work_pixels(bytes, resize, max_image),
-            Item::Ready(_) => 0,
+            Item::Image(bytes) => preprocess::cost(bytes, resize, max_image),
+            Item::Ready(_) => preprocess::Cost::default(),
         })
-        .fold(0u64, u64::saturating_add);
+        .collect();
+    let total = costs.iter().map(|c| c.pixels).fold(0u64, u64::saturating_add);
     if total > limit {
         return Err(PushdownError::BadInput(format!(
             "the object's images decode and resize to {total} pixels in all, more than the limit of {limit} \
              (pushdown.max_request_pixels)"
         )));
     }
-    Ok(())
+    Ok(costs.into_iter().map(|c| c.scratch_bytes).collect())
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).

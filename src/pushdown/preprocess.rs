@@ -73,32 +73,31 @@ fn bad(msg: impl Into<String>) -> PushdownError {
     PushdownError::BadInput(msg.into())
 }
 
-/// Transient bytes preprocessing `bytes` holds at its peak (the decoder's buffer, the RGB image,
-/// the resampler's horizontal pass and the resized copy), from the header alone; 0 if the header is unreadable or the image or its
-/// resized copy is larger than `max_pixels` (preprocessing then fails cheaply, before any of them
-/// is allocated). The memory governor reserves it per image sample.
-#[must_use]
-pub fn decode_scratch_bytes(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> u64 {
-    decode::header(bytes)
-        .and_then(|head| {
-            let resized = checked_sizes(&head, resize_shorter, max_pixels)?;
-            let resampling = resized.map_or(0, |(nw, nh)| 3 * u64::from(nw) * (u64::from(head.height) + u64::from(nh)));
-            Ok(head.decode_bytes() + resampling)
-        })
-        .unwrap_or(0)
+/// What preprocessing an image will cost, from its header alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    /// Pixels decoded and resized (the image and its resized copy): the CPU it buys.
+    pub pixels: u64,
+    /// Transient bytes held at the peak (the decoder's buffer, the RGB image, the resampler's
+    /// horizontal pass and the resized copy): what the memory governor reserves per image sample.
+    pub scratch_bytes: u64,
 }
 
-/// Pixels decoding and resizing `bytes` produces (the image and its resized copy), from its
-/// header; 0 if the header is unreadable or either exceeds `max_pixels` (decoding then fails
-/// cheaply, with its own error).
+/// The [`Cost`] of preprocessing `bytes`; zero if the header is unreadable or the image or its
+/// resized copy is larger than `max_pixels` (preprocessing then fails cheaply, with its own error,
+/// before any buffer is allocated).
 #[must_use]
-pub fn work_pixels(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> u64 {
+pub fn cost(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> Cost {
     decode::header(bytes)
         .and_then(|head| {
             let resized = checked_sizes(&head, resize_shorter, max_pixels)?;
-            Ok(head.pixels() + resized.map_or(0, |(w, h)| u64::from(w) * u64::from(h)))
+            let (nw, nh) = resized.map_or((0, 0), |(w, h)| (u64::from(w), u64::from(h)));
+            Ok(Cost {
+                pixels: head.pixels() + nw * nh,
+                scratch_bytes: head.decode_bytes() + 3 * nw * (u64::from(head.height) + nh),
+            })
         })
-        .unwrap_or(0)
+        .unwrap_or_default()
 }
 
 /// Checks the image and its resized copy against `max_pixels`; the resized size, if any.
@@ -289,12 +288,12 @@ mod tests {
         // Reaching the resampler would abort the process on the 12.9 GB allocation.
         let e = image_to_input(&thin, &p, Layout::Nchw, DEFAULT_MAX_PIXELS).expect_err("refused");
         assert!(e.to_string().contains("256x16776960"), "{e}");
-        assert_eq!(decode_scratch_bytes(&thin, Some(256), DEFAULT_MAX_PIXELS), 0);
+        assert_eq!(cost(&thin, Some(256), DEFAULT_MAX_PIXELS).scratch_bytes, 0);
         // An ordinary image counts its decoded and resized copies.
         // An ordinary image counts the decoder's buffer (an RGBA bound for a PNG), its RGB copy, the
         // horizontal pass (512 x 32) and the resized copy (512 x 256).
         assert_eq!(
-            decode_scratch_bytes(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS),
+            cost(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS).scratch_bytes,
             4 * 64 * 32 + 3 * 64 * 32 + 3 * 512 * 32 + 3 * 512 * 256
         );
     }
