@@ -18,6 +18,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The edge tests hold 2,000 connections from both ends in one process.
+ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
+
 echo "== setup"
 scripts/setup.sh
 

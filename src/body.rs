@@ -41,6 +41,25 @@ pub enum BodyError {
     TooLarge { limit: u64 },
     #[error("the form does not end right after its file part (parts after the file are not supported)")]
     FormTrailer,
+    #[error("the client sent no body bytes for edge.stall_timeout_secs")]
+    Stalled,
+}
+
+impl BodyError {
+    /// A failed read of a body: the gateway's own error when a body layer below failed (a stall),
+    /// else the transport's.
+    #[must_use]
+    pub fn read(e: BoxError) -> Self {
+        // Bodies boxed as `axum::body::Body` carry their error inside an `axum::Error`.
+        let e = match e.downcast::<axum::Error>() {
+            Ok(a) => a.into_inner(),
+            Err(e) => e,
+        };
+        match e.downcast::<Self>() {
+            Ok(b) => *b,
+            Err(e) => Self::Read(e),
+        }
+    }
 }
 
 /// Walks an error's `source()` chain looking for a [`BodyError`]: a body failure surfaces wrapped
@@ -99,7 +118,7 @@ where
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(e)) => Poll::Ready(Some(Err(BodyError::Read(e.into())))),
+            Some(Err(e)) => Poll::Ready(Some(Err(BodyError::read(e.into())))),
             None => {
                 if let Some((hasher, expected)) = this.expect_sha256.take()
                     && hasher.finalize().as_slice() != expected

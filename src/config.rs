@@ -18,6 +18,29 @@ pub const DEFAULT_MAX_BODY_BYTES: u64 = 5 * 1024 * 1024 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 /// Concurrent backend requests. Matches a typical S3 server's per-client comfort zone.
 pub const DEFAULT_BACKEND_CONCURRENCY: usize = 256;
+/// Connections served at once. Each costs a socket, a task and at most [`MAX_HEADER_BYTES`] of
+/// head buffer, so 4096 bound the heads of a connection flood to 256 MiB; a storage node's S3
+/// clients (data loaders, a few dozen workers each) stay far below it.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Largest request head (request line and headers). S3 accepts 8 KiB of headers; 64 KiB leaves
+/// room for long presigned URLs and metadata while bounding what a slow head can hold.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Time to send a request head, on a new connection or between requests on a kept-alive one:
+/// 30 s (hyper's default) covers slow links and is below the 60 s that SDK connection pools keep
+/// an idle connection for (they reconnect transparently when the gateway closes first).
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
+/// A request-body read or a response write without any progress for this long ends the request:
+/// 60 s is the common S3 client read timeout, so a live client never reaches it.
+pub const DEFAULT_STALL_TIMEOUT_SECS: u64 = 60;
+/// Longest time from a body-less request's head to its response head (pushdown included: a 64 MiB
+/// shard, the longest memory wait of 30 s and a slow store fit well inside 5 minutes). Requests with
+/// a body are bounded by the stall timeout instead: an upload may legitimately take hours.
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 300;
+/// Longest wait for a backend connection slot: past it the client gets `503 SlowDown` rather than
+/// a place in an ever longer queue.
+pub const DEFAULT_BACKEND_PERMIT_TIMEOUT_MS: u64 = 10_000;
+/// Longest time to read a pushdown source object's body once the store answered: 64 MiB at 2 MB/s.
+pub const DEFAULT_SOURCE_TIMEOUT_SECS: u64 = 30;
 /// How long shutdown waits for in-flight requests before exiting anyway.
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 /// Access key used when nothing is configured and the gateway only listens on loopback.
@@ -58,6 +81,7 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub max_in_flight: usize,
     pub shutdown_grace_secs: u64,
+    pub edge: EdgeSettings,
     pub credentials: Vec<CredentialConfig>,
     pub backend: BackendConfig,
     pub pushdown: PushdownSettings,
@@ -75,10 +99,48 @@ impl Default for Config {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
+            edge: EdgeSettings::default(),
             credentials: Vec::new(),
             backend: BackendConfig::default(),
             pushdown: PushdownSettings::default(),
             log: LogConfig::default(),
+        }
+    }
+}
+
+/// Connection and request bounds at the edge (`[edge]`; see `crate::edge`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdgeSettings {
+    /// Connections served at once; one more is answered `503 SlowDown` and closed.
+    pub max_connections: usize,
+    /// Seconds to send a request head (also the idle keep-alive limit between requests).
+    pub header_timeout_secs: u64,
+    /// Seconds a request-body read or a response write may make no progress.
+    pub stall_timeout_secs: u64,
+    /// Seconds from a body-less request's head to its response head (`503` after).
+    pub request_timeout_secs: u64,
+}
+
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+            stall_timeout_secs: DEFAULT_STALL_TIMEOUT_SECS,
+            request_timeout_secs: DEFAULT_REQUEST_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl EdgeSettings {
+    /// The accept phase's settings.
+    #[must_use]
+    pub fn edge_config(&self) -> crate::edge::EdgeConfig {
+        crate::edge::EdgeConfig {
+            max_connections: self.max_connections,
+            header_timeout: Duration::from_secs(self.header_timeout_secs),
+            stall_timeout: Duration::from_secs(self.stall_timeout_secs),
         }
     }
 }
@@ -113,6 +175,8 @@ pub struct BackendConfig {
     pub connect_timeout_ms: u64,
     pub response_timeout_secs: u64,
     pub max_concurrency: usize,
+    /// Milliseconds to wait for one of `max_concurrency` slots before `503 SlowDown`.
+    pub permit_timeout_ms: u64,
     pub max_retries: u32,
     pub retry_budget_secs: u64,
     pub ca_file: Option<PathBuf>,
@@ -136,6 +200,7 @@ impl Default for BackendConfig {
             connect_timeout_ms: 2_000,
             response_timeout_secs: 60,
             max_concurrency: DEFAULT_BACKEND_CONCURRENCY,
+            permit_timeout_ms: DEFAULT_BACKEND_PERMIT_TIMEOUT_MS,
             max_retries: retry.max_retries,
             retry_budget_secs: retry.budget.as_secs(),
             ca_file: None,
@@ -182,6 +247,8 @@ pub struct PushdownSettings {
     pub adaptation: bool,
     /// How long a sample may wait for memory before its request gets `503 SlowDown`.
     pub max_wait_ms: u64,
+    /// Seconds to read a source object's body once the store answered.
+    pub source_timeout_secs: u64,
 }
 
 /// Default pushdown memory budget: 1 GiB, a quarter of a small 4 GiB storage node, enough for two
@@ -297,6 +364,7 @@ impl Default for PushdownSettings {
             memory_budget: DEFAULT_MEMORY_BUDGET,
             adaptation: true,
             max_wait_ms: DEFAULT_MAX_WAIT_MS,
+            source_timeout_secs: DEFAULT_SOURCE_TIMEOUT_SECS,
         }
     }
 }
@@ -473,6 +541,19 @@ impl Config {
         }
         if self.max_in_flight == 0 {
             return Err(invalid("max_in_flight", "must be positive"));
+        }
+        let e = &self.edge;
+        for (key, v) in [
+            ("edge.max_connections", e.max_connections as u64),
+            ("edge.header_timeout_secs", e.header_timeout_secs),
+            ("edge.stall_timeout_secs", e.stall_timeout_secs),
+            ("edge.request_timeout_secs", e.request_timeout_secs),
+            ("backend.permit_timeout_ms", self.backend.permit_timeout_ms),
+            ("pushdown.source_timeout_secs", self.pushdown.source_timeout_secs),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
         }
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));

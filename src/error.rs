@@ -50,6 +50,8 @@ pub enum GatewayError {
     AliasReadOnly,
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    #[error("no response within edge.request_timeout_secs ({secs} s); retry later")]
+    RequestTimeout { secs: u64 },
 }
 
 /// How an error is presented to the client.
@@ -126,6 +128,7 @@ impl GatewayError {
                     "ServiceUnavailable",
                     "the storage backend did not answer in time; retry later",
                 ),
+                BackendError::Busy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
                 BackendError::SendBody { .. } => match e.body_error() {
                     Some(b) => body_spec(b),
                     None => S3ErrorSpec::new(
@@ -167,6 +170,7 @@ impl GatewayError {
             Self::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", "please reduce your request rate"),
             Self::AliasReadOnly => S3ErrorSpec::new(S::METHOD_NOT_ALLOWED, "MethodNotAllowed", msg),
             Self::ShuttingDown => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
+            Self::RequestTimeout { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
         }
     }
 
@@ -209,6 +213,7 @@ fn body_spec(e: &BodyError) -> S3ErrorSpec {
         BodyError::Sha256Mismatch => S3ErrorSpec::new(S::BAD_REQUEST, "XAmzContentSHA256Mismatch", msg),
         BodyError::ChecksumMismatch(_) => S3ErrorSpec::new(S::BAD_REQUEST, "BadDigest", msg),
         BodyError::FormTrailer => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedPOSTRequest", msg),
+        BodyError::Stalled => S3ErrorSpec::new(S::BAD_REQUEST, "RequestTimeout", msg),
         BodyError::TooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
     }
 }

@@ -9,6 +9,7 @@ pub mod body;
 pub mod cache;
 pub mod config;
 pub mod demo;
+pub mod edge;
 pub mod error;
 pub mod metrics;
 pub mod planner;

@@ -47,6 +47,10 @@ pub struct Metrics {
     pub response_bytes: Counter,
     pub in_flight: Gauge,
     pub load_shed: Counter,
+    pub connections_open: Gauge,
+    pub connections_refused: Counter,
+    pub connections_closed: Family<ReasonLabel, Counter>,
+    pub request_timeouts: Counter,
     pub backend_duration: HistogramFamily<OpOutcome>,
     pub backend_retries: Counter,
     pub backend_bytes_received: Counter,
@@ -85,6 +89,12 @@ pub struct TenantLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
     pub tier: &'static str,
+}
+
+/// Why a connection ended: `done`, `header_timeout`, `stalled` or `error`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,6 +145,26 @@ impl Metrics {
             "load_shed",
             "Requests refused with 503 SlowDown because too many were in flight",
             load_shed.clone(),
+        );
+        let connections_open = Gauge::default();
+        r.register("connections_open", "Client connections being served", connections_open.clone());
+        let connections_refused = Counter::default();
+        r.register(
+            "connections_refused",
+            "Connections over edge.max_connections, answered 503 SlowDown and closed",
+            connections_refused.clone(),
+        );
+        let connections_closed = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "connections_closed",
+            "Client connections ended, by reason (done, header_timeout, stalled, error)",
+            connections_closed.clone(),
+        );
+        let request_timeouts = Counter::default();
+        r.register(
+            "request_timeouts",
+            "Requests answered 503 after edge.request_timeout_secs without a response",
+            request_timeouts.clone(),
         );
         let backend_duration: HistogramFamily<OpOutcome> = Family::new_with_constructor(latency_histogram);
         r.register(
@@ -279,6 +309,10 @@ impl Metrics {
             response_bytes,
             in_flight,
             load_shed,
+            connections_open,
+            connections_refused,
+            connections_closed,
+            request_timeouts,
             backend_duration,
             backend_retries,
             backend_bytes_received,

@@ -1,13 +1,6 @@
-//! Listeners and lifecycle: bind the S3 and admin ports, serve, and shut down gracefully.
-//!
-//! Request path order (outermost first), all in `proxy::Gateway::handle`:
-//! 1. in-flight gauge + response byte counter (RAII, released when the response body ends);
-//! 2. routing (bucket/key/operation; pure);
-//! 3. admission: draining → 503, more than `max_in_flight` → 503 `SlowDown` (load shedding before
-//!    any work is done for the request);
-//! 4. SigV4 verification (handlers never see an unverified request);
-//! 5. body guards: size limit, payload hash, aws-chunked decoding;
-//! 6. the backend (re-signed forwarding or the local directory).
+//! Listeners and lifecycle: build the parts, bind the S3 and admin ports, serve, and shut down
+//! gracefully. Connections are accepted in `crate::edge`; requests go through
+//! `proxy::Gateway::handle` (phases in ARCHITECTURE.md).
 //!
 //! Shutdown: flip `/readyz` to 503 and refuse new requests, stop accepting connections, drain
 //! in-flight requests for up to `shutdown_grace_secs`, then return regardless.
@@ -18,7 +11,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -93,6 +85,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                         connect_timeout: Duration::from_millis(b.connect_timeout_ms),
                         response_timeout: Duration::from_secs(b.response_timeout_secs),
                         max_concurrency: b.max_concurrency,
+                        permit_timeout: Duration::from_millis(b.permit_timeout_ms),
                         retry: config.retry_policy(),
                         ca_file: b.ca_file.clone(),
                         trailing_checksums: b.trailing_checksums,
@@ -124,6 +117,8 @@ impl Server {
             allow_anonymous: config.allow_anonymous,
             max_body_bytes: config.max_body_bytes,
             max_in_flight: config.max_in_flight,
+            stall_timeout: Duration::from_secs(config.edge.stall_timeout_secs),
+            request_timeout: Duration::from_secs(config.edge.request_timeout_secs),
             aliases: config
                 .pushdown
                 .aliases
@@ -143,6 +138,7 @@ impl Server {
                     workers: p.workers,
                 },
                 max_object_bytes: p.max_object_bytes,
+                source_timeout: Duration::from_secs(p.source_timeout_secs),
                 max_image_pixels: p.max_image_pixels,
                 max_request_pixels: p.max_request_pixels,
                 preprocess_threads: p.preprocess_threads,
@@ -170,18 +166,10 @@ impl Server {
 
         let app = Router::new().fallback(handle).with_state(gateway.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            // No Nagle delay: small S3 responses (4 KiB GETs, XML) must not wait for an ACK.
-            let listener = s3_listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "S3 listener failed.");
-            }
-        });
+        let edge = config.edge.edge_config();
+        let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
+            let _ = stopped.await;
+        }));
         let admin_app = admin::router(gateway.clone(), metrics);
         let admin_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(admin_listener, admin_app).await {

@@ -437,3 +437,23 @@ pub async fn tls_relay(upstream: String) -> anyhow::Result<(u16, String)> {
     });
     Ok((port, pem))
 }
+
+/// The head of a request signed with the test client's key (`UNSIGNED-PAYLOAD`), as the bytes a
+/// client writes before its body: for tests that send the body by hand (slowly, or not at all).
+///
+/// # Errors
+/// Signing failures.
+pub fn signed_head(method: &str, host: &str, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<String> {
+    let mut req = http::Request::builder().method(method).uri(format!("http://{host}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.header("host", host).header("x-amz-content-sha256", "UNSIGNED-PAYLOAD").body(Full::default())?;
+    sign_request(&mut req, CLIENT_AK, CLIENT_SK, None, SystemTime::now(), "UNSIGNED-PAYLOAD")?;
+    let mut out = format!("{method} {path} HTTP/1.1\r\n");
+    for (k, v) in req.headers() {
+        out.push_str(&format!("{k}: {}\r\n", v.to_str()?));
+    }
+    out.push_str("\r\n");
+    Ok(out)
+}

@@ -10,8 +10,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use futures_util::TryStreamExt;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use s3s::service::{S3Service, S3ServiceBuilder};
@@ -68,10 +69,19 @@ impl FsBackend {
             Some(q) if !q.is_empty() => format!("{path}?{q}"),
             _ => path,
         };
+        // s3s answers a failed body read with a bare `500`; the failure itself (a stall, a bad
+        // signature) is kept here and becomes the client's answer, as with the s3 backend.
+        let failed: Arc<Mutex<Option<crate::body::BoxError>>> = Arc::default();
+        let seen = failed.clone();
+        let body = Body::from_stream(TryStreamExt::map_err(req.body.into_data_stream(), move |e| {
+            let (message, e) = (e.to_string(), e.into_inner());
+            seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
+            std::io::Error::other(message)
+        }));
         let mut out = Request::builder()
             .method(req.method)
             .uri(uri)
-            .body(s3s::Body::http_body_unsync(req.body))
+            .body(s3s::Body::http_body_unsync(body))
             .map_err(|e| BackendError::Internal(e.into()))?;
         *out.headers_mut() = req.headers;
         // The gateway consumed these; s3s-fs must see a plain anonymous request.
@@ -81,6 +91,9 @@ impl FsBackend {
         strip_aws_chunked(out.headers_mut());
         out.headers_mut().insert(http::header::HOST, HeaderValue::from_static("localhost"));
         let resp = self.call(out).await?;
+        if let Some(source) = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            return Err(BackendError::SendBody { source });
+        }
         if matches!(req.op, S3Op::ListObjects | S3Op::ListObjectsV2) && resp.status().is_success() {
             return self.complete_listing(&req.target, resp).await;
         }

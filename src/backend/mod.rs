@@ -58,6 +58,8 @@ pub enum BackendError {
     },
     #[error("backend did not respond within {secs} s")]
     Timeout { secs: u64 },
+    #[error("no backend connection slot freed within backend.permit_timeout_ms ({ms} ms)")]
+    Busy { ms: u64 },
     #[error("sending the request to the backend failed")]
     SendBody {
         #[source]

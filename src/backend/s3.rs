@@ -40,6 +40,8 @@ pub struct S3BackendConfig {
     /// backend answers only after the whole upload, which may legitimately take minutes.
     pub response_timeout: Duration,
     pub max_concurrency: usize,
+    /// Longest wait for one of the `max_concurrency` slots before `503 SlowDown`.
+    pub permit_timeout: Duration,
     pub retry: RetryPolicy,
     /// Extra PEM CA certificates trusted for an `https` endpoint (besides the system store).
     pub ca_file: Option<std::path::PathBuf>,
@@ -164,8 +166,17 @@ impl S3Backend {
 
     /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
     pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+        // Waiting for a slot is bounded: past the deadline the client hears `503 SlowDown` at once
+        // instead of joining an ever longer queue.
         let permit: OwnedSemaphorePermit =
-            self.limit.clone().acquire_owned().await.map_err(|e| BackendError::Internal(e.into()))?;
+            match tokio::time::timeout(self.cfg.permit_timeout, self.limit.clone().acquire_owned()).await {
+                Ok(p) => p.map_err(|e| BackendError::Internal(e.into()))?,
+                Err(_) => {
+                    return Err(BackendError::Busy {
+                        ms: u64::try_from(self.cfg.permit_timeout.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+            };
         let url = self.url(&req);
         let replayable = req.payload == ForwardPayload::Empty && req.op.is_idempotent();
         let started = Instant::now();
@@ -288,7 +299,7 @@ fn after_continue(body: Body, mut gate: tokio::sync::watch::Receiver<Continue>) 
         }
     });
     Body::from_stream(
-        wait.chain(body.into_data_stream().map(|r| r.map_err(|e| crate::body::BodyError::Read(e.into())))),
+        wait.chain(body.into_data_stream().map(|r| r.map_err(|e| crate::body::BodyError::read(e.into())))),
     )
 }
 

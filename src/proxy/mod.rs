@@ -1,17 +1,17 @@
-//! The request path, as phases: admit (load shed) → route → authenticate → prepare the body →
-//! forward → respond. Errors of any phase become S3 XML in `crate::error`, and each request is
-//! logged once, here at the edge.
+//! The request path, as phases: route → admit ([`admit`]) → authenticate → dispatch (passthrough:
+//! prepare the body and forward; pushdown: `crate::pushdown::serve`) → respond. Errors of any
+//! phase become S3 XML in `crate::error`, and each request is logged once, here.
 
+pub mod admit;
 mod post_object;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use time::OffsetDateTime;
-use tokio::sync::Semaphore;
 
 use http_body_util::BodyExt;
 
@@ -51,6 +51,10 @@ pub struct FrontConfig {
     pub allow_anonymous: bool,
     pub max_body_bytes: u64,
     pub max_in_flight: usize,
+    /// A request body frame that does not arrive within this ends the request (`RequestTimeout`).
+    pub stall_timeout: Duration,
+    /// A body-less request without a response head after this gets `503`.
+    pub request_timeout: Duration,
     /// Alias buckets: reading `bucket/key` from one is a pushdown GET of `target/key`.
     pub aliases: HashMap<String, AliasBucket>,
 }
@@ -71,8 +75,7 @@ pub struct Gateway {
     creds: CredentialStore,
     backend: Backend,
     metrics: Metrics,
-    admission: Semaphore,
-    shutting_down: AtomicBool,
+    admission: admit::Admission,
     request_ids: RequestIds,
     pushdown: Option<Arc<Pushdown>>,
     cache: Option<Arc<TensorCache>>,
@@ -106,28 +109,18 @@ impl Gateway {
         pushdown: Option<Arc<Pushdown>>,
         cache: Option<Arc<TensorCache>>,
     ) -> Self {
-        let admission = Semaphore::new(cfg.max_in_flight);
-        Self {
-            cfg,
-            creds,
-            backend,
-            metrics,
-            admission,
-            shutting_down: AtomicBool::new(false),
-            request_ids: RequestIds::new(),
-            pushdown,
-            cache,
-        }
+        let admission = admit::Admission::new(cfg.max_in_flight);
+        Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache }
     }
 
     /// Marks the gateway as draining: new requests get `503`, `/readyz` reports not ready.
     pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
+        self.admission.begin_shutdown();
     }
 
     #[must_use]
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
+        self.admission.is_draining()
     }
 
     #[must_use]
@@ -166,8 +159,16 @@ impl Gateway {
         });
         let (target, op) =
             routed.as_ref().map_or_else(|_| (Target::default(), S3Op::Other), |(t, op)| (t.clone(), *op));
+        // The admitted request's place rides the response body (released with `in_flight`).
+        let mut admitted = None;
         let result = match routed {
-            Ok((t, op)) => self.forward(req, t, op).await,
+            Ok((t, op)) => match self.admission.admit(&self.metrics) {
+                Ok(place) => {
+                    admitted = Some(place);
+                    self.dispatch(req, t, op).await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e.into()),
         };
         let (mut resp, identity, err) = match result {
@@ -188,7 +189,31 @@ impl Gateway {
             resp.headers_mut().remove(*h);
         }
         let counter = self.metrics.response_bytes.clone();
-        resp.map(|b| Body::new(Metered::new(b, counter, in_flight)))
+        resp.map(|b| Body::new(Metered::new(b, counter, (in_flight, admitted))))
+    }
+
+    /// Runs an admitted request under its deadline: a request with a body must keep it coming
+    /// (each frame within `stall_timeout`); one without must be answered within `request_timeout`.
+    async fn dispatch(
+        &self,
+        req: Request<Body>,
+        target: Target,
+        op: S3Op,
+    ) -> Result<(Response<Body>, String), GatewayError> {
+        let has_body = req.headers().contains_key(http::header::TRANSFER_ENCODING)
+            || req.headers().get(http::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0");
+        if has_body {
+            let stall = self.cfg.stall_timeout;
+            return self.forward(req.map(|b| Body::new(crate::edge::StallingBody::new(b, stall))), target, op).await;
+        }
+        let limit = self.cfg.request_timeout;
+        match tokio::time::timeout(limit, self.forward(req, target, op)).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.metrics.request_timeouts.inc();
+                Err(GatewayError::RequestTimeout { secs: limit.as_secs() })
+            }
+        }
     }
 
     async fn forward(
@@ -197,13 +222,6 @@ impl Gateway {
         target: Target,
         op: S3Op,
     ) -> Result<(Response<Body>, String), GatewayError> {
-        if self.is_shutting_down() {
-            return Err(GatewayError::ShuttingDown);
-        }
-        let Ok(_permit) = self.admission.try_acquire() else {
-            self.metrics.load_shed.inc();
-            return Err(GatewayError::Overloaded);
-        };
         if op == S3Op::PostObject {
             if target.bucket.as_ref().is_some_and(|b| self.cfg.aliases.contains_key(b)) {
                 return Err(GatewayError::AliasReadOnly);
@@ -474,15 +492,16 @@ impl Gateway {
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
         let source_last_modified =
             resp.headers().get(http::header::LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let object = match http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX))
-            .collect()
-            .await
-        {
-            Ok(c) => c.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+        // The read is bounded in time too: it holds the key's flight and a budget hold.
+        let read =
+            http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX)).collect();
+        let object = match tokio::time::timeout(pd.source_timeout(), read).await {
+            Err(_) => return Err(BackendError::Timeout { secs: pd.source_timeout().as_secs() }.into()),
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                 return Err(PushdownError::ObjectTooLarge { limit }.into());
             }
-            Err(e) => return Err(BackendError::SendBody { source: e }.into()),
+            Ok(Err(e)) => return Err(BackendError::SendBody { source: e }.into()),
         };
         let fetch = fetch_start.elapsed();
         let source_bytes = object.len();

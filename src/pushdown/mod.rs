@@ -77,6 +77,8 @@ pub struct PushdownConfig {
     pub ort_library: Option<PathBuf>,
     pub engine: EngineConfig,
     pub max_object_bytes: u64,
+    /// Longest read of a source object's body.
+    pub source_timeout: Duration,
     pub max_image_pixels: u64,
     pub max_request_pixels: u64,
     /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
@@ -211,6 +213,11 @@ impl Pushdown {
     #[must_use]
     pub fn max_object_bytes(&self) -> u64 {
         self.cfg.max_object_bytes
+    }
+
+    #[must_use]
+    pub fn source_timeout(&self) -> Duration {
+        self.cfg.source_timeout
     }
 
     /// Checks the spec against the registry (before any object is fetched).

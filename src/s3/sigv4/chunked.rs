@@ -109,7 +109,7 @@ where
         while !self.eof {
             match self.body.frame().await {
                 None => self.eof = true,
-                Some(Err(e)) => return Err(BodyError::Read(e.into())),
+                Some(Err(e)) => return Err(BodyError::read(e.into())),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data()
                         && !data.is_empty()

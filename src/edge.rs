@@ -1,0 +1,315 @@
+//! The accept phase: TCP connections in, bounded in number and in time before any request exists.
+//!
+//! - At most `edge.max_connections` connections are served at once. One more is answered
+//!   `503 SlowDown` with `Retry-After` and closed (the answer is a fixed 300-byte write; a few
+//!   such answers are in progress at once, beyond which extra connections are simply closed), so a
+//!   flood of connections costs sockets and never memory or tasks without bound.
+//! - A client must send a request's head within `edge.header_timeout_secs`, counted from when
+//!   the gateway starts waiting for it: on a new connection, and between requests on a kept-alive
+//!   one (hyper's header-read timer), so a silent or idle connection is closed after it.
+//! - A response write that makes no progress for `edge.stall_timeout_secs` (the client stopped
+//!   reading) closes the connection; request bodies get the same bound per frame in the request
+//!   path ([`crate::body::Stall`]).
+//!
+//! What happens after the head is read is the request path's business (`crate::proxy`).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Sleep;
+
+use crate::metrics::Metrics;
+
+/// Connection bounds (`[edge]`).
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeConfig {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub stall_timeout: Duration,
+}
+
+/// Refusals of connections over the limit in progress at once; more are closed without an answer.
+/// Each holds a socket for at most [`REFUSAL_LINGER`].
+const MAX_REFUSALS: usize = 64;
+
+/// How long a refused connection is kept open so the client can read the `503` before the close
+/// (closing with unread request bytes would reset the connection and lose the answer).
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+
+/// Pause after an accept error (out of file descriptors): retrying at once would spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves `app` on `listener` until `stop` resolves, then waits for open connections to finish
+/// (the caller bounds that wait).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    cfg: EdgeConfig,
+    metrics: Metrics,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout)
+        .max_header_size(crate::config::MAX_HEADER_BYTES);
+    tokio::pin!(stop);
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Accept failed; backing off.");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // No Nagle delay: small S3 responses (4 KiB GETs, XML) must not wait for an ACK.
+        let _ = tcp.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            metrics.connections_refused.inc();
+            if let Ok(r) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(tcp).await;
+                    drop(r);
+                });
+            }
+            continue;
+        };
+        let io = TokioIo::new(Stalling::new(tcp, cfg.stall_timeout));
+        let conn = graceful.watch(http.serve_connection(io, TowerToHyperService::new(app.clone())));
+        let (open, closed) = (metrics.connections_open.clone(), metrics.connections_closed.clone());
+        open.inc();
+        tokio::spawn(async move {
+            let reason = match conn.await {
+                Ok(()) => "done",
+                Err(e) if e.is_timeout() => "header_timeout",
+                Err(e) if stalled(&e) => "stalled",
+                Err(_) => "error",
+            };
+            closed.get_or_create(&crate::metrics::ReasonLabel { reason }).inc();
+            open.dec();
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Whether a connection ended because a write made no progress for the stall timeout.
+fn stalled(e: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            return io.kind() == io::ErrorKind::TimedOut;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Answers a connection over the limit with `503 SlowDown` and closes it.
+async fn refuse(mut tcp: TcpStream) {
+    let body = crate::s3::xml::error_body("SlowDown", "too many connections; retry later", "/", "-");
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\
+         Retry-After: {}\r\nConnection: close\r\n\r\n",
+        body.len(),
+        crate::error::RETRY_AFTER_SECS
+    );
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        tcp.write_all(head.as_bytes()).await?;
+        tcp.write_all(body.as_bytes()).await?;
+        tcp.shutdown().await?;
+        // Read what the client sent until it closes, so the close does not reset the answer.
+        let mut sink = [0u8; 1024];
+        while tcp.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+/// A deadline for progress: armed when an operation is pending, disarmed when it completes, and
+/// expired once it stayed armed for the whole limit. One timer is allocated and reset, not one per
+/// pending poll.
+#[derive(Debug)]
+pub struct StallTimer {
+    limit: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl StallTimer {
+    #[must_use]
+    pub fn new(limit: Duration) -> Self {
+        Self { limit, sleep: None, armed: false }
+    }
+
+    /// Passes a completed poll through (disarming); on `Pending`, arms the timer and reports
+    /// `Ready(Err(()))` once it has run out.
+    pub fn watch<R>(&mut self, polled: Poll<R>, cx: &mut Context<'_>) -> Poll<Result<R, ()>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.armed = false;
+                Poll::Ready(Ok(r))
+            }
+            Poll::Pending => {
+                let deadline = tokio::time::Instant::now() + self.limit;
+                let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if !self.armed {
+                    sleep.as_mut().reset(deadline);
+                    self.armed = true;
+                }
+                ready!(sleep.as_mut().poll(cx));
+                self.armed = false;
+                Poll::Ready(Err(()))
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection whose writes fail with `TimedOut` once one has waited the limit without
+    /// progress.
+    #[derive(Debug)]
+    pub struct Stalling<T> {
+        #[pin]
+        io: T,
+        timer: StallTimer,
+    }
+}
+
+impl<T> Stalling<T> {
+    pub fn new(io: T, limit: Duration) -> Self {
+        Self { io, timer: StallTimer::new(limit) }
+    }
+}
+
+fn write_stalled<R>(polled: Poll<Result<io::Result<R>, ()>>) -> Poll<io::Result<R>> {
+    polled.map(|r| r.unwrap_or_else(|()| Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped reading"))))
+}
+
+impl<T: AsyncRead> AsyncRead for Stalling<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.project().io.poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for Stalling<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        write_stalled(this.timer.watch(this.io.poll_write(cx, buf), cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        write_stalled(this.timer.watch(this.io.poll_write_vectored(cx, bufs), cx))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.project();
+        write_stalled(this.timer.watch(this.io.poll_flush(cx), cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body whose next frame must arrive within the limit: a client that sent its head
+    /// and then stopped sending costs its socket until then, and the request fails with
+    /// `RequestTimeout`.
+    #[derive(Debug)]
+    pub struct StallingBody<B> {
+        #[pin]
+        inner: B,
+        timer: StallTimer,
+    }
+}
+
+impl<B> StallingBody<B> {
+    pub fn new(inner: B, limit: Duration) -> Self {
+        Self { inner, timer: StallTimer::new(limit) }
+    }
+}
+
+impl<B> http_body::Body for StallingBody<B>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.project();
+        match ready!(this.timer.watch(this.inner.poll_frame(cx), cx)) {
+            Ok(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Err(()) => Poll::Ready(Some(Err(Box::new(crate::body::BodyError::Stalled)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_write_that_never_progresses_times_out_and_one_that_does_not() {
+        // A duplex pipe with a 16-byte buffer nobody reads: the second write blocks for good.
+        let (a, _b) = tokio::io::duplex(16);
+        let mut s = Stalling::new(a, Duration::from_millis(200));
+        s.write_all(&[0; 16]).await.expect("fits the buffer");
+        let started = tokio::time::Instant::now();
+        let e = s.write_all(&[0; 1]).await.expect_err("stalls");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+
+        let (a, mut b) = tokio::io::duplex(16);
+        let mut s = Stalling::new(a, Duration::from_millis(200));
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).await.map(|_| got.len())
+        });
+        for _ in 0..10 {
+            s.write_all(&[1; 16]).await.expect("the reader keeps up");
+        }
+        drop(s);
+        assert_eq!(reader.await.expect("joins").expect("reads"), 160);
+    }
+}
