@@ -152,6 +152,47 @@ pin_project! {
     }
 }
 
+pin_project! {
+    /// A body that keeps `guard` (a memory reservation) until it ends, fails or is dropped.
+    #[derive(Debug)]
+    pub struct Holding<B, G> {
+        #[pin]
+        inner: B,
+        guard: Option<G>,
+    }
+}
+
+impl<B, G> Holding<B, G> {
+    pub fn new(inner: B, guard: G) -> Self {
+        Self { inner, guard: Some(guard) }
+    }
+}
+
+impl<B, G> HttpBody for Holding<B, G>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        if !matches!(polled, Some(Ok(_))) {
+            this.guard.take();
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl<B, G> Metered<B, G> {
     pub fn new(inner: B, counter: Counter, guard: G) -> Self {
         Self { inner, counter, guard: Some(guard) }

@@ -226,6 +226,8 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
+    /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
+    pub engine_idle_secs: u64,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown; its resized copy obeys it too.
@@ -251,6 +253,10 @@ pub struct PushdownSettings {
     pub source_timeout_secs: u64,
 }
 
+/// An engine unused for 10 minutes is freed: a training job touches its (model, split) every few
+/// seconds, so only abandoned ones (a finished job, a one-off split sweep) reach it, and a restart
+/// costs one prefix check and memory probe (about a second).
+pub const DEFAULT_ENGINE_IDLE_SECS: u64 = 600;
 /// Default pushdown memory budget: 1 GiB, a quarter of a small 4 GiB storage node, enough for two
 /// ResNet-18 sessions and a few dozen 224x224 samples in flight at any split.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 1024 * 1024 * 1024;
@@ -355,6 +361,7 @@ impl Default for PushdownSettings {
             intra_threads: 1,
             // One per core on the 2-core storage nodes this targets; raise with the core count.
             workers: 2,
+            engine_idle_secs: DEFAULT_ENGINE_IDLE_SECS,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             max_request_pixels: crate::pushdown::preprocess::DEFAULT_MAX_REQUEST_PIXELS,
@@ -550,6 +557,7 @@ impl Config {
             ("edge.request_timeout_secs", e.request_timeout_secs),
             ("backend.permit_timeout_ms", self.backend.permit_timeout_ms),
             ("pushdown.source_timeout_secs", self.pushdown.source_timeout_secs),
+            ("pushdown.engine_idle_secs", self.pushdown.engine_idle_secs),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be positive"));

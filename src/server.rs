@@ -137,6 +137,7 @@ impl Server {
                     intra_threads: p.intra_threads,
                     workers: p.workers,
                 },
+                engine_idle: Duration::from_secs(p.engine_idle_secs),
                 max_object_bytes: p.max_object_bytes,
                 source_timeout: Duration::from_secs(p.source_timeout_secs),
                 max_image_pixels: p.max_image_pixels,
@@ -150,6 +151,9 @@ impl Server {
                 metrics: metrics.clone(),
             }))
         });
+        if let Some(p) = &pushdown {
+            p.spawn_reaper();
+        }
         let cache = match config.pushdown.cache.cache_config().filter(|_| pushdown.is_some()) {
             Some(c) => Some(Arc::new(
                 TensorCache::new(&c, metrics.clone())
@@ -197,6 +201,9 @@ impl Server {
             let _ = stop.send(());
         }
         let drained = tokio::time::timeout(self.grace, &mut self.task).await.is_ok();
+        if let Some(p) = self.gateway.pushdown() {
+            p.shutdown();
+        }
         if drained {
             tracing::info!("Shutdown finished: all requests drained.");
         } else {

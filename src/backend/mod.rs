@@ -11,7 +11,9 @@ pub mod s3;
 use http::{HeaderMap, Method, Response};
 
 use crate::body::{Body, BodyError, find_body_error};
+use crate::s3::headers::{CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
 use crate::s3::route::{S3Op, Target};
+use crate::s3::sigv4::{uri_decode, uri_encode};
 
 /// A request ready for the backend: authenticated, with the client's auth and hop-by-hop headers
 /// removed and the body already wrapped in its checks.
@@ -136,5 +138,76 @@ pub fn path_style_path(target: &Target) -> String {
         (Some(b), Some(k)) => format!("/{}/{}", uri_encode_path(b), uri_encode_path(k)),
         (Some(b), None) => format!("/{}", uri_encode_path(b)),
         _ => "/".to_owned(),
+    }
+}
+
+/// Request headers for the backend: everything but hop-by-hop headers, `host` and the client's
+/// authentication (replaced by the backend signature). Unknown headers are kept.
+#[must_use]
+pub fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = h.clone();
+    out.remove(http::header::HOST);
+    for name in HOP_BY_HOP.iter().chain(CLIENT_AUTH) {
+        out.remove(*name);
+    }
+    out
+}
+
+/// The query for the backend: presigned-URL parameters removed, every parameter re-encoded in
+/// SigV4's canonical form (so the backend's canonicalization and ours agree), order kept.
+#[must_use]
+pub fn forwarded_query(q: Option<&str>) -> Option<String> {
+    let q = q?;
+    let parts: Vec<String> = q
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| {
+            let (k, v) = match p.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (p, None),
+            };
+            let k = uri_decode(k);
+            if PRESIGN_QUERY.contains(&k.as_str()) {
+                return None;
+            }
+            Some(match v {
+                Some(v) => format!("{}={}", uri_encode(&k), uri_encode(&uri_decode(v))),
+                None => uri_encode(&k),
+            })
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderMap;
+
+    #[test]
+    fn query_drops_presign_params_and_normalizes() {
+        assert_eq!(
+            forwarded_query(Some("X-Amz-Signature=abc&uploads&prefix=a%2Fb c")).as_deref(),
+            Some("uploads&prefix=a%2Fb%20c")
+        );
+        assert_eq!(forwarded_query(Some("X-Amz-Date=1")), None);
+    }
+
+    #[test]
+    fn auth_and_hop_headers_are_not_forwarded_but_unknown_ones_are() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("authorization", "x"),
+            ("x-amz-date", "d"),
+            ("connection", "close"),
+            ("x-custom-thing", "kept"),
+            ("x-amz-meta-a", "b"),
+            ("host", "h"),
+        ] {
+            h.insert(k, v.parse().expect("value"));
+        }
+        let out = forwarded_headers(&h);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["x-custom-thing"], "kept");
     }
 }

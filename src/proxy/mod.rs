@@ -10,29 +10,28 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response};
-use time::OffsetDateTime;
-
-use http_body_util::BodyExt;
-
-use crate::backend::{Backend, BackendError, ForwardPayload, ForwardRequest, fs::strip_aws_chunked};
-use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
-use crate::pushdown::{Pushdown, PushdownError};
 use bytes::Bytes;
 use futures_util::Stream;
+use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::BodyDataStream;
+use time::OffsetDateTime;
 
+use crate::backend::{
+    Backend, ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query, fs::strip_aws_chunked,
+};
 use crate::body::{Body, BodyError, Checksummed, Guarded, Metered, WithholdTail};
-use crate::cache::{CacheKey, Cached, Entry, Lookup, ObjectId, TensorCache, Tier};
+use crate::cache::TensorCache;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::pushdown::serve::Serving;
+use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
+use crate::pushdown::{Pushdown, PushdownError};
 use crate::s3::checksum::Algorithm;
 use crate::s3::credentials::CredentialStore;
-use crate::s3::headers::{self, CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
+use crate::s3::headers::{self, HOP_BY_HOP};
 use crate::s3::route::{self, S3Op, Target};
 use crate::s3::sigv4::chunked;
 use crate::s3::sigv4::verify::{self, Identity, Payload, Verified};
-use crate::s3::sigv4::{uri_decode, uri_encode};
 
 /// Largest body of a non-data operation (tagging, multi-delete, multipart completion, bucket
 /// configuration) that the gateway reads whole to verify before forwarding. S3 caps these XML
@@ -263,12 +262,18 @@ impl Gateway {
             }
             target.bucket = Some(alias.target.clone());
         }
+        let serving = Serving {
+            pushdown: self.pushdown.as_deref(),
+            cache: self.cache.as_deref(),
+            backend: &self.backend,
+            metrics: &self.metrics,
+        };
         let spec = match requested.or_else(|| alias.map(|a| a.spec)) {
-            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => self.resolve_auto(spec)?,
+            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => serving.resolve_auto(spec)?,
             _ => None,
         };
         if let Some((spec, plan)) = spec {
-            let mut resp = self.pushdown_get(&parts, target, spec, &identity).await?;
+            let mut resp = serving.get(&parts, target, spec, &identity).await?;
             if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
                 resp.headers_mut().insert("x-tensorgate-plan", v);
             }
@@ -360,186 +365,6 @@ impl Gateway {
             }
         }
         Ok((result?, identity.name().to_owned()))
-    }
-
-    /// Resolves `split=auto` to the model's planned split (`x-tensorgate-plan` lists the predicted
-    /// epoch seconds per candidate); `None` when the plan says no pushdown (a plain GET).
-    fn resolve_auto(&self, mut spec: PushdownSpec) -> Result<Option<(PushdownSpec, Option<String>)>, GatewayError> {
-        if spec.split != crate::planner::AUTO {
-            return Ok(Some((spec, None)));
-        }
-        let pd =
-            self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
-        let (split, plan) = pd.auto_split(&spec.model).ok_or_else(|| PushdownError::UnknownModel {
-            name: spec.model.clone(),
-            known: pd.registry().names().join(", "),
-        })?;
-        if split == crate::planner::NO_PUSHDOWN {
-            return Ok(None);
-        }
-        let summary = plan.map(|p| {
-            let parts: Vec<String> =
-                p.candidates.iter().filter_map(|c| c.epoch_secs.map(|t| format!("{}={t:.3}", c.split))).collect();
-            parts.join(";")
-        });
-        spec.split = split;
-        Ok(Some((spec, summary)))
-    }
-
-    /// A GET (or HEAD) that names a model and a split: answer from the tensor cache, or fetch the
-    /// object, run the prefix and cache the tensor. Backend errors (e.g. `NoSuchKey`) pass through
-    /// as for a plain GET. See `crate::cache` for when a cached tensor is served without asking.
-    async fn pushdown_get(
-        &self,
-        parts: &http::request::Parts,
-        target: Target,
-        spec: PushdownSpec,
-        identity: &Identity,
-    ) -> Result<Response<Body>, GatewayError> {
-        let tenant = identity.name();
-        // An anonymous reader may read an object only if the store says so on this request, so
-        // its output is never served from the cache without asking (unsigned) first.
-        let anonymous = *identity == Identity::Anonymous;
-        let pd =
-            self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
-        pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
-        let (model, split) = pd.resolve(&spec)?;
-        let mut headers = forwarded_headers(&parts.headers);
-        let names: Vec<http::HeaderName> = headers.keys().filter(|k| is_output_scoped(k.as_str())).cloned().collect();
-        for name in names {
-            headers.remove(name);
-        }
-        let query = forwarded_query(parts.uri.query()).and_then(|q| {
-            let kept: Vec<&str> = q.split('&').filter(|p| !p.starts_with(pushdown_spec::QUERY_PREFIX)).collect();
-            (!kept.is_empty()).then(|| kept.join("&"))
-        });
-        let key = CacheKey {
-            object: ObjectId {
-                bucket: target.bucket.clone().unwrap_or_default(),
-                key: target.key.clone().unwrap_or_default(),
-                query: query.clone().unwrap_or_default(),
-            },
-            variant: format!("{}|{split}|{:?}|{}", model.digest, spec.format, spec.dtype.name()),
-        };
-        // Objects encrypted with a customer key are never cached: a hit would skip the backend's
-        // key check.
-        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
-
-        let mut revalidating = None;
-        let (mut _flight, mut generation) = (None, 0);
-        if let Some(cache) = cache {
-            if let Lookup::Fresh(e, tier) = cache.lookup(&key).await
-                && !anonymous
-            {
-                return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
-            }
-            // One request per key fetches and computes; the rest wait here and then hit.
-            _flight = Some(cache.flight(&key).await);
-            generation = cache.generation(&key.object);
-            match cache.lookup(&key).await {
-                Lookup::Fresh(e, tier) if !anonymous => {
-                    return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
-                }
-                Lookup::Fresh(e, tier) | Lookup::Stale(e, tier) => {
-                    if let Ok(v) = HeaderValue::from_str(&e.data.source_etag) {
-                        headers.insert(http::header::IF_NONE_MATCH, v);
-                    }
-                    revalidating = Some((e, tier));
-                }
-                Lookup::Miss => {}
-            }
-        }
-
-        let fetch_start = Instant::now();
-        let fwd = ForwardRequest {
-            op: S3Op::GetObject,
-            method: Method::GET,
-            target,
-            query,
-            headers,
-            body: Body::empty(),
-            payload: ForwardPayload::Empty,
-            anonymous,
-            expect_continue: false,
-        };
-        let resp = self.backend.send(fwd).await?;
-        let source_etag =
-            resp.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        if let (Some(cache), Some((entry, tier))) = (cache, revalidating) {
-            let outcome = if resp.status() == http::StatusCode::NOT_MODIFIED
-                || (resp.status().is_success() && source_etag == entry.data.source_etag)
-            {
-                cache.validated(&entry, generation);
-                "unchanged"
-            } else if resp.status().is_success() {
-                "changed"
-            } else {
-                "gone"
-            };
-            cache.record_revalidation(outcome);
-            if outcome == "unchanged" {
-                return served_from(cache, parts, &key, &entry, CacheStatus::Revalidated(tier));
-            }
-            cache.remove(&key).await;
-        }
-        if !resp.status().is_success() {
-            return Ok(if parts.method == Method::HEAD { resp.map(|_| Body::empty()) } else { resp });
-        }
-        let limit = pd.max_object_bytes();
-        // The object counts against the pushdown memory budget from now until the response is sent.
-        let declared = content_length(resp.headers()).ok().flatten().unwrap_or(0).min(limit);
-        let object_hold = pd.governor().hold(declared).await?;
-        // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
-        let source_last_modified =
-            resp.headers().get(http::header::LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        // The read is bounded in time too: it holds the key's flight and a budget hold.
-        let read =
-            http_body_util::Limited::new(resp.into_body(), usize::try_from(limit).unwrap_or(usize::MAX)).collect();
-        let object = match tokio::time::timeout(pd.source_timeout(), read).await {
-            Err(_) => return Err(BackendError::Timeout { secs: pd.source_timeout().as_secs() }.into()),
-            Ok(Ok(c)) => c.to_bytes(),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(PushdownError::ObjectTooLarge { limit }.into());
-            }
-            Ok(Err(e)) => return Err(BackendError::SendBody { source: e }.into()),
-        };
-        let fetch = fetch_start.elapsed();
-        let source_bytes = object.len();
-        let mut out = pd.compute(&spec, object, tenant).await?;
-        let mut reservation = std::mem::take(&mut out.reservation);
-        reservation.push(object_hold);
-        self.metrics.observe_pushdown(
-            &spec.model,
-            &out.split,
-            source_bytes,
-            out.body.len(),
-            [fetch, out.decode, out.infer, out.encode],
-        );
-        let timing = format!(
-            "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
-            fetch.as_secs_f64() * 1e3,
-            out.decode.as_secs_f64() * 1e3,
-            out.infer.as_secs_f64() * 1e3,
-            out.encode.as_secs_f64() * 1e3
-        );
-        let data = Arc::new(Cached {
-            body: out.body,
-            content_type: out.content_type.to_owned(),
-            shape: out.shape,
-            split: out.split,
-            dtype: spec.dtype.name().to_owned(),
-            source_etag,
-            source_last_modified,
-            source_bytes: source_bytes as u64,
-        });
-        if let Some(cache) = cache {
-            cache.record_miss();
-            cache.insert(key.clone(), data.clone(), generation).await;
-        }
-        let resp = output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))?;
-        // Sending the body ends the reservation (a client gone mid-download ends it too).
-        Ok(resp
-            .map(|b| Body::new(Metered::new(b, prometheus_client::metrics::counter::Counter::default(), reservation))))
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash,
@@ -656,133 +481,6 @@ fn written_scope(op: S3Op, target: &Target) -> Option<(String, Option<String>)> 
     }
 }
 
-/// Where a pushdown output came from (`x-tensorgate-cache`).
-#[derive(Debug, Clone, Copy)]
-enum CacheStatus {
-    Miss,
-    Hit(Tier),
-    /// Cached, served after the backend confirmed the source is unchanged.
-    Revalidated(Tier),
-}
-
-/// Answers from a cache entry and counts the hit.
-fn served_from(
-    cache: &TensorCache,
-    parts: &http::request::Parts,
-    key: &CacheKey,
-    entry: &Entry,
-    status: CacheStatus,
-) -> Result<Response<Body>, GatewayError> {
-    if let CacheStatus::Hit(tier) | CacheStatus::Revalidated(tier) = status {
-        cache.record_hit(tier, entry.data.body.len());
-    }
-    output_response(parts, key, &entry.data, status, None)
-}
-
-/// The response for a pushdown output, honouring `HEAD` and `Range`. The ETag names the source
-/// version and the variant, so it changes exactly when the output can.
-fn output_response(
-    parts: &http::request::Parts,
-    key: &CacheKey,
-    data: &Cached,
-    status: CacheStatus,
-    timing: Option<String>,
-) -> Result<Response<Body>, GatewayError> {
-    let etag = format!(
-        "\"{}\"",
-        &crate::s3::sigv4::sha256_hex(format!("{}|{}", data.source_etag, key.variant).as_bytes())[..32]
-    );
-    let (cache, tier) = match status {
-        CacheStatus::Miss => ("miss", None),
-        CacheStatus::Hit(t) => ("hit", Some(t)),
-        CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
-    };
-    if none_match(&parts.headers, &etag) {
-        // The client holds this output already (a compute-tier copy from an earlier epoch).
-        let mut resp = Response::builder()
-            .status(http::StatusCode::NOT_MODIFIED)
-            .header(http::header::ETAG, etag)
-            .header("x-tensorgate-split", &data.split)
-            .header("x-tensorgate-cache", cache);
-        if let Some(lm) = &data.source_last_modified {
-            resp = resp.header(http::header::LAST_MODIFIED, lm);
-        }
-        return resp.body(Body::empty()).map_err(|e| PushdownError::Internal(e.to_string()).into());
-    }
-    let len = data.body.len();
-    let (code, body, range) = match parts.headers.get(http::header::RANGE).and_then(|v| v.to_str().ok()) {
-        Some(r) => match byte_range(r, len) {
-            Some((a, b)) => {
-                (http::StatusCode::PARTIAL_CONTENT, data.body.slice(a..=b), Some(format!("bytes {a}-{b}/{len}")))
-            }
-            None => return Err(GatewayError::InvalidRange { size: len }),
-        },
-        None => (http::StatusCode::OK, data.body.clone(), None),
-    };
-    let shape: Vec<String> = data.shape.iter().map(ToString::to_string).collect();
-    let mut resp = Response::builder()
-        .status(code)
-        .header(http::header::CONTENT_TYPE, &data.content_type)
-        .header(http::header::CONTENT_LENGTH, body.len())
-        .header(http::header::ETAG, etag)
-        .header(http::header::ACCEPT_RANGES, "bytes")
-        .header("x-tensorgate-shape", shape.join(","))
-        .header("x-tensorgate-dtype", &data.dtype)
-        .header("x-tensorgate-split", &data.split)
-        .header("x-tensorgate-source-bytes", data.source_bytes)
-        .header("x-tensorgate-cache", cache);
-    if let Some(t) = tier {
-        resp = resp.header("x-tensorgate-cache-tier", t.name());
-    }
-    if let Some(t) = timing {
-        resp = resp.header("server-timing", t);
-    }
-    if let Some(r) = range {
-        resp = resp.header(http::header::CONTENT_RANGE, r);
-    }
-    if let Some(lm) = &data.source_last_modified {
-        resp = resp.header(http::header::LAST_MODIFIED, lm);
-    }
-    let body = if parts.method == Method::HEAD { Body::empty() } else { Body::from(body) };
-    resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
-}
-
-/// Whether an `If-None-Match` header lists `etag` (or is `*`): RFC 9110's weak comparison, so a
-/// `W/` prefix on either side is ignored.
-fn none_match(headers: &HeaderMap, etag: &str) -> bool {
-    let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
-    headers
-        .get_all(http::header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim() == "*" || bare(t) == bare(etag))
-}
-
-/// Headers that apply to the pushdown output, not to the source object: not forwarded.
-fn is_output_scoped(name: &str) -> bool {
-    name.starts_with(pushdown_spec::HEADER_PREFIX)
-        || matches!(name, "range" | "if-match" | "if-none-match" | "if-modified-since" | "if-unmodified-since")
-}
-
-/// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
-fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
-    let spec = header.strip_prefix("bytes=")?;
-    if spec.contains(',') || len == 0 {
-        return None;
-    }
-    let (a, b) = spec.split_once('-')?;
-    let (start, end) = match (a.trim(), b.trim()) {
-        ("", n) => {
-            let n: usize = n.parse().ok()?;
-            (len.checked_sub(n.min(len))?, len - 1)
-        }
-        (a, "") => (a.parse().ok()?, len - 1),
-        (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(len - 1)),
-    };
-    (start <= end && start < len).then_some((start, end))
-}
-
 fn content_length(h: &HeaderMap) -> Result<Option<u64>, GatewayError> {
     match h.get(http::header::CONTENT_LENGTH) {
         None => Ok(None),
@@ -796,99 +494,5 @@ fn check_declared(declared: Option<u64>, limit: u64) -> Result<(), GatewayError>
     match declared {
         Some(n) if n > limit => Err(GatewayError::EntityTooLarge { declared: n, limit }),
         _ => Ok(()),
-    }
-}
-
-/// Request headers for the backend: everything but hop-by-hop headers, `host` and the client's
-/// authentication (replaced by the backend signature). Unknown headers are kept.
-fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
-    let mut out = h.clone();
-    out.remove(http::header::HOST);
-    for name in HOP_BY_HOP.iter().chain(CLIENT_AUTH) {
-        out.remove(*name);
-    }
-    out
-}
-
-/// The query for the backend: presigned-URL parameters removed, every parameter re-encoded in
-/// SigV4's canonical form (so the backend's canonicalization and ours agree), order kept.
-fn forwarded_query(q: Option<&str>) -> Option<String> {
-    let q = q?;
-    let parts: Vec<String> = q
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .filter_map(|p| {
-            let (k, v) = match p.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (p, None),
-            };
-            let k = uri_decode(k);
-            if PRESIGN_QUERY.contains(&k.as_str()) {
-                return None;
-            }
-            Some(match v {
-                Some(v) => format!("{}={}", uri_encode(&k), uri_encode(&uri_decode(v))),
-                None => uri_encode(&k),
-            })
-        })
-        .collect();
-    (!parts.is_empty()).then(|| parts.join("&"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn if_none_match_compares_weakly_and_lists() {
-        let with = |v: &str| {
-            let mut h = HeaderMap::new();
-            h.insert(http::header::IF_NONE_MATCH, HeaderValue::from_str(v).unwrap());
-            h
-        };
-        assert!(none_match(&with("\"abc\""), "\"abc\""));
-        assert!(none_match(&with("W/\"abc\""), "\"abc\""));
-        assert!(none_match(&with("\"x\", \"abc\""), "\"abc\""));
-        assert!(none_match(&with("*"), "\"abc\""));
-        assert!(!none_match(&with("\"abd\""), "\"abc\""));
-        assert!(!none_match(&HeaderMap::new(), "\"abc\""));
-    }
-
-    #[test]
-    fn byte_ranges() {
-        assert_eq!(byte_range("bytes=0-9", 100), Some((0, 9)));
-        assert_eq!(byte_range("bytes=90-", 100), Some((90, 99)));
-        assert_eq!(byte_range("bytes=-10", 100), Some((90, 99)));
-        assert_eq!(byte_range("bytes=50-500", 100), Some((50, 99)));
-        assert_eq!(byte_range("bytes=100-", 100), None);
-        assert_eq!(byte_range("bytes=0-1,4-5", 100), None);
-        assert_eq!(byte_range("lines=1-2", 100), None);
-    }
-
-    #[test]
-    fn query_drops_presign_params_and_normalizes() {
-        assert_eq!(
-            forwarded_query(Some("X-Amz-Signature=abc&uploads&prefix=a%2Fb c")).as_deref(),
-            Some("uploads&prefix=a%2Fb%20c")
-        );
-        assert_eq!(forwarded_query(Some("X-Amz-Date=1")), None);
-    }
-
-    #[test]
-    fn auth_and_hop_headers_are_not_forwarded_but_unknown_ones_are() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("authorization", "x"),
-            ("x-amz-date", "d"),
-            ("connection", "close"),
-            ("x-custom-thing", "kept"),
-            ("x-amz-meta-a", "b"),
-            ("host", "h"),
-        ] {
-            h.insert(k, v.parse().expect("value"));
-        }
-        let out = forwarded_headers(&h);
-        assert_eq!(out.len(), 2);
-        assert_eq!(out["x-custom-thing"], "kept");
     }
 }

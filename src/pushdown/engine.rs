@@ -9,10 +9,16 @@
 //! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
 //! Sessions run without ONNX Runtime's arena, so memory a run used is returned after it and the
 //! governor's accounting matches what the process holds.
+//!
+//! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the
+//! session (its state is unknown) and builds a fresh one; a worker that cannot rebuild exits, and
+//! an engine with no worker left reports itself dead so the table (`super::engines`) starts a new
+//! one. When the last handle on an engine goes, its queue closes, the workers exit, and the
+//! engine's memory reservation returns to the governor.
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::Instant;
 
@@ -21,7 +27,7 @@ use ort::value::Tensor as OrtTensor;
 use tokio::sync::oneshot;
 
 use super::PushdownError;
-use super::governor::Governor;
+use super::governor::{EngineHold, Governor};
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
@@ -64,6 +70,10 @@ pub struct Engine {
     verdict: tokio::sync::watch::Receiver<Verdict>,
     workers: usize,
     observed: Arc<Observed>,
+    /// Workers still running.
+    alive: Arc<AtomicUsize>,
+    /// Fault injection for the supervision tests: the next run panics.
+    panic_next: Arc<AtomicBool>,
 }
 
 /// Inference CPU time its workers spent on real batches, and the samples in them: the measured
@@ -126,6 +136,8 @@ impl Engine {
         let verdict_tx = Arc::new(verdict_tx);
         let workers = cfg.workers.max(1);
         let observed = Arc::new(Observed::default());
+        let (alive, panic_next, hold) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)), Arc::default());
         for n in 0..workers {
             let shared = Shared {
                 env: env.clone(),
@@ -140,13 +152,20 @@ impl Engine {
                 governor: governor.clone(),
                 probe_lock: probe_lock.clone(),
                 observed: observed.clone(),
+                panic_next: panic_next.clone(),
+                hold: Arc::clone(&hold),
             };
+            alive.fetch_add(1, Ordering::SeqCst);
+            let running = Running(alive.clone());
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))
-                .spawn(move || worker(&shared, n == 0))
+                .spawn(move || {
+                    let _running = running;
+                    worker(&shared, n == 0);
+                })
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        Ok(Self { tx, depth, sample_len, gauges, verdict, workers, observed })
+        Ok(Self { tx, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
     }
 
     /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
@@ -217,6 +236,27 @@ impl Engine {
     #[must_use]
     pub fn queue_depth(&self) -> usize {
         self.depth.load(Ordering::Relaxed)
+    }
+
+    /// Whether any worker still runs (an engine whose workers all died is replaced).
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst) > 0
+    }
+
+    /// Fault injection for the supervision tests: the next inference run panics.
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        self.panic_next.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Counts a worker as running until its thread ends, however it ends.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -316,7 +356,8 @@ fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
 /// samples: one batch. The lock is held only while taking, so other workers run their batches
 /// meanwhile. `None`: queue closed.
 fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
-    let rx = rx.lock().ok()?;
+    // Nothing panics while the lock is held; if something did, the queue itself is still sound.
+    let rx = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let first = rx.recv().ok()?;
     let mut limit = first.cap;
     let mut jobs = vec![first];
@@ -346,16 +387,25 @@ struct Shared {
     governor: Arc<Governor>,
     probe_lock: Arc<Mutex<()>>,
     observed: Arc<Observed>,
+    panic_next: Arc<AtomicBool>,
+    /// The engine's memory reservation: released when the last worker's `Shared` goes.
+    hold: Arc<Mutex<Option<EngineHold>>>,
+}
+
+/// A fresh session of the engine's prefix.
+fn session_for(s: &Shared) -> Result<Session, String> {
+    session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &s.model.dir)
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
 fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
     if first {
         let result = first_session(s).and_then(|(session, memory)| {
-            let batch = s
+            let (batch, hold) = s
                 .governor
                 .reserve_engine(&memory, s.cfg.workers.max(1), s.cfg.max_batch)
                 .map_err(|e| e.to_string())?;
+            *s.hold.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hold);
             if batch < s.cfg.max_batch {
                 tracing::warn!(model = %s.model.manifest.name, tensor = %s.tensor, batch, "Batches capped to fit pushdown.memory_budget.");
             }
@@ -372,7 +422,7 @@ fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
     loop {
         if let Some(v) = rx.borrow_and_update().as_ref() {
             return match v {
-                Ok(_) => session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &s.model.dir),
+                Ok(_) => session_for(s),
                 Err(e) => Err(e.clone()),
             };
         }
@@ -424,11 +474,32 @@ fn worker(shared: &Shared, first: bool) {
         gauges.samples.inc_by(batch as u64);
         // With one intra-op thread ORT runs on this thread, and its CPU time is the cost; with more,
         // wall time is.
-        let (result, spent) = if shared.cfg.intra_threads <= 1 {
-            super::cpu_timed(|| run(&mut session, &model.manifest.input, tensor, &shape, data))
-        } else {
-            let started = Instant::now();
-            (run(&mut session, &model.manifest.input, tensor, &shape, data), started.elapsed())
+        let guarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if shared.panic_next.swap(false, Ordering::SeqCst) {
+                panic!("injected inference panic");
+            }
+            if shared.cfg.intra_threads <= 1 {
+                super::cpu_timed(|| run(&mut session, &model.manifest.input, tensor, &shape, data))
+            } else {
+                let started = Instant::now();
+                (run(&mut session, &model.manifest.input, tensor, &shape, data), started.elapsed())
+            }
+        }));
+        let Ok((result, spent)) = guarded else {
+            let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
+            gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
+            for j in jobs {
+                let _ = j.reply.send(Err(PushdownError::Internal("the inference run failed; retry".into())));
+            }
+            tracing::error!(model = %model.manifest.name, %tensor, "Inference run panicked; rebuilding the session.");
+            match session_for(shared) {
+                Ok(fresh) => session = fresh,
+                Err(e) => {
+                    tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Cannot rebuild the session; worker stops.");
+                    return;
+                }
+            }
+            continue;
         };
         if result.is_ok() {
             let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);

@@ -172,11 +172,11 @@ impl Governor {
     /// # Errors
     /// With adaptation, when not even batches of one fit in what the budget has left.
     pub fn reserve_engine(
-        &self,
+        self: &Arc<Self>,
         model: &super::memory::MemoryModel,
         workers: usize,
         max_batch: usize,
-    ) -> Result<usize, PushdownError> {
+    ) -> Result<(usize, EngineHold), PushdownError> {
         let mut s = self.lock();
         let (batch, bytes) = if self.cfg.adaptive {
             let free = self.cfg.budget.saturating_sub(s.total());
@@ -190,7 +190,7 @@ impl Governor {
         };
         s.fixed += bytes;
         self.reallot(&mut s);
-        Ok(batch)
+        Ok((batch, EngineHold { governor: self.clone(), bytes }))
     }
 
     /// Reserves `bytes` outside any stream (a fetched source object, an encoded response), waiting
@@ -354,6 +354,23 @@ pub struct Held {
     bytes: u64,
 }
 
+/// An engine's fixed memory, returned to the budget when the engine has stopped (evicted, or
+/// every worker gone).
+#[derive(Debug)]
+pub struct EngineHold {
+    governor: Arc<Governor>,
+    bytes: u64,
+}
+
+impl Drop for EngineHold {
+    fn drop(&mut self) {
+        let g = &self.governor;
+        let mut s = g.lock();
+        s.fixed = s.fixed.saturating_sub(self.bytes);
+        g.reallot(&mut s);
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let g = &self.governor;
@@ -419,7 +436,8 @@ mod tests {
     async fn reservations_never_exceed_the_budget_and_everyone_finishes() {
         let g = governor(1000, true, 10_000);
         let engine = crate::pushdown::memory::MemoryModel::from_probes(300, [0, 0], 0, 0);
-        assert_eq!(g.reserve_engine(&engine, 1, 4).expect("engine fits"), 4);
+        let (batch, engine_hold) = g.reserve_engine(&engine, 1, 4).expect("engine fits");
+        assert_eq!(batch, 4);
         let peak = Arc::new(AtomicU64::new(0));
         let tasks: Vec<_> = (0..8)
             .map(|t| {
@@ -447,6 +465,8 @@ mod tests {
         }
         assert!(peak.load(Ordering::SeqCst) <= 1000, "peak {}", peak.load(Ordering::SeqCst));
         assert_eq!(g.reserved(), 300, "everything but the engine released");
+        drop(engine_hold);
+        assert_eq!(g.reserved(), 0, "a stopped engine's memory is back");
     }
 
     #[tokio::test]

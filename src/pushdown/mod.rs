@@ -4,7 +4,7 @@
 //! Pieces: [`spec`] (what the request asks for), [`registry`] (manifests, verified model files),
 //! [`prefix`] (cutting the model at the split), [`engine`] (inference threads with batching),
 //! [`tensor`] (`.npy` in, `.npy`/safetensors out), [`runtime`] (loading ONNX Runtime).
-//! This module ties them together; HTTP stays in `crate::proxy`.
+//! This module ties them together; [`serve`] answers pushdown requests over HTTP.
 //!
 //! Inputs understood so far: JPEG and PNG images (preprocessed per the model's manifest) and `.npy`
 //! tensors already preprocessed to the model's per-sample input shape (one sample, or a batch with
@@ -13,6 +13,7 @@
 
 pub mod decode;
 pub mod engine;
+pub mod engines;
 pub mod fair;
 pub mod governor;
 pub mod memory;
@@ -21,6 +22,7 @@ pub mod prefix;
 pub mod preprocess;
 pub mod registry;
 pub mod runtime;
+pub mod serve;
 pub mod shard;
 pub mod spec;
 pub mod tensor;
@@ -76,6 +78,8 @@ pub struct PushdownConfig {
     pub models_dir: PathBuf,
     pub ort_library: Option<PathBuf>,
     pub engine: EngineConfig,
+    /// Engines unused this long are evicted ([`engines`]).
+    pub engine_idle: Duration,
     pub max_object_bytes: u64,
     /// Longest read of a source object's body.
     pub source_timeout: Duration,
@@ -108,7 +112,7 @@ pub struct Pushdown {
     cfg: PushdownConfig,
     registry: Registry,
     env: Result<ort::environment::Environment, String>,
-    engines: Mutex<HashMap<(String, String), Arc<Engine>>>,
+    engines: engines::EngineTable,
     governor: Arc<Governor>,
     /// Serializes memory probes: the resident peak they read is process-wide.
     probe_lock: Arc<Mutex<()>>,
@@ -150,6 +154,7 @@ impl Pushdown {
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
         let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
+        let engine_idle = cfg.engine_idle;
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let preprocess_slots =
             fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
@@ -158,7 +163,7 @@ impl Pushdown {
             cfg,
             registry,
             env,
-            engines: Mutex::new(HashMap::new()),
+            engines: engines::EngineTable::new(engine_idle),
             governor,
             probe_lock: Arc::default(),
             split_costs: Mutex::default(),
@@ -175,15 +180,16 @@ impl Pushdown {
     /// Every started engine's memory model.
     #[must_use]
     pub fn engine_memory(&self) -> Vec<EngineMemory> {
-        let engines = self.engines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut out: Vec<EngineMemory> = engines
-            .iter()
+        let mut out: Vec<EngineMemory> = self
+            .engines
+            .all()
+            .into_iter()
             .map(|((model, split), e)| {
                 let now = e.memory_model_now();
                 let adaptive = self.governor.config().adaptive;
                 EngineMemory {
-                    model: model.clone(),
-                    split: split.clone(),
+                    model,
+                    split,
                     workers: e.workers(),
                     batch_cap: now.as_ref().map(|(_, b)| *b),
                     reserved_bytes: now
@@ -237,27 +243,47 @@ impl Pushdown {
         })
     }
 
-    fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
-        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?;
+    async fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
+        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let key = (model.manifest.name.clone(), split.to_owned());
-        let mut engines = self.engines.lock().map_err(|_| PushdownError::Internal("engine table poisoned".into()))?;
-        if let Some(e) = engines.get(&key) {
-            return Ok(e.clone());
-        }
         let tensor = model
             .split(split)
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
-        let engine = Arc::new(Engine::start(
-            env,
-            model,
-            (split, &tensor),
-            self.cfg.engine,
-            &self.cfg.metrics,
-            (&self.governor, &self.probe_lock),
-        )?);
-        engines.insert(key, engine.clone());
-        Ok(engine)
+        let (model, split, cfg, metrics) = (model.clone(), split.to_owned(), self.cfg.engine, self.cfg.metrics.clone());
+        let (governor, probe_lock) = (self.governor.clone(), self.probe_lock.clone());
+        self.engines
+            .get_or_start(&key, move || {
+                Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, (&governor, &probe_lock))
+            })
+            .await
+    }
+
+    /// Evicts idle engines every quarter of the idle time (at most every 30 s) for as long as the
+    /// service exists.
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let period = (self.cfg.engine_idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        let service = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(service) = service.upgrade() else { break };
+                service.engines.evict_idle();
+            }
+        });
+    }
+
+    /// Stops every engine (each when its last request is done).
+    pub fn shutdown(&self) {
+        self.engines.clear();
+    }
+
+    /// Fault injection for the supervision tests: the next run of this engine panics. `false` if
+    /// it is not running.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn inject_worker_panic(&self, model: &str, split: &str) -> bool {
+        self.engines.running(&(model.to_owned(), split.to_owned())).map(|e| e.inject_panic()).is_some()
     }
 
     /// Runs the prefix on an object's bytes and encodes the result. Samples are preprocessed on
@@ -269,7 +295,7 @@ impl Pushdown {
     /// Unusable input, overload (queue full or memory wait too long), or inference failure.
     pub async fn compute(&self, spec: &PushdownSpec, object: Bytes, tenant: &str) -> Result<Output, PushdownError> {
         let (model, split) = self.resolve(spec)?;
-        let engine = self.engine(&model, &split)?;
+        let engine = self.engine(&model, &split).await?;
         let (memory, batch_cap) = engine.memory_model().await?;
 
         let t0 = Instant::now();

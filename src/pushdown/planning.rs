@@ -91,12 +91,8 @@ impl Pushdown {
             let c = self.split_cost(model, &split).await?;
             // What this split's engine measured on real batches, once it has served some; else
             // the probe's timing.
-            let observed = self
-                .engines
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&(model.to_owned(), split.clone()))
-                .and_then(|e| e.observed_secs_per_sample());
+            let observed =
+                self.engines.running(&(model.to_owned(), split.clone())).and_then(|e| e.observed_secs_per_sample());
             splits.push(StorageSplit {
                 split,
                 secs_per_sample: observed.unwrap_or(c.secs_per_sample) + decode,

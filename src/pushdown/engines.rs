@@ -1,0 +1,135 @@
+//! The engine table: one cell per (model, split), started once however many requests ask at the
+//! same moment (single flight), on a blocking thread (cutting the prefix is CPU work; no lock is
+//! held while it runs), replaced when its workers died, evicted once idle.
+//!
+//! Eviction drops the table's handle only when nobody else holds one (no request in flight on
+//! it): the engine's queue then closes, its workers exit with their sessions, and its memory
+//! reservation returns to the governor ([`super::governor::EngineHold`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::OnceCell;
+
+use super::PushdownError;
+use super::engine::Engine;
+
+/// (model, split).
+pub type EngineKey = (String, String);
+
+#[derive(Debug, Default)]
+struct Cell {
+    engine: OnceCell<Arc<Engine>>,
+    /// Milliseconds since the table's epoch at the last lookup.
+    last_used: AtomicU64,
+}
+
+/// The supervised engines of one pushdown service.
+#[derive(Debug)]
+pub struct EngineTable {
+    cells: Mutex<HashMap<EngineKey, Arc<Cell>>>,
+    /// Engines unused this long are evicted.
+    idle: Duration,
+    epoch: Instant,
+}
+
+impl EngineTable {
+    #[must_use]
+    pub fn new(idle: Duration) -> Self {
+        Self { cells: Mutex::default(), idle, epoch: Instant::now() }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The cell for `key`: the existing one unless its engine died, then a fresh one.
+    fn cell(&self, key: &EngineKey) -> Arc<Cell> {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        let cell = match cells.get(key) {
+            Some(c) if c.engine.get().is_none_or(|e| e.is_alive()) => c.clone(),
+            found => {
+                if found.is_some() {
+                    tracing::warn!(model = %key.0, split = %key.1, "Engine has no live worker; starting a new one.");
+                }
+                let c = Arc::new(Cell::default());
+                cells.insert(key.clone(), c.clone());
+                c
+            }
+        };
+        cell.last_used.store(self.now_ms(), Ordering::Relaxed);
+        cell
+    }
+
+    /// The running engine for `key`, started with `start` on a blocking thread if there is none.
+    /// Concurrent callers wait for the one start; a failed start is retried by the next caller.
+    ///
+    /// # Errors
+    /// What `start` failed with.
+    pub async fn get_or_start<F>(&self, key: &EngineKey, start: F) -> Result<Arc<Engine>, PushdownError>
+    where
+        F: FnOnce() -> Result<Engine, PushdownError> + Send + 'static,
+    {
+        let cell = self.cell(key);
+        let engine = cell
+            .engine
+            .get_or_try_init(|| async {
+                tokio::task::spawn_blocking(start)
+                    .await
+                    .map_err(|e| PushdownError::Internal(format!("engine start failed: {e}")))?
+                    .map(Arc::new)
+            })
+            .await?;
+        Ok(engine.clone())
+    }
+
+    /// The engine for `key` if it runs (no start, no touch).
+    #[must_use]
+    pub fn running(&self, key: &EngineKey) -> Option<Arc<Engine>> {
+        self.cells.lock().unwrap_or_else(PoisonError::into_inner).get(key).and_then(|c| c.engine.get().cloned())
+    }
+
+    /// Every running engine.
+    #[must_use]
+    pub fn all(&self) -> Vec<(EngineKey, Arc<Engine>)> {
+        let cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        cells.iter().filter_map(|(k, c)| Some((k.clone(), c.engine.get()?.clone()))).collect()
+    }
+
+    /// Drops the engines unused for the idle time that no request holds; returns their keys.
+    pub fn evict_idle(&self) -> Vec<EngineKey> {
+        let now = self.now_ms();
+        let idle = u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX);
+        let mut evicted = Vec::new();
+        let mut dropped = Vec::new();
+        {
+            let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+            cells.retain(|key, cell| {
+                let unused = now.saturating_sub(cell.last_used.load(Ordering::Relaxed)) >= idle;
+                // Only the table holds the engine (and the cell is not being started).
+                let free = cell.engine.get().is_some_and(|e| Arc::strong_count(e) == 1) && Arc::strong_count(cell) == 1;
+                if unused && free {
+                    evicted.push(key.clone());
+                    dropped.push(cell.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        // The engines stop (queues close, workers exit) outside the lock.
+        drop(dropped);
+        for (model, split) in &evicted {
+            tracing::info!(%model, %split, idle_secs = self.idle.as_secs(), "Idle engine evicted.");
+        }
+        evicted
+    }
+
+    /// Drops every engine (shutdown): each stops when its last request is done.
+    pub fn clear(&self) {
+        let cells = std::mem::take(&mut *self.cells.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(cells);
+    }
+}
