@@ -221,7 +221,7 @@ async fn last_plan(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> 
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.auto_split(&q.model) {
+    match pd.auto_split(q.tenant.as_deref().unwrap_or_default(), &q.model) {
         Some((split, plan)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": q.model, "split": split, "plan": plan }))
         }

@@ -457,3 +457,33 @@ pub fn signed_head(method: &str, host: &str, path: &str, headers: &[(&str, &str)
     out.push_str("\r\n");
     Ok(out)
 }
+
+/// The ONNX Runtime library of the project's `.venv` (the `onnxruntime` wheel `scripts/setup.sh`
+/// installs), for the in-process pushdown tests.
+///
+/// # Panics
+/// When it is not installed.
+#[must_use]
+pub fn ort_library() -> PathBuf {
+    let lib = repo_root().join(".venv/lib");
+    std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|py| std::fs::read_dir(py.path().join("site-packages/onnxruntime/capi")).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")))
+        .unwrap_or_else(|| panic!("no onnxruntime wheel under {}: run scripts/setup.sh", lib.display()))
+}
+
+/// The body of a plain GET (the admin API).
+///
+/// # Panics
+/// On transport failures.
+pub async fn http_get(url: &str) -> String {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let resp = client.get(url.parse().expect("url")).await.expect("GET");
+    String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned()
+}

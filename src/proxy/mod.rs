@@ -269,7 +269,7 @@ impl Gateway {
             metrics: &self.metrics,
         };
         let spec = match requested.or_else(|| alias.map(|a| a.spec)) {
-            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => serving.resolve_auto(spec)?,
+            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => serving.resolve_auto(spec, &identity)?,
             _ => None,
         };
         if let Some((spec, plan)) = spec {

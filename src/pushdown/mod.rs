@@ -120,8 +120,8 @@ pub struct Pushdown {
     split_costs: Mutex<planning::SplitCosts>,
     /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
     preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
-    /// The last plan per model (`split=auto`).
-    plans: Mutex<HashMap<String, crate::planner::Plan>>,
+    /// The last plan per (tenant, model) (`split=auto`; tenant "" for plans posted without one).
+    plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
 }

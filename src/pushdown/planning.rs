@@ -118,16 +118,21 @@ impl Pushdown {
         let storage = self.storage_profile(model, tenant).await?;
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
-        self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(model.to_owned(), plan.clone());
+        let key = (tenant.unwrap_or_default().to_owned(), model.to_owned());
+        self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, plan.clone());
         Ok((plan, storage))
     }
 
-    /// The split `split=auto` means for `model`: the last plan's choice, else the freeze split.
-    /// Also returns the last plan's per-candidate predictions, if any.
+    /// The split `split=auto` means for `tenant` and `model`: the tenant's last plan's choice;
+    /// without one, the last plan posted without a tenant (an operator's default for the node);
+    /// else the freeze split. Also returns that plan's per-candidate predictions, if any. One
+    /// tenant's plan never changes what `split=auto` means for another.
     #[must_use]
-    pub fn auto_split(&self, model: &str) -> Option<(String, Option<Plan>)> {
+    pub fn auto_split(&self, tenant: &str, model: &str) -> Option<(String, Option<Plan>)> {
         let m = self.registry.models.get(model)?;
-        let plan = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(model).cloned();
+        let plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let plan = [tenant, ""].into_iter().find_map(|t| plans.get(&(t.to_owned(), model.to_owned()))).cloned();
+        drop(plans);
         let split = plan.as_ref().map_or_else(|| m.manifest.freeze.clone(), |p| p.chosen.clone());
         Some((split, plan))
     }

@@ -34,12 +34,16 @@ pub struct Serving<'a> {
 impl Serving<'_> {
     /// Resolves `split=auto` to the model's planned split (`x-tensorgate-plan` lists the predicted
     /// epoch seconds per candidate); `None` when the plan says no pushdown (a plain GET).
-    pub fn resolve_auto(&self, mut spec: PushdownSpec) -> Result<Option<(PushdownSpec, Option<String>)>, GatewayError> {
+    pub fn resolve_auto(
+        &self,
+        mut spec: PushdownSpec,
+        identity: &Identity,
+    ) -> Result<Option<(PushdownSpec, Option<String>)>, GatewayError> {
         if spec.split != crate::planner::AUTO {
             return Ok(Some((spec, None)));
         }
         let pd = self.pushdown.ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
-        let (split, plan) = pd.auto_split(&spec.model).ok_or_else(|| PushdownError::UnknownModel {
+        let (split, plan) = pd.auto_split(identity.name(), &spec.model).ok_or_else(|| PushdownError::UnknownModel {
             name: spec.model.clone(),
             known: pd.registry().names().join(", "),
         })?;

@@ -15,17 +15,8 @@ fn host(server: &Server) -> String {
 }
 
 async fn metric(server: &Server, name: &str) -> f64 {
-    let r = reqwest_like_get(server, "/metrics").await;
-    r.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-}
-
-/// A plain GET on the admin port.
-async fn reqwest_like_get(server: &Server, path: &str) -> String {
-    let mut s = TcpStream::connect(server.admin_addr).await.expect("admin");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes()).await.expect("w");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
+    let text = http_get(&format!("http://{}/metrics", server.admin_addr)).await;
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
 #[tokio::test]

@@ -5,3 +5,4 @@ mod edge;
 mod faults;
 mod fs_backend;
 mod passthrough;
+mod pushdown;
