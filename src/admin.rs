@@ -14,17 +14,23 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use bytes::Bytes;
 
+use crate::cache::TensorCache;
 use crate::metrics::Metrics;
-use crate::proxy::Gateway;
+use crate::proxy::admit::Admission;
+use crate::pushdown::Pushdown;
 
-#[derive(Clone)]
-struct AdminState {
-    gateway: Arc<Gateway>,
-    metrics: Metrics,
+/// What the admin API reports on and controls.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// Whether the S3 side is draining (`/readyz`).
+    pub admission: Arc<Admission>,
+    pub pushdown: Option<Arc<Pushdown>>,
+    pub cache: Option<Arc<TensorCache>>,
+    pub metrics: Metrics,
 }
 
 /// The admin router.
-pub fn router(gateway: Arc<Gateway>, metrics: Metrics) -> Router {
+pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -34,11 +40,11 @@ pub fn router(gateway: Arc<Gateway>, metrics: Metrics) -> Router {
         .route("/v1/models/{model}/suffix", get(suffix))
         .route("/v1/plan", post(plan).get(last_plan))
         .route("/v1/storage", get(storage))
-        .with_state(AdminState { gateway, metrics })
+        .with_state(state)
 }
 
 async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
-    if let Some(cache) = s.gateway.cache() {
+    if let Some(cache) = &s.cache {
         cache.settle().await;
     }
     observe_peak(&s.metrics);
@@ -59,7 +65,7 @@ fn observe_peak(metrics: &Metrics) {
 /// The memory governor's view: budget, reservations, and each engine's memory model.
 async fn memory(State(s): State<AdminState>) -> impl IntoResponse {
     observe_peak(&s.metrics);
-    let Some(pd) = s.gateway.pushdown() else {
+    let Some(pd) = &s.pushdown else {
         return (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain")], "pushdown: disabled\n".to_owned());
     };
     let g = pd.governor();
@@ -78,10 +84,10 @@ async fn memory(State(s): State<AdminState>) -> impl IntoResponse {
 /// Ready while not draining. The body also says whether pushdown can run (passthrough serves
 /// either way, so a missing ONNX Runtime does not make the gateway unready).
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.gateway.is_shutting_down() {
+    if s.admission.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_owned());
     }
-    let pushdown = match s.gateway.pushdown() {
+    let pushdown = match &s.pushdown {
         None => "pushdown: disabled".to_owned(),
         Some(p) => match p.available() {
             Ok(()) => format!("pushdown: ready (models: {})", p.registry().names().join(", ")),
@@ -102,10 +108,8 @@ fn failure(e: crate::pushdown::PushdownError) -> Reply {
     json(spec.status, &serde_json::json!({ "error": spec.code, "message": spec.message }))
 }
 
-fn pushdown(s: &AdminState) -> Result<&Arc<crate::pushdown::Pushdown>, Reply> {
-    s.gateway
-        .pushdown()
-        .ok_or_else(|| json(StatusCode::NOT_FOUND, &serde_json::json!({ "error": "pushdown disabled" })))
+fn pushdown(s: &AdminState) -> Result<&Arc<Pushdown>, Reply> {
+    s.pushdown.as_ref().ok_or_else(|| json(StatusCode::NOT_FOUND, &serde_json::json!({ "error": "pushdown disabled" })))
 }
 
 /// Every model with its splits in order, its freeze split, input and preprocessing.

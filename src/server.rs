@@ -174,7 +174,12 @@ impl Server {
         let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
             let _ = stopped.await;
         }));
-        let admin_app = admin::router(gateway.clone(), metrics);
+        let admin_app = admin::router(admin::AdminState {
+            admission: gateway.admission().clone(),
+            pushdown: gateway.pushdown().cloned(),
+            cache: gateway.cache().cloned(),
+            metrics,
+        });
         let admin_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(admin_listener, admin_app).await {
                 tracing::error!(error = %e, "Admin listener failed.");

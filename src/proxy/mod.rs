@@ -74,7 +74,7 @@ pub struct Gateway {
     creds: CredentialStore,
     backend: Backend,
     metrics: Metrics,
-    admission: admit::Admission,
+    admission: Arc<admit::Admission>,
     request_ids: RequestIds,
     pushdown: Option<Arc<Pushdown>>,
     cache: Option<Arc<TensorCache>>,
@@ -108,7 +108,7 @@ impl Gateway {
         pushdown: Option<Arc<Pushdown>>,
         cache: Option<Arc<TensorCache>>,
     ) -> Self {
-        let admission = admit::Admission::new(cfg.max_in_flight);
+        let admission = Arc::new(admit::Admission::new(cfg.max_in_flight));
         Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache }
     }
 
@@ -120,6 +120,12 @@ impl Gateway {
     #[must_use]
     pub fn is_shutting_down(&self) -> bool {
         self.admission.is_draining()
+    }
+
+    /// Admission state (shared with the admin API's `/readyz`).
+    #[must_use]
+    pub fn admission(&self) -> &Arc<admit::Admission> {
+        &self.admission
     }
 
     #[must_use]

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod engines;
 pub mod fair;
 pub mod governor;
+pub mod manifest;
 pub mod memory;
 pub mod planning;
 pub mod prefix;
@@ -456,7 +457,7 @@ pub(crate) fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.
-fn split_def<'a>(model: &'a Model, name: &str) -> Result<&'a registry::SplitDef, PushdownError> {
+fn split_def<'a>(model: &'a Model, name: &str) -> Result<&'a manifest::SplitDef, PushdownError> {
     model.split(name).ok_or_else(|| PushdownError::UnknownSplit {
         model: model.manifest.name.clone(),
         split: name.to_owned(),
@@ -480,7 +481,7 @@ fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownError {
 /// before any is decoded.
 fn image_costs(
     parsed: &Parsed,
-    manifest: &registry::Manifest,
+    manifest: &manifest::Manifest,
     (max_image, limit): (u64, u64),
 ) -> Result<Vec<u64>, PushdownError> {
     let resize = manifest.preprocess.as_ref().and_then(|p| p.resize_shorter);
@@ -503,7 +504,7 @@ fn image_costs(
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
-fn parse(object: &Bytes, manifest: &registry::Manifest) -> Result<Parsed, PushdownError> {
+fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, PushdownError> {
     let one = |kind, item| Parsed { kind, items: vec![item], keys: Vec::new(), labels: None };
     if preprocess::is_image(object) {
         if manifest.preprocess.is_none() {

@@ -22,9 +22,7 @@
 //! Images whose header declares more than `max_pixels`, or whose resized copy would be larger,
 //! are refused before any pixel is decoded.
 
-use serde::Deserialize;
-
-use super::registry::Layout;
+use super::manifest::{Channels, Layout, Preprocess};
 use super::{PushdownError, decode};
 
 /// Largest image (in pixels, from its header) decoded by default: 40 MP covers the largest
@@ -36,32 +34,6 @@ pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
 /// spare, and about half a minute of one core; a shard of tiny files that each claim 40 M pixels
 /// would otherwise buy minutes of CPU with a 64 MiB object.
 pub const DEFAULT_MAX_REQUEST_PIXELS: u64 = 4 << 30;
-
-/// Channel order the model expects.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub enum Channels {
-    #[default]
-    #[serde(rename = "RGB")]
-    Rgb,
-    #[serde(rename = "BGR")]
-    Bgr,
-}
-
-/// `[preprocess]` in a manifest.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Preprocess {
-    /// Resize so the shorter side has this many pixels (aspect kept); none: no resize.
-    pub resize_shorter: Option<u32>,
-    /// Center crop `[height, width]`.
-    pub crop: [u32; 2],
-    /// Multiplier applied to 0-255 pixel values before normalization (e.g. 1/255).
-    pub scale: f32,
-    pub mean: [f32; 3],
-    pub std: [f32; 3],
-    #[serde(default)]
-    pub channels: Channels,
-}
 
 /// Whether the bytes start like a JPEG or PNG file.
 #[must_use]

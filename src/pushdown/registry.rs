@@ -7,45 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
+use super::manifest::{Layout, Manifest, SplitDef};
 use sha2::{Digest, Sha256};
-
-/// Memory layout of the model input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Layout {
-    #[serde(rename = "NCHW")]
-    Nchw,
-    #[serde(rename = "NHWC")]
-    Nhwc,
-}
-
-/// One split point.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SplitDef {
-    pub name: String,
-    pub tensor: String,
-}
-
-/// `manifest.toml`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    pub name: String,
-    pub file: String,
-    pub sha256: String,
-    pub input: String,
-    /// Per-sample input shape (no batch dimension).
-    pub input_shape: Vec<usize>,
-    pub layout: Layout,
-    /// The default freeze split: the deepest split the model's users keep frozen.
-    pub freeze: String,
-    pub license: String,
-    pub origin: String,
-    /// How images become input tensors; without it the model takes `.npy` inputs only.
-    pub preprocess: Option<super::preprocess::Preprocess>,
-    pub splits: Vec<SplitDef>,
-}
 
 /// A model whose file matched its manifest.
 #[derive(Debug)]

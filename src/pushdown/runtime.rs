@@ -4,11 +4,12 @@
 //! gateway still serves passthrough; pushdown answers `503` and `/readyz` says why.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
-/// The process-wide ONNX Runtime environment, or why there is none. ONNX Runtime can be loaded
-/// once per process, so the first successful (or failed) start is kept.
-static RUNTIME: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+/// The process-wide ONNX Runtime environment once one started. ONNX Runtime can be loaded once
+/// per process, so a success is kept; a failure is not (a later start, say with a corrected
+/// `pushdown.ort_library`, tries again).
+static RUNTIME: Mutex<Option<ort::environment::Environment>> = Mutex::new(None);
 
 /// Locates the ONNX Runtime shared library.
 ///
@@ -46,16 +47,17 @@ pub fn locate(configured: Option<&Path>) -> Result<PathBuf, String> {
 /// # Errors
 /// Why pushdown is unavailable.
 pub fn environment(configured: Option<&Path>) -> Result<ort::environment::Environment, String> {
-    RUNTIME
-        .get_or_init(|| {
-            let path = locate(configured)?;
-            let builder =
-                ort::init_from(&path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
-            builder
-                .with_name("tensorgate")
-                .with_telemetry(false)
-                .build()
-                .map_err(|e| format!("cannot start ONNX Runtime: {e}"))
-        })
-        .clone()
+    let mut runtime = RUNTIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(env) = runtime.as_ref() {
+        return Ok(env.clone());
+    }
+    let path = locate(configured)?;
+    let builder = ort::init_from(&path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
+    let env = builder
+        .with_name("tensorgate")
+        .with_telemetry(false)
+        .build()
+        .map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
+    *runtime = Some(env.clone());
+    Ok(env)
 }
