@@ -37,37 +37,38 @@ impl Pushdown {
         Ok(out)
     }
 
-    /// Measures (once, then cached) one split's prefix time per sample on one thread and its
-    /// output bytes per sample, with a throwaway session on a blocking thread.
+    /// Measures (once, then cached; concurrent askers wait for the one measurement) one split's
+    /// prefix time per sample on one thread and its output bytes per sample, with a throwaway
+    /// session on a blocking thread. A failed measurement is retried by the next asker.
     async fn split_cost(&self, model: &str, split: &str) -> Result<SplitCost, PushdownError> {
         let key = (model.to_owned(), split.to_owned());
-        if let Some(c) = self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-            return Ok(c.clone());
-        }
+        let cell =
+            self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key).or_default().clone();
         let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let m = self.model(model)?;
         let tensor = split_def(&m, split)?.tensor.clone();
-        let cost = tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
-            let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
-            let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
-            let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
-            engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
-            // CPU time (the session has one intra-op thread): requests running on the same core
-            // do not inflate it.
-            let (out, spent) =
-                super::cpu_timed(|| engine::run(&mut session, &m.manifest.input, &tensor, &shape, input));
-            let out = out?;
-            Ok(SplitCost {
-                secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,
-                bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
-                shape: out.shape.iter().skip(1).copied().collect(),
+        let measure = || async move {
+            tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
+                let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
+                let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
+                let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
+                engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
+                // CPU time (the session has one intra-op thread): requests running on the same
+                // core do not inflate it.
+                let (out, spent) =
+                    super::cpu_timed(|| engine::run(&mut session, &m.manifest.input, &tensor, &shape, input));
+                let out = out?;
+                Ok(SplitCost {
+                    secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,
+                    bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
+                    shape: out.shape.iter().skip(1).copied().collect(),
+                })
             })
-        })
-        .await
-        .map_err(|e| PushdownError::Internal(e.to_string()))?
-        .map_err(PushdownError::Model)?;
-        self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, cost.clone());
-        Ok(cost)
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))?
+            .map_err(PushdownError::Model)
+        };
+        cell.get_or_try_init(measure).await.cloned()
     }
 
     /// Mean seconds this node spent preprocessing an image sample so far (0 before the first).
@@ -166,4 +167,4 @@ impl Pushdown {
 }
 
 /// Per-(model, split) measured costs.
-pub type SplitCosts = HashMap<(String, String), SplitCost>;
+pub type SplitCosts = HashMap<(String, String), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;

@@ -52,7 +52,8 @@ pub fn environment(configured: Option<&Path>) -> Result<ort::environment::Enviro
         return Ok(env.clone());
     }
     let path = locate(configured)?;
-    let builder = ort::init_from(&path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
+    let builder =
+        ort::init_from(&path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
     let env = builder
         .with_name("tensorgate")
         .with_telemetry(false)
