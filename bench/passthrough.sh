@@ -3,6 +3,7 @@
 # gateway (release build), alternating, in one run; then the gateway's peak RSS over a 1 GiB PUT + GET.
 # Prints a markdown report and saves it (and the raw JSON lines) under bench/results/.
 #   bench/passthrough.sh            # ROUNDS=2 by default
+#   GATEWAY_BIN=path/to/tensorgate bench/passthrough.sh   # another build (default: the release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
@@ -28,7 +29,7 @@ cleanup() {
 trap cleanup EXIT
 
 ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
-target/release/tensorgate serve --listen "$GW" --admin-listen "$ADMIN" \
+"${GATEWAY_BIN:-target/release/tensorgate}" serve --listen "$GW" --admin-listen "$ADMIN" \
   --backend-endpoint "$ENDPOINT" --backend-access-key seaweed-ak --backend-secret-key seaweed-sk \
   --access-key bench-ak --secret-key bench-sk --log warn > .tmp/bench-gateway.log 2>&1 &
 GW_PID=$!

@@ -8,6 +8,7 @@
 (c) the ceiling: onnxruntime alone on pre-decoded batches of the same prefix.
 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
+     TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
 """
 
 import concurrent.futures as cf
@@ -32,6 +33,7 @@ from conftest import free_port, ort_library, wait_ready  # noqa: E402
 from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
 
 N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
+BINARY = Path(os.environ.get("TENSORGATE_BIN", ROOT / "target/release/tensorgate"))
 MODELS = {"resnet18": ["layer3", "pool"], "resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
 
 
@@ -53,7 +55,7 @@ def prefix_session(model, split, threads):
     m = manifest(model)
     tensor = next(s["tensor"] for s in m["splits"] if s["name"] == split)
     out = Path(tempfile.mkdtemp()) / "prefix.onnx"
-    subprocess.run([str(ROOT / "target/release/tensorgate"), "models", "cut", str(ROOT / "models" / model / "model.onnx"), "--split", tensor, "--out", str(out)], check=True, capture_output=True)
+    subprocess.run([str(BINARY), "models", "cut", str(ROOT / "models" / model / "model.onnx"), "--split", tensor, "--out", str(out)], check=True, capture_output=True)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     return ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
@@ -79,7 +81,7 @@ def main():
         cfg = tmp / f"gw{threads}.toml"
         cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\n")
         env["TENSORGATE_CONFIG"] = str(cfg)
-        proc = subprocess.Popen([str(ROOT / "target/release/tensorgate")], env=env)
+        proc = subprocess.Popen([str(BINARY)], env=env)
         try:
             wait_ready(f"http://127.0.0.1:{admin}", proc)
             s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
