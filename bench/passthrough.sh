@@ -4,6 +4,9 @@
 # Prints a markdown report and saves it (and the raw JSON lines) under bench/results/.
 #   bench/passthrough.sh            # ROUNDS=2 by default
 #   GATEWAY_BIN=path/to/tensorgate bench/passthrough.sh   # another build (default: the release build)
+#   PIN=0 bench/passthrough.sh      # unpinned (default PIN=1: the gateway alone on the last core,
+#                                   # store and client on the others, so the ratios show what the
+#                                   # gateway costs with a core of its own, not core contention)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
@@ -28,8 +31,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+PIN=${PIN:-1}
+LAST=$(( $(nproc) - 1 ))
+# Command prefixes (taskset execs the command: the gateway's PID is its own).
+GW_PIN=() REST_PIN=()
+if [ "$PIN" = 1 ] && [ "$LAST" -ge 1 ]; then
+  GW_CPUS=$LAST REST_CPUS=0-$(( LAST - 1 ))
+  GW_PIN=(taskset -c "$GW_CPUS") REST_PIN=(taskset -c "$REST_CPUS")
+else
+  PIN=0
+fi
 ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
-"${GATEWAY_BIN:-target/release/tensorgate}" serve --listen "$GW" --admin-listen "$ADMIN" \
+[ "$PIN" = 1 ] && taskset -a -pc "$REST_CPUS" "$(cat ".tmp/seaweedfs-$PORT/pid")" >/dev/null
+"${GW_PIN[@]}" "${GATEWAY_BIN:-target/release/tensorgate}" serve --listen "$GW" --admin-listen "$ADMIN" \
   --backend-endpoint "$ENDPOINT" --backend-access-key seaweed-ak --backend-secret-key seaweed-sk \
   --access-key bench-ak --secret-key bench-sk --log warn > .tmp/bench-gateway.log 2>&1 &
 GW_PID=$!
@@ -43,7 +57,7 @@ measure() {
   local label=$1; shift
   local g0 w0 c0 g1 w1 c1
   g0=$(cpu "$GW_PID"); w0=$(cpu "$WEED_PID")
-  /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
+  "${REST_PIN[@]}" /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
   g1=$(cpu "$GW_PID"); w1=$(cpu "$WEED_PID")
   read -r cu cs < .tmp/bench-client-cpu
   echo "{\"label\":\"$label\",\"test\":\"cpu\",\"gateway_cpu_s\":$(( (g1 - g0) ))e-2,\"store_cpu_s\":$(( (w1 - w0) ))e-2,\"client_cpu_s\":$(echo "$cu + $cs" | bc)}" >> "$RAW"
@@ -60,8 +74,8 @@ done
 echo "1 GiB PUT + GET through the gateway" >&2
 head -c $((1024 * 1024 * 1024)) /dev/zero > .tmp/bench-1g.bin
 rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
-$BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
+"${REST_PIN[@]}" $BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
 rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
 
-.venv/bin/python bench/report.py "$RAW" | tee "$OUT/passthrough.md"
+{ [ "$PIN" = 1 ] && echo "Pinned: gateway on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough.md"

@@ -9,6 +9,7 @@
 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
+     BENCH_MODELS=pp-lcnet ...              measures a subset of the models
 """
 
 import concurrent.futures as cf
@@ -35,6 +36,8 @@ from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
 N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
 BINARY = Path(os.environ.get("TENSORGATE_BIN", ROOT / "target/release/tensorgate"))
 MODELS = {"resnet18": ["layer3", "pool"], "resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
+# BENCH_MODELS=pp-lcnet,resnet18 measures a subset.
+MODELS = {m: s for m, s in MODELS.items() if m in os.environ.get("BENCH_MODELS", ",".join(MODELS)).split(",")}
 
 
 def manifest(model):

@@ -2,7 +2,8 @@
 //! object sizes and GET latency percentiles, against one endpoint. `bench/passthrough.sh` runs it
 //! against SeaweedFS directly and through the gateway in the same run and reports ratios.
 //!
-//! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE]`; prints one JSON object per line.
+//! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE | latency]`; prints one JSON object
+//! per line.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,7 +78,14 @@ async fn main() {
         return;
     }
 
-    for (size, count, conc) in [(4 * 1024, 1500usize, 16usize), (1024 * 1024, 150, 8), (64 * 1024 * 1024, 6, 2)] {
+    // `latency`: only the 4 KiB GET latencies (after putting the objects), for quick A/B runs.
+    let latency_only = args.get(5).map(String::as_str) == Some("latency");
+    let sizes: &[(usize, usize, usize)] = if latency_only {
+        &[(4 * 1024, 1500, 16)]
+    } else {
+        &[(4 * 1024, 1500, 16), (1024 * 1024, 150, 8), (64 * 1024 * 1024, 6, 2)]
+    };
+    for &(size, count, conc) in sizes {
         let data = bytes::Bytes::from(vec![0x5au8; size]);
         let (c2, b2, d2) = (c.clone(), bucket.clone(), data.clone());
         let (_, put_wall) = run(count, conc, move |i| {
