@@ -141,19 +141,9 @@ where
 }
 
 pin_project! {
-    /// A response body that adds the bytes it yields to a counter and holds a guard (an in-flight
-    /// gauge, a backend permit) until the body is finished or dropped, so such counts cannot drift
-    /// when a client goes away mid-download.
-    pub struct Metered<B, G> {
-        #[pin]
-        inner: B,
-        counter: Counter,
-        guard: Option<G>,
-    }
-}
-
-pin_project! {
-    /// A body that keeps `guard` (a memory reservation) until it ends, fails or is dropped.
+    /// A body that keeps `guard` (a memory reservation, an admission place) until it ends, fails
+    /// or is dropped, so nothing it accounts for outlives the response or leaks when a client goes
+    /// away mid-download.
     #[derive(Debug)]
     pub struct Holding<B, G> {
         #[pin]
@@ -193,9 +183,18 @@ where
     }
 }
 
+pin_project! {
+    /// A [`Holding`] body that also adds the bytes it yields to a counter.
+    pub struct Metered<B, G> {
+        #[pin]
+        inner: Holding<B, G>,
+        counter: Counter,
+    }
+}
+
 impl<B, G> Metered<B, G> {
     pub fn new(inner: B, counter: Counter, guard: G) -> Self {
-        Self { inner, counter, guard: Some(guard) }
+        Self { inner: Holding::new(inner, guard), counter }
     }
 }
 
@@ -209,15 +208,8 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
         let polled = ready!(this.inner.poll_frame(cx));
-        match &polled {
-            Some(Ok(frame)) => {
-                if let Some(d) = frame.data_ref() {
-                    this.counter.inc_by(d.len() as u64);
-                }
-            }
-            Some(Err(_)) | None => {
-                this.guard.take();
-            }
+        if let Some(d) = polled.as_ref().and_then(|f| f.as_ref().ok()).and_then(Frame::data_ref) {
+            this.counter.inc_by(d.len() as u64);
         }
         Poll::Ready(polled)
     }
