@@ -198,7 +198,9 @@ impl Gateway {
     }
 
     /// Runs an admitted request under its deadline: a request with a body must keep it coming
-    /// (each frame within `stall_timeout`); one without must be answered within `request_timeout`.
+    /// (each frame within `stall_timeout`); one without must be answered within `request_timeout`,
+    /// except server-side copies, which a store may legitimately take longer over for a large
+    /// object (the backend's own timeouts bound them).
     async fn dispatch(
         &self,
         req: Request<Body>,
@@ -210,6 +212,9 @@ impl Gateway {
         if has_body {
             let stall = self.cfg.stall_timeout;
             return self.forward(req.map(|b| Body::new(crate::edge::StallingBody::new(b, stall))), target, op).await;
+        }
+        if matches!(op, S3Op::CopyObject | S3Op::UploadPartCopy) {
+            return self.forward(req, target, op).await;
         }
         let limit = self.cfg.request_timeout;
         match tokio::time::timeout(limit, self.forward(req, target, op)).await {

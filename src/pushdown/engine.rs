@@ -244,6 +244,12 @@ impl Engine {
         self.alive.load(Ordering::SeqCst) > 0
     }
 
+    /// Whether the first worker found the prefix unusable or the engine too large for the budget.
+    #[must_use]
+    pub fn failed(&self) -> bool {
+        matches!(self.verdict.borrow().as_ref(), Some(Err(_)))
+    }
+
     /// Fault injection for the supervision tests: the next inference run panics.
     #[doc(hidden)]
     pub fn inject_panic(&self) {

@@ -1,6 +1,7 @@
 //! The engine table: one cell per (model, split), started once however many requests ask at the
 //! same moment (single flight), on a blocking thread (cutting the prefix is CPU work; no lock is
-//! held while it runs), replaced when its workers died, evicted once idle.
+//! held while it runs), replaced when its workers died (or, [`RETRY_FAILED_AFTER`] after it
+//! failed to start, on the next request), evicted once idle.
 //!
 //! Eviction drops the table's handle only when nobody else holds one (no request in flight on
 //! it): the engine's queue then closes, its workers exit with their sessions, and its memory
@@ -19,11 +20,29 @@ use super::engine::Engine;
 /// (model, split).
 pub type EngineKey = (String, String);
 
-#[derive(Debug, Default)]
+/// How long an engine that failed to start (its prefix unusable, or too large for what the budget
+/// had left) keeps answering with that error before a request may start it again: long enough that
+/// a broken model cannot make every request pay for a session and a probe, short enough that an
+/// engine refused for memory gets another chance once idle engines were evicted.
+const RETRY_FAILED_AFTER: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
 struct Cell {
     engine: OnceCell<Arc<Engine>>,
     /// Milliseconds since the table's epoch at the last lookup.
     last_used: AtomicU64,
+    created: Instant,
+}
+
+impl Cell {
+    fn new() -> Self {
+        Self { engine: OnceCell::new(), last_used: AtomicU64::new(0), created: Instant::now() }
+    }
+
+    /// Whether this cell's engine should be replaced by a new one.
+    fn replaceable(&self) -> bool {
+        self.engine.get().is_some_and(|e| !e.is_alive() || (e.failed() && self.created.elapsed() >= RETRY_FAILED_AFTER))
+    }
 }
 
 /// The supervised engines of one pushdown service.
@@ -49,12 +68,12 @@ impl EngineTable {
     fn cell(&self, key: &EngineKey) -> Arc<Cell> {
         let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
         let cell = match cells.get(key) {
-            Some(c) if c.engine.get().is_none_or(|e| e.is_alive()) => c.clone(),
+            Some(c) if !c.replaceable() => c.clone(),
             found => {
                 if found.is_some() {
-                    tracing::warn!(model = %key.0, split = %key.1, "Engine has no live worker; starting a new one.");
+                    tracing::warn!(model = %key.0, split = %key.1, "Engine failed or has no live worker; starting a new one.");
                 }
-                let c = Arc::new(Cell::default());
+                let c = Arc::new(Cell::new());
                 cells.insert(key.clone(), c.clone());
                 c
             }
