@@ -18,14 +18,12 @@
 use serde::Serialize;
 
 /// glibc tunable the binary runs with (`main.rs` restarts itself once to apply it, unless the
-/// environment already sets a threshold): blocks of 4 MiB and more (batched activations, large
-/// decoded images, source objects) are mapped and unmapped, so a burst's big buffers leave the
-/// resident set at once, while smaller ones are reused from the heap. glibc's default raises the
-/// threshold after each large free (up to 32 MiB) and keeps even the big blocks; in a 64-client
-/// burst that held 250-300 MiB more than was in use. A 128 KiB threshold returned more (baseline
-/// 125 MiB instead of 165 after that burst) but cost pushdown 12-53% of its throughput in page
-/// faults and `munmap`s on every inference run (ADR 0009).
-pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=4194304";
+/// environment already sets a threshold): blocks of 128 KiB and more are mapped and unmapped, so
+/// freed inference buffers leave the resident set at once. glibc's default raises this threshold
+/// after each large free (up to 32 MiB) and keeps such blocks in its heaps; in a 64-client burst
+/// that held 250-300 MiB more than was in use. Its cost, 12-53% of pushdown throughput in page
+/// faults, and why a larger threshold is not the fix yet: ADR 0009.
+pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072";
 
 /// Batch sizes of the two probe runs.
 pub const PROBE_BATCHES: (usize, usize) = (1, 8);

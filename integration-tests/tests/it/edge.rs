@@ -60,6 +60,26 @@ async fn heads_that_never_finish_are_closed_after_the_header_timeout_while_clien
 }
 
 #[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = fs_config(&dir.path().join("data"));
+    cfg.edge.header_timeout_secs = 1;
+    let server = Server::start(&cfg).await.expect("gateway");
+    let mut s = TcpStream::connect(server.s3_addr).await.expect("connect");
+    let head = signed_head("GET", &host(&server), "/", &[]).expect("head");
+    s.write_all(head.as_bytes()).await.expect("request");
+    let mut first = [0u8; 12];
+    s.read_exact(&mut first).await.expect("status line");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // Kept alive, then idle: closed by the gateway once the timer for the next head runs out.
+    let idle = Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await.expect("closed").expect("read");
+    assert!(idle.elapsed() >= Duration::from_millis(900), "closed after {:?}", idle.elapsed());
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn connections_over_the_limit_get_slow_down() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = fs_config(&dir.path().join("data"));
