@@ -26,6 +26,7 @@ use crate::s3::route::{S3Op, Target};
 #[derive(Clone)]
 pub struct FsBackend {
     service: Arc<S3Service>,
+    root: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for FsBackend {
@@ -42,7 +43,7 @@ impl FsBackend {
     pub fn new(root: &Path) -> Result<Self, std::io::Error> {
         std::fs::create_dir_all(root)?;
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
-        Ok(Self { service: Arc::new(S3ServiceBuilder::new(fs).build()) })
+        Ok(Self { service: Arc::new(S3ServiceBuilder::new(fs).build()), root: root.to_path_buf() })
     }
 
     pub async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
@@ -59,6 +60,15 @@ impl FsBackend {
             if !safe {
                 return Err(BackendError::UnsafeKey);
             }
+        }
+        // A key that names a directory (the common prefix of other keys, such as `rc` of `rc/a`)
+        // is no object: S3 answers `404 NoSuchKey`, where s3s-fs would fail with `500` (and
+        // rclone, which HEADs the destination prefix, would retry for a minute and a half).
+        if matches!(req.op, S3Op::GetObject | S3Op::HeadObject)
+            && let (Some(bucket), Some(key)) = (&req.target.bucket, &req.target.key)
+            && self.root.join(bucket).join(key.trim_end_matches('/')).is_dir()
+        {
+            return Ok(no_such_key(&req.target, req.method == http::Method::HEAD));
         }
         // A local directory has no ACLs: anonymous requests (allow_anonymous) may read only.
         if req.anonymous && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
@@ -143,6 +153,24 @@ impl FsBackend {
         parts.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(xml.len()));
         Ok(Response::from_parts(parts, Body::from(xml)))
     }
+}
+
+/// S3's answer for a key that holds no object.
+fn no_such_key(target: &Target, head: bool) -> Response<Body> {
+    let body = if head {
+        Body::empty()
+    } else {
+        Body::from(crate::s3::xml::error_body(
+            "NoSuchKey",
+            "The specified key does not exist.",
+            &target.resource(),
+            "-",
+        ))
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = http::StatusCode::NOT_FOUND;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+    resp
 }
 
 /// Largest listing body read back to complete it (1000 entries of 1 KiB keys, with room).

@@ -28,6 +28,11 @@ async fn fs_backend_serves_s3_and_refuses_traversal() {
     assert_eq!(v1.contents()[0].e_tag(), head.e_tag());
     let missing = c.get_object().bucket("local").key("nope").send().await.expect_err("missing");
     assert!(missing.into_service_error().is_no_such_key());
+    // A common prefix is no object (s3s-fs alone answers 500 for the directory behind it).
+    let prefix = c.get_object().bucket("local").key("a").send().await.expect_err("a prefix");
+    assert!(prefix.into_service_error().is_no_such_key());
+    let head = c.head_object().bucket("local").key("a").send().await.expect_err("a prefix");
+    assert_eq!(head.raw_response().map(|r| r.status().as_u16()), Some(404));
 
     let host = format!("127.0.0.1:{}", server.s3_addr.port());
     for evil in ["/local/..%2Fother%2Fx", "/local/a%2F..%2F..%2Fescape", "/local/%2Fetc%2Fpasswd"] {
