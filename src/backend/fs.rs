@@ -66,7 +66,9 @@ impl FsBackend {
         // rclone, which HEADs the destination prefix, would retry for a minute and a half).
         if matches!(req.op, S3Op::GetObject | S3Op::HeadObject)
             && let (Some(bucket), Some(key)) = (&req.target.bucket, &req.target.key)
-            && self.root.join(bucket).join(key.trim_end_matches('/')).is_dir()
+            && tokio::fs::metadata(self.root.join(bucket).join(key.trim_end_matches('/')))
+                .await
+                .is_ok_and(|m| m.is_dir())
         {
             return Ok(no_such_key(&req.target, req.method == http::Method::HEAD));
         }
