@@ -80,6 +80,21 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
 }
 
 #[tokio::test]
+async fn a_head_larger_than_the_limit_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&fs_config(&dir.path().join("data"))).await.expect("gateway");
+    let mut s = TcpStream::connect(server.s3_addr).await.expect("connect");
+    let big = "a".repeat(tensorgate::config::MAX_HEADER_BYTES + 1);
+    // The client may see the refusal before it has written everything.
+    let _ = s.write_all(format!("GET / HTTP/1.1\r\nHost: x\r\nx-filler: {big}\r\n\r\n").as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await.expect("answered");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn connections_over_the_limit_get_slow_down() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = fs_config(&dir.path().join("data"));
