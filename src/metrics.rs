@@ -77,6 +77,7 @@ pub struct Metrics {
     pub admission_timeouts: Counter,
     pub admission_wait: Histogram,
     pub tenant_samples: Family<TenantLabel, Counter>,
+    pub plans: Family<TenantLabel, Counter>,
 }
 
 /// A tenant: the access key's configured name (a bounded set).
@@ -278,6 +279,8 @@ impl Metrics {
         );
         let tenant_samples = Family::<TenantLabel, Counter>::default();
         r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
+        let plans = Family::<TenantLabel, Counter>::default();
+        r.register("pushdown_plans", "Split plans made (POST /v1/plan), by tenant", plans.clone());
         Self {
             registry: Arc::new(r),
             memory_budget,
@@ -289,6 +292,7 @@ impl Metrics {
             admission_timeouts,
             admission_wait,
             tenant_samples,
+            plans,
             cache_hits,
             cache_misses,
             cache_revalidations,

@@ -75,20 +75,20 @@ def main(argv=None):
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
                                  prefetch=4 if args.overlap else 1, overlap=bool(args.overlap),
                                  local_cache_bytes=local)
-        before = len(loader.fetches)
+        before = loader.bytes_received
         for features, labels, _ in loader:
             head.step(features, labels)
             if args.train_secs:
                 time.sleep(args.train_secs)
         epochs.append(time.perf_counter() - t)
-        moved += sum(f.bytes for f in loader.fetches[before:])
+        moved += loader.bytes_received - before
         if loader.plans:
             chosen = loader.plans[-1]["plan"]["chosen"]
             loader.requested_split = chosen  # later epochs keep the plan (no re-profiling)
             loader.split = chosen
     plans = [{"chosen": p["plan"]["chosen"], "bandwidth": p["profile"]["bandwidth_bytes_per_sec"],
               "predicted": {c["split"]: c["epoch_secs"] for c in p["plan"]["candidates"]}} for p in (loader.plans if loader else [])]
-    used = sorted({f.split or "none" for f in loader.fetches}) if loader else []
+    used = sorted(loader.splits_used) if loader else []
     json.dump({"epochs": epochs, "bytes": moved, "split": chosen, "splits_used": used, "plans": plans,
                "profile_secs": loader.profile_seconds if loader else 0.0}, sys.stdout)
     print()

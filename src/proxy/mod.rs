@@ -279,9 +279,13 @@ impl Gateway {
             backend: &self.backend,
             metrics: &self.metrics,
         };
-        let spec = match requested.or_else(|| alias.map(|a| a.spec)) {
-            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => serving.resolve_auto(spec, &identity)?,
-            _ => None,
+        let (spec, planned_none) = match requested.or_else(|| alias.map(|a| a.spec)) {
+            Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => {
+                let resolved = serving.resolve_auto(spec, &identity)?;
+                let none = resolved.is_none();
+                (resolved, none)
+            }
+            _ => (None, false),
         };
         if let Some((spec, plan)) = spec {
             let mut resp = serving.get(&parts, target, spec, &identity).await?;
@@ -375,7 +379,13 @@ impl Gateway {
                 None => cache.bucket_written(&bucket),
             }
         }
-        Ok((result?, identity.name().to_owned()))
+        let mut resp = result?;
+        if planned_none {
+            // `split=auto` whose plan is no pushdown: the plain object, marked so that a client
+            // knows to decode it itself.
+            resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));
+        }
+        Ok((resp, identity.name().to_owned()))
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash,

@@ -302,8 +302,15 @@ impl Pushdown {
         let t0 = Instant::now();
         let parse_model = model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
+        let want_tar = spec.format == Some(Format::Tar);
         let (parsed, scratch) = tokio::task::spawn_blocking(move || {
             let parsed = parse(&object, &parse_model.manifest)?;
+            if want_tar && parsed.kind != Kind::Shard {
+                return Err(PushdownError::InvalidArgument {
+                    field: "format".into(),
+                    message: "tar is for WebDataset shards; this object is one image or tensor (use npy)".into(),
+                });
+            }
             let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
             Ok::<_, PushdownError>((parsed, scratch))
         })
@@ -314,11 +321,14 @@ impl Pushdown {
         let t1 = Instant::now();
         let max_pixels = self.cfg.max_image_pixels;
         let n = parsed.items.len() as u64;
+        // A tar body also holds copies of the samples' other members and its framing.
+        let tar_bytes =
+            if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
         let (stream, outputs_held) = self
             .governor
             .open(
                 tenant,
-                (memory.queued_bytes_per_sample, memory.held_bytes_per_sample * n),
+                (memory.queued_bytes_per_sample, (memory.held_bytes_per_sample * n).saturating_add(tar_bytes)),
                 spec.batch,
                 parsed.items.len(),
             )
@@ -383,14 +393,18 @@ impl Pushdown {
             // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
             meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
         }
-        let (kind, labels) = (parsed.kind, parsed.labels);
+        let (kind, labels, keys, others) = (parsed.kind, parsed.labels, parsed.keys, parsed.others);
         let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
+            if format == Format::Tar {
+                return write_tar(&outputs, &keys, &others, dtype);
+            }
             let out = stack(outputs, kind != Kind::Single);
             let body = match format {
                 Format::Npy => tensor::write_npy(&out, dtype),
                 Format::Safetensors => {
                     tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?
                 }
+                Format::Tar => unreachable!("written above"),
             };
             Ok((body, out.shape))
         })
@@ -400,6 +414,7 @@ impl Pushdown {
         let content_type = match format {
             Format::Npy => "application/x-npy",
             Format::Safetensors => "application/vnd.safetensors",
+            Format::Tar => "application/x-tar",
         };
         Ok(Output {
             body: Bytes::from(body),
@@ -437,6 +452,8 @@ struct Parsed {
     items: Vec<Item>,
     keys: Vec<String>,
     labels: Option<Vec<i64>>,
+    /// A shard's samples' other members (`format=tar` writes them back).
+    others: Vec<Vec<(String, Bytes)>>,
 }
 
 /// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
@@ -505,7 +522,7 @@ fn image_costs(
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
 fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, PushdownError> {
-    let one = |kind, item| Parsed { kind, items: vec![item], keys: Vec::new(), labels: None };
+    let one = |kind, item| Parsed { kind, items: vec![item], keys: Vec::new(), labels: None, others: Vec::new() };
     if preprocess::is_image(object) {
         if manifest.preprocess.is_none() {
             return Err(no_preprocess(&manifest.name));
@@ -520,12 +537,14 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, Pushdo
             items: samples.into_iter().map(Item::Ready).collect(),
             keys: Vec::new(),
             labels: None,
+            others: Vec::new(),
         });
     }
     if shard::is_tar(object) {
         let samples = shard::read(object)?;
         let mut items = Vec::with_capacity(samples.len());
         let mut keys = Vec::with_capacity(samples.len());
+        let mut others = Vec::with_capacity(samples.len());
         let labels = samples.iter().map(|s| s.label).collect::<Option<Vec<i64>>>();
         for s in samples {
             items.push(match s.input {
@@ -548,8 +567,9 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, Pushdo
                 }
             });
             keys.push(s.key);
+            others.push(s.others);
         }
-        return Ok(Parsed { kind: Kind::Shard, items, keys, labels });
+        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others });
     }
     Err(PushdownError::Unsupported(
         "the object is not a JPEG or PNG image, a .npy tensor or a WebDataset tar shard".into(),
@@ -570,6 +590,39 @@ fn npy_samples(object: &[u8], sample_shape: &[usize]) -> Result<(bool, Vec<Vec<f
             t.shape
         )))
     }
+}
+
+/// Bytes a `format=tar` body holds beyond the encoded features: copies of the samples' other
+/// members and the tar framing.
+fn tar_overhead(keys: &[String], others: &[Vec<(String, Bytes)>]) -> usize {
+    let members = keys.len() + others.iter().map(Vec::len).sum::<usize>();
+    let longest = keys
+        .iter()
+        .zip(others)
+        .map(|(k, o)| k.len() + 1 + o.iter().map(|(e, _)| e.len()).chain([3]).max().unwrap_or(3))
+        .max()
+        .unwrap_or(0);
+    let extra: usize = others.iter().flatten().map(|(_, b)| b.len()).sum();
+    extra + shard::framing_bytes(members, longest)
+}
+
+/// A shard's outputs as a WebDataset shard (`format=tar`): each sample's features as `.npy`, its
+/// other members after it. Returns the body and the shape the features would have stacked.
+fn write_tar(
+    outputs: &[Tensor],
+    keys: &[String],
+    others: &[Vec<(String, Bytes)>],
+    dtype: Dtype,
+) -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
+    // An .npy header of a feature map is well under 128 bytes.
+    let per = outputs.first().map_or(0, |t| t.data.len() * dtype.size() + 128);
+    let capacity = per * outputs.len() + tar_overhead(keys, others);
+    let rows =
+        outputs.iter().zip(keys).zip(others).map(|((t, k), o)| (k.as_str(), tensor::write_npy(t, dtype), o.as_slice()));
+    let body = shard::write(rows, capacity)?;
+    let mut shape = vec![outputs.len()];
+    shape.extend(outputs.first().map(|t| t.shape.clone()).unwrap_or_default());
+    Ok((body, shape))
 }
 
 fn stack(outputs: Vec<Tensor>, batched: bool) -> Tensor {

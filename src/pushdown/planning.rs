@@ -120,6 +120,7 @@ impl Pushdown {
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
         let key = (tenant.unwrap_or_default().to_owned(), model.to_owned());
+        self.cfg.metrics.plans.get_or_create(&crate::metrics::TenantLabel { tenant: key.0.clone() }).inc();
         self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, plan.clone());
         Ok((plan, storage))
     }

@@ -7,8 +7,9 @@
 //!   inputs is an error naming its key;
 //! - `.cls` holds the integer label; labels are returned when every sample has one, and a shard
 //!   where only some samples have one is an error;
-//! - members with other extensions (`.json`, `.txt`, ...) and non-file entries are ignored; samples
-//!   with no input at all are skipped;
+//! - members with other extensions (`.json`, `.txt`, ...) are not model inputs: they are kept, with
+//!   `.cls`, as the sample's other members (what `format=tar` writes back beside the features);
+//!   non-file entries are ignored, and samples with no input at all are skipped;
 //! - a shard with no samples, or an input that fails to decode later, fails the whole request
 //!   with a 4xx naming the key: silently dropping training samples is worse than failing loudly.
 
@@ -32,6 +33,9 @@ pub struct Sample {
     pub key: String,
     pub input: SampleInput,
     pub label: Option<i64>,
+    /// The sample's members other than its input, in archive order: the extension as spelled in
+    /// the member name (after the first `.` of the file name) and the bytes.
+    pub others: Vec<(String, Bytes)>,
 }
 
 /// Whether the bytes look like a tar archive (POSIX ustar or GNU magic at offset 257).
@@ -53,6 +57,7 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
         key: String,
         input: Option<SampleInput>,
         label: Option<i64>,
+        others: Vec<(String, Bytes)>,
     }
     let mut samples: Vec<Partial> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -73,12 +78,10 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
             .filter(|&e| e <= archive.len())
             .ok_or_else(|| bad(format!("member {path} runs past the end of the archive")))?;
         let data = archive.slice(start..end);
-        let ext = ext.to_ascii_lowercase();
-        let input = match ext.as_str() {
+        let input = match ext.to_ascii_lowercase().as_str() {
             "jpg" | "jpeg" | "png" => Some(SampleInput::Image(data.clone())),
             "npy" => Some(SampleInput::Npy(data.clone())),
-            "cls" => None,
-            _ => continue,
+            _ => None,
         };
         let i = match index.get(&key) {
             Some(&i) => i,
@@ -87,7 +90,7 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
                     return Err(bad(format!("shard has more than {MAX_SAMPLES} samples")));
                 }
                 index.insert(key.clone(), samples.len());
-                samples.push(Partial { key: key.clone(), input: None, label: None });
+                samples.push(Partial { key: key.clone(), input: None, label: None, others: Vec::new() });
                 samples.len() - 1
             }
         };
@@ -99,14 +102,23 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
                 }
             }
             None => {
-                let text = std::str::from_utf8(&data).map_err(|_| bad(format!("sample {key:?}: .cls is not text")))?;
-                s.label =
-                    Some(text.trim().parse().map_err(|_| bad(format!("sample {key:?}: .cls is not an integer")))?);
+                if ext.eq_ignore_ascii_case("cls") {
+                    let text =
+                        std::str::from_utf8(&data).map_err(|_| bad(format!("sample {key:?}: .cls is not text")))?;
+                    s.label =
+                        Some(text.trim().parse().map_err(|_| bad(format!("sample {key:?}: .cls is not an integer")))?);
+                }
+                if s.others.iter().any(|(e, _)| e == ext) {
+                    return Err(bad(format!("sample {key:?} has two .{ext} members")));
+                }
+                s.others.push((ext.to_owned(), data));
             }
         }
     }
-    let samples: Vec<Sample> =
-        samples.into_iter().filter_map(|p| p.input.map(|input| Sample { key: p.key, input, label: p.label })).collect();
+    let samples: Vec<Sample> = samples
+        .into_iter()
+        .filter_map(|p| p.input.map(|input| Sample { key: p.key, input, label: p.label, others: p.others }))
+        .collect();
     if samples.is_empty() {
         return Err(bad("the shard has no samples (no .jpg, .png or .npy members)"));
     }
@@ -116,6 +128,46 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
         return Err(bad(format!("sample {missing:?} has no .cls label while other samples do")));
     }
     Ok(samples)
+}
+
+/// Bytes a shard written by [`write`] adds around its members' data: one 512-byte header and up to
+/// 511 bytes of padding per member, a GNU long-name record (header + one block, or more for names
+/// over 512 bytes) when the name is over 100 bytes, and the two zero blocks at the end.
+#[must_use]
+pub fn framing_bytes(members: usize, longest_name: usize) -> usize {
+    let long_name = if longest_name > 100 { 512 + (longest_name + 1).div_ceil(512) * 512 } else { 0 };
+    members * (1024 + long_name) + 1024
+}
+
+/// A WebDataset shard: per sample, in order, `{key}.npy` (the sample's features, already encoded)
+/// and then its other members as they were, so that a WebDataset reader groups them under the same
+/// keys. Deterministic: every header has mode 0644, owner 0 and time 0, so equal inputs give equal
+/// bytes (and ETags).
+///
+/// # Errors
+/// Only if a name cannot be encoded in a tar header (a bug: names came from a tar).
+pub fn write<'a>(
+    samples: impl Iterator<Item = (&'a str, Vec<u8>, &'a [(String, Bytes)])>,
+    capacity: usize,
+) -> Result<Vec<u8>, PushdownError> {
+    let mut tar = tar::Builder::new(Vec::with_capacity(capacity));
+    let mut append = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut h, name, data).map_err(|e| PushdownError::Internal(format!("tar member {name:?}: {e}")))
+    };
+    for (key, features, others) in samples {
+        append(&format!("{key}.npy"), &features)?;
+        for (ext, data) in others {
+            append(&format!("{key}.{ext}"), data)?;
+        }
+    }
+    tar.into_inner().map_err(|e| PushdownError::Internal(format!("tar: {e}")))
 }
 
 #[cfg(test)]
@@ -148,6 +200,35 @@ mod tests {
         assert_eq!(samples.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["a/0001", "a/0002"]);
         assert_eq!(samples.iter().map(|s| s.label).collect::<Vec<_>>(), [Some(3), Some(7)]);
         assert!(matches!(&samples[0].input, SampleInput::Image(b) if b.as_ref() == b"img1"));
+        let others: Vec<&str> = samples[0].others.iter().map(|(e, _)| e.as_str()).collect();
+        assert_eq!(others, ["cls", "json"]);
+    }
+
+    #[test]
+    fn written_shards_keep_keys_order_and_other_members() {
+        let long = format!("{}/0003", "d".repeat(150));
+        let others =
+            [("cls".to_owned(), Bytes::from_static(b"3")), ("Meta.JSON".to_owned(), Bytes::from_static(b"{}"))];
+        let rows = [("a/0001", b"f1".to_vec(), &others[..]), (long.as_str(), b"f3".to_vec(), &others[..1])];
+        let bytes = write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("write");
+        assert_eq!(bytes, write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("again"));
+        assert!(bytes.len() <= 2 + 1 + 2 + 2 + 2 + framing_bytes(5, long.len() + 4));
+        let mut names = Vec::new();
+        let mut tar = tar::Archive::new(bytes.as_slice());
+        for e in tar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).expect("data");
+            names.push((e.path().expect("path").to_string_lossy().into_owned(), data));
+        }
+        let want: Vec<(String, Vec<u8>)> = vec![
+            ("a/0001.npy".into(), b"f1".to_vec()),
+            ("a/0001.cls".into(), b"3".to_vec()),
+            ("a/0001.Meta.JSON".into(), b"{}".to_vec()),
+            (format!("{long}.npy"), b"f3".to_vec()),
+            (format!("{long}.cls"), b"3".to_vec()),
+        ];
+        assert_eq!(names, want);
     }
 
     #[test]
@@ -158,6 +239,8 @@ mod tests {
         assert!(read(&partial).expect_err("partial labels").to_string().contains("\"y\""));
         let bad_label = shard(&[("x.jpg", b"1"), ("x.cls", b"cat")]);
         assert!(read(&bad_label).is_err());
+        let twice = shard(&[("x.jpg", b"1"), ("x.txt", b"a"), ("x.txt", b"b")]);
+        assert!(read(&twice).expect_err("two .txt").to_string().contains(".txt"));
         let empty = shard(&[("readme.txt", b"hello")]);
         assert!(read(&empty).expect_err("empty").to_string().contains("no samples"));
         assert!(!is_tar(b"not a tar"));

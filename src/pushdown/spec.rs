@@ -16,6 +16,9 @@ pub const MAX_STORAGE_BATCH: usize = 65_536;
 pub enum Format {
     Npy,
     Safetensors,
+    /// A WebDataset shard (tar) of per-sample `.npy` features beside the shard's other members:
+    /// for shards only.
+    Tar,
 }
 
 /// Output element type.
@@ -27,6 +30,12 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Bytes per element.
+    #[must_use]
+    pub fn size(self) -> usize {
+        if self == Self::F32 { 4 } else { 2 }
+    }
+
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -95,7 +104,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         None => None,
         Some("npy") => Some(Format::Npy),
         Some("safetensors") => Some(Format::Safetensors),
-        Some(other) => return Err(invalid("format", &format!("{other:?} is not npy or safetensors"))),
+        Some("tar") => Some(Format::Tar),
+        Some(other) => return Err(invalid("format", &format!("{other:?} is not npy, safetensors or tar"))),
     };
     let dtype = match dtype.as_deref() {
         None | Some("f32") => Dtype::F32,
@@ -103,7 +113,7 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         Some("bf16") => Dtype::Bf16,
         Some(other) => return Err(invalid("dtype", &format!("{other:?} is not f32, f16 or bf16"))),
     };
-    if format == Some(Format::Npy) && dtype == Dtype::Bf16 {
+    if matches!(format, Some(Format::Npy | Format::Tar)) && dtype == Dtype::Bf16 {
         return Err(invalid("dtype", "bf16 has no .npy encoding: use format=safetensors"));
     }
     let batch = match batch.as_deref() {

@@ -118,7 +118,7 @@ def test_unchanged_outputs_revalidate_with_304_and_the_loader_keeps_them(gw):
     samples[1] = [(x + 1, label) for x, label in samples[1]]
     client.s3.put_object(Bucket="shards", Key="kept/001.tar", Body=shard(samples[1], 4))
     epoch2 = np.concatenate([f for f, _, _ in loader])
-    revalidated = [f.not_modified for f in loader.fetches[n:]]
+    revalidated = [f.not_modified for f in list(loader.fetches)[n:]]
     assert revalidated.count(True) == 2 and len(revalidated) == 3, revalidated
     want = reference(MODEL, "block2", np.stack([x for part in samples for x, _ in part]))
     np.testing.assert_array_equal(epoch2, want)
@@ -171,7 +171,7 @@ def test_planner_picks_the_obvious_split_and_auto_follows_it(gw):
                                         compute_secs_per_sample={"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9}))
     assert fast["plan"]["chosen"] == "none", fast
     raw = client.get("shards", "train/000.tar", MODEL, "auto")
-    assert raw.split is None and raw.result.features.tobytes()[257:262] == b"ustar"  # the raw shard
+    assert raw.split == "none" and raw.result.features.tobytes()[257:262] == b"ustar"  # the raw shard, marked
 
 
 def test_the_loader_profiles_and_plans_by_itself(gw):

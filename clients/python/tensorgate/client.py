@@ -13,6 +13,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from .codec import Features, decode
+from .wds import decode_features as decode_tar
 
 
 #: A read of the link probe that takes longer than this waited for the network.
@@ -41,6 +42,23 @@ class Fetch:
     not_modified: bool = False
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a gateway is and how to sign for it: plain values, so that a dataset holding one can
+    be pickled into `DataLoader` workers (each builds its own `Client` with `connect()`)."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    admin: str | None = None
+    region: str = "us-east-1"
+    max_pool_connections: int = 32
+
+    def connect(self) -> "Client":
+        return Client(self.endpoint, self.access_key, self.secret_key, admin=self.admin, region=self.region,
+                      max_pool_connections=self.max_pool_connections)
+
+
 class Client:
     """A tensorgate client. `endpoint` is the gateway's S3 address, `admin` its admin address
     (for models, suffix graphs and plans); `s3` may be any boto3 S3 client for the gateway."""
@@ -48,12 +66,16 @@ class Client:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, *, admin: str | None = None,
                  region: str = "us-east-1", s3=None, max_pool_connections: int = 32):
         self.endpoint, self.admin = endpoint, admin
+        #: The plain settings this client was made from (what datasets carry into workers).
+        self.config = Endpoint(endpoint, access_key, secret_key, admin, region, max_pool_connections)
         # Sent with plans: the gateway does not count this tenant's own requests as load.
         self.tenant = access_key
         self.s3 = s3 or boto3.session.Session().client(
             "s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
             region_name=region,
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections,
+            # SigV4 also for presigned URLs (SigV2 would leave the trigger parameters unsigned).
+            config=Config(s3={"addressing_style": "path"}, signature_version="s3v4",
+                          max_pool_connections=max_pool_connections,
                           retries={"max_attempts": 5, "mode": "adaptive"}),
         )
         # Pushdown fields travel in the operation context and become signed x-tensorgate-* headers,
@@ -63,12 +85,14 @@ class Client:
 
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
-            range: str | None = None, if_none_match: str | None = None, before_body=None) -> Fetch:
+            range: str | None = None, if_none_match: str | None = None, before_body=None,
+            raw: bool = False) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
         `before_body()`, if given, is called when the headers are in and before the body is read
-        (a loader orders its transfers with it)."""
+        (a loader orders its transfers with it). `raw=True` returns the body undecoded (as uint8),
+        e.g. a byte range of an output."""
         fields = {}
         if model:
             fields = {"model": model, "split": split or "auto"}
@@ -95,8 +119,12 @@ class Client:
         body = resp["Body"].read()
         t2 = time.perf_counter()
         headers = resp["ResponseMetadata"]["HTTPHeaders"]
-        if model and "x-tensorgate-split" in headers:
-            result = decode(body, resp.get("ContentType"))
+        # `x-tensorgate-split: none`: split=auto was planned as no pushdown, the body is the object.
+        if model and not raw and headers.get("x-tensorgate-split", "none") != "none":
+            if (resp.get("ContentType") or "").startswith("application/x-tar"):
+                result = decode_tar(body, headers.get("x-tensorgate-split"), model)
+            else:
+                result = decode(body, resp.get("ContentType"))
         else:
             import numpy as np
 
@@ -143,6 +171,31 @@ class Client:
     def features(self, bucket: str, key: str, model: str, split: str, **kw) -> Features:
         """The decoded pushdown output of one object."""
         return self.get(bucket, key, model, split, **kw).result
+
+    def presign(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
+                fmt: str | None = None, dtype: str | None = None, batch: int | None = None,
+                expires: int = 3600) -> str:
+        """A presigned GET URL for `bucket/key`; with a model and split, a query-trigger pushdown
+        (`tensorgate-model=...&tensorgate-split=...`, signed with the rest of the query), so that
+        any HTTP reader (webdataset, curl, a browser) gets the features."""
+        fields = {}
+        if model:
+            fields = {"model": model, "split": split or "auto"}
+            for k, v in (("format", fmt), ("dtype", dtype), ("batch", batch)):
+                if v is not None:
+                    fields[k] = v
+        params = {"Bucket": bucket, "Key": key, **({"TensorgateFields": fields} if fields else {})}
+        return self.s3.generate_presigned_url("get_object", Params=params, ExpiresIn=expires)
+
+    def urls(self, bucket: str, pattern: str, model: str | None = None, split: str | None = None, *,
+             fmt: str | None = "tar", expires: int = 3600, **kw) -> list[str]:
+        """Presigned pushdown URLs for a brace pattern of keys (`"train/{000..099}.tar"`, the
+        WebDataset shard-list convention), in pattern order: `webdataset.WebDataset(urls)` then
+        reads features instead of images. `fmt` defaults to `tar` (WebDataset's own layout)."""
+        from braceexpand import braceexpand
+
+        return [self.presign(bucket, k, model, split, fmt=fmt if model else None, expires=expires, **kw)
+                for k in braceexpand(pattern)]
 
     def list_keys(self, bucket: str, prefix: str = "", suffix: str = "") -> list[str]:
         keys = []
@@ -198,5 +251,13 @@ def _stash_fields(params, context, **_):
 
 
 def _add_headers(request, **_):
-    for k, v in request.context.get("tensorgate", {}).items():
+    fields = request.context.get("tensorgate", {})
+    if not fields:
+        return
+    if request.context.get("is_presign_request"):  # query triggers, signed with the URL
+        q = urllib.parse.urlencode({f"tensorgate-{k}": str(v) for k, v in fields.items()}, quote_via=urllib.parse.quote)
+        request.url += ("&" if "?" in request.url else "?") + q
+        return
+    for k, v in fields.items():
         request.headers[f"x-tensorgate-{k}"] = str(v)
+

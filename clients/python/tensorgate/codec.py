@@ -27,6 +27,13 @@ def _bf16_to_f32(raw: bytes) -> np.ndarray:
     return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def array(chunk: bytes, dtype: str) -> np.ndarray:
+    """A flat array from a safetensors tensor's bytes and dtype name (bf16 widened to f32)."""
+    if dtype == "BF16":
+        return _bf16_to_f32(chunk)
+    return np.frombuffer(chunk, dtype=_SAFETENSORS_DTYPES[dtype])
+
+
 def read_safetensors(raw: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (bf16 widened to f32) and the metadata of a safetensors buffer."""
     n = int.from_bytes(raw[:8], "little")
@@ -36,12 +43,7 @@ def read_safetensors(raw: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]
     out = {}
     for name, info in header.items():
         start, end = info["data_offsets"]
-        chunk = bytes(data[start:end])
-        if info["dtype"] == "BF16":
-            arr = _bf16_to_f32(chunk)
-        else:
-            arr = np.frombuffer(chunk, dtype=_SAFETENSORS_DTYPES[info["dtype"]])
-        out[name] = arr.reshape(info["shape"])
+        out[name] = array(bytes(data[start:end]), info["dtype"]).reshape(info["shape"])
     return out, meta
 
 

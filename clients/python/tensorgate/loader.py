@@ -5,8 +5,6 @@ split across data-parallel ranks and loader workers, and batches of exactly `bat
 from __future__ import annotations
 
 import concurrent.futures as cf
-import io
-import tarfile
 import threading
 import time
 from collections import deque
@@ -14,7 +12,12 @@ from collections import deque
 import numpy as np
 
 from .codec import Features
-from .suffix import NO_PUSHDOWN, SuffixRunner, preprocess
+from .profiler import profile as measure
+from .suffix import NO_PUSHDOWN, SuffixRunner
+from .wds import decode_shard
+
+#: Default bound of `ShardLoader.events` and `ShardLoader.fetches` (the newest are kept).
+HISTORY = 4096
 
 
 class ShardLoader:
@@ -35,13 +38,21 @@ class ShardLoader:
       first come first kept, and revalidate them each epoch with `If-None-Match`: an unchanged
       shard costs one round trip and no transfer or compute (the gateway answers `304` from its
       own cache). 0 (the default) keeps nothing.
+    - `keys`: the shard keys to read (in this order) instead of listing `prefix`.
+    - `plan=False` with `split="auto"`: do not profile or post a plan; send `split=auto` and let
+      the gateway apply the plan someone else posted for this tenant (one plan per job), running
+      the suffix of whatever split the response names.
+    - `history`: how many `events` and `fetches` are kept (the newest; for measurements).
+
+    Nothing touches the network before iteration starts.
     """
 
     def __init__(self, client, bucket: str, prefix: str, model: str, split: str, batch_size: int, *,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, storage_batch: int | None = None,
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
-                 local_cache_bytes: int = 0):
+                 local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
+                 history: int = HISTORY):
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         self.client, self.bucket, self.prefix, self.model = client, bucket, prefix, model
@@ -55,9 +66,16 @@ class ShardLoader:
         self.local_cache_bytes = local_cache_bytes
         self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
         self._held_bytes = 0
-        self.info = client.models()[model]
-        self.events: list[tuple[str, int, float]] = []  # ("fetch_start"|"fetch_end"|"yield", shard, time)
-        self.fetches: list = []  # per shard: the client's Fetch (bytes, transfer time, split)
+        self.keys, self.planning = keys, plan
+        self._info: dict | None = None
+        #: ("fetch_start"|"fetch_end"|"yield", shard, time), the newest `history`.
+        self.events: deque[tuple[str, int, float]] = deque(maxlen=history)
+        #: Per shard, the client's Fetch (bytes, transfer time, split), the newest `history`.
+        self.fetches: deque = deque(maxlen=history)
+        #: Body bytes received and the splits that ran, over this loader's life (unbounded history
+        #: is not needed for these).
+        self.bytes_received = 0
+        self.splits_used: set[str] = set()
         self.plans: list[dict] = []
         #: Seconds the first epoch spent profiling and planning (`split="auto"`).
         self.profile_seconds = 0.0
@@ -66,10 +84,17 @@ class ShardLoader:
         self._turns = _Turns()
         self.split = split
 
+    @property
+    def info(self) -> dict:
+        """The model's `/v1/models` entry (fetched once, when first needed)."""
+        if self._info is None:
+            self._info = self.client.models()[self.model]
+        return self._info
+
     # --- which shards --------------------------------------------------------------------------
 
     def shards(self) -> list[str]:
-        keys = self.client.list_keys(self.bucket, self.prefix, ".tar")
+        keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, ".tar")
         mine = keys[self.rank :: self.world_size]
         try:
             import torch.utils.data as tud
@@ -103,17 +128,21 @@ class ShardLoader:
                                       if_none_match=etag, before_body=wait)
         finally:
             turns.done(index)
+        ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
         if got.not_modified:
             feats = held[1]
-        elif split == NO_PUSHDOWN:
-            feats = _decode_raw_shard(got.result.features.tobytes(), self.info)
+        elif ran == NO_PUSHDOWN:
+            feats = decode_shard(got.result.features.tobytes(), self.info)
             feats.features = self._runner(NO_PUSHDOWN)(feats.features)
         else:
             feats = got.result
-            feats.features = self._runner(got.split or split)(feats.features)
+            feats.features = self._runner(ran)(feats.features)
         if self.local_cache_bytes and got.etag and not got.not_modified:
             self._keep((key, split), got.etag, feats)
-        self.fetches.append(got)
+        with self._lock:
+            self.fetches.append(got)
+            self.bytes_received += got.bytes
+            self.splits_used.add(got.split or NO_PUSHDOWN)
         self.events.append(("fetch_end", index, time.perf_counter()))
         return Features(feats.features, feats.labels, list(feats.keys), feats.split, feats.model)
 
@@ -132,7 +161,7 @@ class ShardLoader:
     def _maybe_replan(self, done: int) -> None:
         if self.requested_split != "auto" or not self.plans:
             return
-        bw = link_rate(self.fetches[-4:])
+        bw = link_rate(list(self.fetches)[-4:])
         if bw is None:
             return
         planned = self.plans[-1]["profile"]["bandwidth_bytes_per_sec"]
@@ -147,9 +176,7 @@ class ShardLoader:
         self.split = answer["plan"]["chosen"]
 
     def _start(self, shards: list[str], storage: dict | None = None) -> None:
-        if self.requested_split == "auto" and not self.plans:
-            from .profiler import profile as measure
-
+        if self.requested_split == "auto" and self.planning and not self.plans:
             t = time.perf_counter()
 
             prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
@@ -160,8 +187,10 @@ class ShardLoader:
 
     # --- iterating -----------------------------------------------------------------------------
 
-    def __iter__(self):
-        shards = self.shards()
+    def iter_shards(self, shards: list[str] | None = None):
+        """The features of each shard of `shards` (default: this rank's and worker's), in order,
+        fetched `prefetch` ahead: `(index, Features)` with the suffix already run."""
+        shards = self.shards() if shards is None else shards
         if not shards:
             return
         self._turns = turns = _Turns()
@@ -178,11 +207,9 @@ class ShardLoader:
                     pending.append(_Deferred(self._fetch, next_shard, shards[next_shard], self.split))
                 next_shard += 1
 
-        feats, labels, keys = [], [], []
-        have = 0
         try:
             storage = None
-            if self.requested_split == "auto" and not self.plans and self.overlap:
+            if self.requested_split == "auto" and self.planning and not self.plans and self.overlap:
                 # Speculation: the storage node starts shard 0 while this side profiles (otherwise
                 # both would wait for the plan), at the split with the fewest bytes (the plan on a
                 # slow link). Any split's output serves: the suffix matches what ran. When the plan
@@ -202,23 +229,30 @@ class ShardLoader:
                 self._maybe_replan(done)
                 if self.overlap:
                     submit()
-                feats.append(got.features)
-                if got.labels is not None:
-                    labels.append(got.labels)
-                keys += got.keys
-                have += len(got.features)
-                while have >= self.batch_size:
-                    yield self._emit(feats, labels, keys, self.batch_size, done - 1)
-                    have -= self.batch_size
+                yield done - 1, got
                 if not self.overlap:
                     submit()
-            if have and not self.drop_last:
-                yield self._emit(feats, labels, keys, have, done - 1)
         finally:
             for f in pending:
                 f.cancel()
             turns.close()
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self):
+        feats, labels, keys = [], [], []
+        have = 0
+        index = -1
+        for index, got in self.iter_shards():
+            feats.append(got.features)
+            if got.labels is not None:
+                labels.append(got.labels)
+            keys += got.keys
+            have += len(got.features)
+            while have >= self.batch_size:
+                yield self._emit(feats, labels, keys, self.batch_size, index)
+                have -= self.batch_size
+        if have and not self.drop_last:
+            yield self._emit(feats, labels, keys, have, index)
 
     def _emit(self, feats, labels, keys, n, shard):
         all_f = np.concatenate(feats) if len(feats) > 1 else feats[0]
@@ -235,18 +269,16 @@ class ShardLoader:
         return out_f, out_l, out_k
 
     def torch(self):
-        """A `torch.utils.data.IterableDataset` over this loader's batches (tensors)."""
-        import torch
-        from torch.utils.data import IterableDataset
+        """This loader as a `torch.utils.data.IterableDataset` of pre-batched samples (use it with
+        `DataLoader(batch_size=None)`): a `tensorgate.data.ShardDataset` with the same settings,
+        picklable into workers."""
+        from .data import ShardDataset
 
-        loader = self
-
-        class _Dataset(IterableDataset):
-            def __iter__(self):
-                for f, l, k in loader:
-                    yield torch.from_numpy(f), (torch.from_numpy(l) if l is not None else None), k
-
-        return _Dataset()
+        return ShardDataset(self.client, self.bucket, self.model, self.requested_split, prefix=self.prefix,
+                            keys=self.keys, batch_size=self.batch_size, rank=self.rank,
+                            world_size=self.world_size, drop_last=self.drop_last, prefetch=self.prefetch,
+                            storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
+                            suffix_threads=self.suffix_threads)
 
 
 class _Turns:
@@ -301,36 +333,3 @@ class _Deferred:
 
     def cancel(self):
         return True
-
-
-def _decode_raw_shard(raw: bytes, info: dict) -> Features:
-    """A raw WebDataset shard decoded here (the baseline): images preprocessed as the gateway
-    would, `.npy` samples taken as model inputs."""
-    samples: dict[str, dict[str, bytes]] = {}
-    order: list[str] = []
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        for m in tar:
-            if not m.isfile():
-                continue
-            base = m.name.rsplit("/", 1)[-1]
-            stem, _, ext = base.partition(".")
-            key = m.name[: len(m.name) - len(base)] + stem
-            if key not in samples:
-                samples[key] = {}
-                order.append(key)
-            samples[key][ext.lower()] = tar.extractfile(m).read()
-    inputs, labels, keys = [], [], []
-    for key in order:
-        s = samples[key]
-        img = s.get("jpg") or s.get("jpeg") or s.get("png")
-        if img is not None:
-            inputs.append(preprocess(img, info))
-        elif "npy" in s:  # already the model's input
-            inputs.append(np.load(io.BytesIO(s["npy"]), allow_pickle=False).astype(np.float32))
-        else:
-            continue
-        keys.append(key)
-        if "cls" in s:
-            labels.append(int(s["cls"].decode().strip()))
-    lab = np.array(labels, dtype=np.int64) if len(labels) == len(keys) else None
-    return Features(features=np.stack(inputs), labels=lab, keys=keys)

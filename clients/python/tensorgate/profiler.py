@@ -28,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .suffix import NO_PUSHDOWN, SuffixRunner, cache_dir
+from .wds import decode_shard
 
 #: Samples per local timing run.
 PROBE = 8
@@ -128,12 +129,10 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     shard_bytes = client.sizes(bucket, key).get(key, len(head))
     compute = {}
     if baseline and sizes:
-        from .loader import _decode_raw_shard
-
         try:
-            n = len(_decode_raw_shard(whole, info).keys)  # also the warm-up (imports Pillow)
+            n = len(decode_shard(whole, info).keys)  # also the warm-up (imports Pillow)
             t = time.perf_counter()
-            _decode_raw_shard(whole, info)
+            decode_shard(whole, info)
             decode = (time.perf_counter() - t) / n
             frozen = timings.get(NO_PUSHDOWN, lambda: _suffix_secs(client, model, NO_PUSHDOWN, info["input_shape"], threads))
             compute[NO_PUSHDOWN] = decode + frozen
