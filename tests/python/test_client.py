@@ -188,11 +188,12 @@ def test_the_loader_profiles_and_plans_by_itself(gw):
         assert (c["split"] in profiled) == (c["excluded"] is None), c
 
 
-def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--torch", "--workers", "2"]], ids=["numpy", "torch-dataloader"])
+def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path, mode):
     with run_gateway(tmp_path, "") as (endpoint, admin, _, _):
         r = subprocess.run(
             [sys.executable, str(ROOT / "clients/python/examples/finetune.py"), "--endpoint", endpoint, "--admin", admin,
-             "--demo", "192", "--per-shard", "64"],
+             "--demo", "192", "--per-shard", "64", *mode],
             capture_output=True, text=True, timeout=600,
         )
     print(r.stdout)
@@ -201,3 +202,5 @@ def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path):
     accs = [float(l.split("accuracy ")[1].split()[0]) for l in lines]
     assert len(accs) == 2 and accs[0] == accs[1] and accs[0] > 0.5, r.stdout
     assert "features identical: True" in r.stdout
+    if mode:
+        assert "2 loader workers" in r.stdout

@@ -4,8 +4,9 @@ pushdown, and print both accuracies (equal: the features are the same).
     python examples/finetune.py --endpoint http://127.0.0.1:9000 --admin http://127.0.0.1:9001 \\
         --bucket finetune --demo 640          # uploads 640 synthetic labeled JPEGs first
 
-The head is softmax regression on globally pooled freeze-split features, trained with numpy (or a
-torch linear layer when torch is installed and --torch is given). The last shard is held out.
+The head is softmax regression on globally pooled freeze-split features, trained with numpy; with
+--torch, the features come through a `torch.utils.data.DataLoader` (`--workers` spawned workers)
+over `tensorgate.data.ShardDataset` and a torch linear layer is trained. The last shard is held out.
 """
 
 from __future__ import annotations
@@ -49,6 +50,24 @@ def collect(loader: ShardLoader):
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def collect_torch(client, args, split, keys):
+    """Pooled features and labels through a multi-worker DataLoader, in key order."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tensorgate.data import ShardDataset
+
+    ds = ShardDataset(client, args.bucket, args.model, split, keys=keys)
+    loader = DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                        multiprocessing_context="spawn" if args.workers else None)
+    rows = []
+    with torch.no_grad():
+        for b in loader:
+            rows += zip(b["key"], pooled(b["features"].numpy()), b["label"].numpy())
+    rows.sort(key=lambda r: r[0])
+    return np.stack([r[1] for r in rows]), np.array([r[2] for r in rows], dtype=np.int64)
+
+
 def train_numpy(x, y, classes, epochs=200, lr=0.5, seed=0):
     rng = np.random.default_rng(seed)
     mu, sd = x.mean(0), x.std(0) + 1e-6
@@ -83,21 +102,25 @@ def train_torch(x, y, classes, epochs=200, lr=0.5, seed=0):
 
 def run(client, args, split):
     shards = client.list_keys(args.bucket, args.prefix, ".tar")
-    held_out = shards[-1]
+    train_keys, test_keys = shards[:-1], shards[-1:]  # the last shard is the test set
     t = time.perf_counter()
-    train = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size)
-    train.shards = lambda: shards[:-1]  # the last shard is the test set
-    x, y = collect(train)
-    test = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size)
-    test.shards = lambda: [held_out]
-    xt, yt = collect(test)
+    chosen, sent = split, None
+    if args.torch:
+        x, y = collect_torch(client, args, split, train_keys)
+        xt, yt = collect_torch(client, args, split, test_keys)
+    else:
+        train = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size, keys=train_keys)
+        x, y = collect(train)
+        test = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size, keys=test_keys)
+        xt, yt = collect(test)
+        chosen = train.plans[-1]["plan"]["chosen"] if train.plans else split
+        sent = train.bytes_received + test.bytes_received
     fit = train_torch if args.torch else train_numpy
     predict = fit(x, y, int(max(y.max(), yt.max())) + 1)
     acc = float((predict(xt) == yt).mean())
-    chosen = train.plans[-1]["plan"]["chosen"] if train.plans else split
-    sent = sum(f.bytes for f in train.fetches + test.fetches)
+    moved = f", {sent / 1e6:.1f} MB moved" if sent is not None else f", {args.workers} loader workers"
     print(f"{'no pushdown' if split == 'none' else 'pushdown'} (split {chosen}): accuracy {acc:.4f} "
-          f"on {len(yt)} held-out samples, {sent / 1e6:.1f} MB moved, {time.perf_counter() - t:.1f} s")
+          f"on {len(yt)} held-out samples{moved}, {time.perf_counter() - t:.1f} s")
     return acc, x
 
 
@@ -114,7 +137,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--demo", type=int, default=0, help="first upload this many synthetic labeled JPEGs")
     ap.add_argument("--per-shard", type=int, default=64)
-    ap.add_argument("--torch", action="store_true", help="train a torch linear head instead of numpy")
+    ap.add_argument("--torch", action="store_true",
+                    help="read through a multi-worker torch DataLoader and train a torch linear head")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers with --torch (spawned)")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
     if args.demo:
