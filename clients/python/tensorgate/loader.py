@@ -5,6 +5,7 @@ split across data-parallel ranks and loader workers, and batches of exactly `bat
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -70,7 +71,8 @@ class ShardLoader:
         self._info: dict | None = None
         #: ("fetch_start"|"fetch_end"|"yield", shard, time), the newest `history`.
         self.events: deque[tuple[str, int, float]] = deque(maxlen=history)
-        #: Per shard, the client's Fetch (bytes, transfer time, split), the newest `history`.
+        #: Per shard, the client's Fetch (bytes, transfer time, split; `result` dropped), the newest
+        #: `history`.
         self.fetches: deque = deque(maxlen=history)
         #: Body bytes received and the splits that ran, over this loader's life (unbounded history
         #: is not needed for these).
@@ -139,8 +141,8 @@ class ShardLoader:
             feats.features = self._runner(ran)(feats.features)
         if self.local_cache_bytes and got.etag and not got.not_modified:
             self._keep((key, split), got.etag, feats)
-        with self._lock:
-            self.fetches.append(got)
+        with self._lock:  # the record without its body: the history must not hold features
+            self.fetches.append(dataclasses.replace(got, result=None))
             self.bytes_received += got.bytes
             self.splits_used.add(got.split or NO_PUSHDOWN)
         self.events.append(("fetch_end", index, time.perf_counter()))
