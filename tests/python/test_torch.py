@@ -282,4 +282,5 @@ def test_loader_history_is_bounded_across_epochs(gw):
     for _ in range(3):
         assert sum(len(f) for f, _, _ in loader) == len(gw[2])
     assert len(loader.fetches) == 3 and len(loader.events) == 3
+    assert all(f.result is None for f in loader.fetches)  # the history holds no features
     assert loader.bytes_received > 0
