@@ -164,11 +164,19 @@ pub fn pushdown_spec(data: &[u8]) {
     let _ = spec::parse(&r.headers, r.uri.query());
 }
 
-/// WebDataset tar shards.
+/// WebDataset tar shards; what reads is written back as a `format=tar` output (each input
+/// replaced by a `.npy`), which reads again to the same keys and other members.
 pub fn webdataset_shard(data: &[u8]) {
     let archive = Bytes::copy_from_slice(data);
     if let Ok(samples) = shard::read(&archive) {
         assert!(!samples.is_empty() && samples.len() <= shard::MAX_SAMPLES);
+        let rows = samples.iter().map(|s| (s.key.as_str(), b"features".to_vec(), s.others.as_slice()));
+        let Ok(written) = shard::write(rows, 0) else { return };
+        let again = shard::read(&Bytes::from(written)).expect("a written shard reads back");
+        assert_eq!(again.len(), samples.len());
+        for (a, b) in again.iter().zip(&samples) {
+            assert_eq!((&a.key, &a.others, a.label), (&b.key, &b.others, b.label));
+        }
     }
 }
 

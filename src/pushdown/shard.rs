@@ -141,25 +141,20 @@ pub fn framing_bytes(members: usize, longest_name: usize) -> usize {
 
 /// A WebDataset shard: per sample, in order, `{key}.npy` (the sample's features, already encoded)
 /// and then its other members as they were, so that a WebDataset reader groups them under the same
-/// keys. Deterministic: every header has mode 0644, owner 0 and time 0, so equal inputs give equal
-/// bytes (and ETags).
+/// keys. Names are written byte for byte as read (`./a/0001` stays so; a name over 100 bytes gets a
+/// GNU long-name record). Deterministic: every header has mode 0644, owner 0 and time 0, so equal
+/// inputs give equal bytes (and ETags).
 ///
 /// # Errors
-/// Only if a name cannot be encoded in a tar header (a bug: names came from a tar).
+/// Only if writing to memory fails (a bug).
 pub fn write<'a>(
     samples: impl Iterator<Item = (&'a str, Vec<u8>, &'a [(String, Bytes)])>,
     capacity: usize,
 ) -> Result<Vec<u8>, PushdownError> {
     let mut tar = tar::Builder::new(Vec::with_capacity(capacity));
     let mut append = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_entry_type(tar::EntryType::Regular);
-        tar.append_data(&mut h, name, data).map_err(|e| PushdownError::Internal(format!("tar member {name:?}: {e}")))
+        append_exact(&mut tar, name.as_bytes(), data)
+            .map_err(|e| PushdownError::Internal(format!("tar member {name:?}: {e}")))
     };
     for (key, features, others) in samples {
         append(&format!("{key}.npy"), &features)?;
@@ -168,6 +163,31 @@ pub fn write<'a>(
         }
     }
     tar.into_inner().map_err(|e| PushdownError::Internal(format!("tar: {e}")))
+}
+
+/// One regular member named exactly `name` (the `tar` crate's own path setter normalises `./`
+/// and `//` away, which would change the keys).
+fn append_exact(tar: &mut tar::Builder<Vec<u8>>, name: &[u8], data: &[u8]) -> std::io::Result<()> {
+    fn header(kind: tar::EntryType, name: &[u8], size: usize) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        let field = &mut h.as_old_mut().name;
+        let n = name.len().min(field.len());
+        field[..n].copy_from_slice(&name[..n]);
+        h.set_size(size as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_entry_type(kind);
+        h.set_cksum();
+        h
+    }
+    if name.len() > 100 {
+        let mut long = name.to_vec();
+        long.push(0);
+        tar.append(&header(tar::EntryType::GNULongName, b"././@LongLink", long.len()), long.as_slice())?;
+    }
+    tar.append(&header(tar::EntryType::Regular, name, data.len()), data)
 }
 
 #[cfg(test)]
@@ -206,10 +226,10 @@ mod tests {
 
     #[test]
     fn written_shards_keep_keys_order_and_other_members() {
-        let long = format!("{}/0003", "d".repeat(150));
+        let long = format!("./{}//0003", "d".repeat(150));
         let others =
             [("cls".to_owned(), Bytes::from_static(b"3")), ("Meta.JSON".to_owned(), Bytes::from_static(b"{}"))];
-        let rows = [("a/0001", b"f1".to_vec(), &others[..]), (long.as_str(), b"f3".to_vec(), &others[..1])];
+        let rows = [("./a/0001", b"f1".to_vec(), &others[..]), (long.as_str(), b"f3".to_vec(), &others[..1])];
         let bytes = write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("write");
         assert_eq!(bytes, write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("again"));
         assert!(bytes.len() <= 2 + 1 + 2 + 2 + 2 + framing_bytes(5, long.len() + 4));
@@ -222,9 +242,9 @@ mod tests {
             names.push((e.path().expect("path").to_string_lossy().into_owned(), data));
         }
         let want: Vec<(String, Vec<u8>)> = vec![
-            ("a/0001.npy".into(), b"f1".to_vec()),
-            ("a/0001.cls".into(), b"3".to_vec()),
-            ("a/0001.Meta.JSON".into(), b"{}".to_vec()),
+            ("./a/0001.npy".into(), b"f1".to_vec()),
+            ("./a/0001.cls".into(), b"3".to_vec()),
+            ("./a/0001.Meta.JSON".into(), b"{}".to_vec()),
             (format!("{long}.npy"), b"f3".to_vec()),
             (format!("{long}.cls"), b"3".to_vec()),
         ];
