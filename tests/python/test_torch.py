@@ -108,6 +108,36 @@ def test_epoch_assignment_is_equal_per_rank_and_worker_and_covers_once():
     assert [len(assign(list(counts), None, r, 2, False)) for r in range(2)] == [3, 3]
 
 
+def test_the_shuffle_buffer_resumes_exactly_from_any_point_including_its_drain():
+    from tensorgate.data import _Buffer
+
+    def run(stop=None, state=None):
+        buf, out, taken = _Buffer(5, [1, 2]), [], 0
+        if state:
+            buf.rng.bit_generator.state, buf.items, taken = state["rng"], [tuple(i) for i in state["items"]], state["taken"]
+
+        def stream():
+            nonlocal taken
+            for i in range(taken, 20):
+                taken += 1
+                if (x := buf.push((i, i))) is not None:
+                    yield x
+            yield from buf.drain()
+
+        for x in stream():
+            out.append(x[0])
+            if len(out) == stop:
+                return out, json.loads(json.dumps({"rng": buf.rng.bit_generator.state, "taken": taken,
+                                                   "items": [list(i) for i in buf.items]}))
+        return out, None
+
+    whole, _ = run()
+    assert sorted(whole) == list(range(20)) and whole != list(range(20))
+    for k in range(1, 20):  # the last 4 stops fall in the drain
+        head, state = run(stop=k)
+        assert head + run(state=state)[0] == whole, k
+
+
 def test_index_counts_the_samples_of_each_shard(gw):
     client, _, _, _, counts = gw
     assert list(counts.values()) == SIZES

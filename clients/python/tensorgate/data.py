@@ -160,9 +160,12 @@ class _Buffer:
         return self.items.pop()
 
     def drain(self):
-        order = self.rng.permutation(len(self.items))
-        items, self.items = [self.items[i] for i in order], []
-        return items
+        """The waiting items in random order, one at a time: the state stays exact while it drains
+        (a checkpoint taken then still holds the ones not yet out)."""
+        while self.items:
+            k = int(self.rng.integers(len(self.items)))
+            self.items[k], self.items[-1] = self.items[-1], self.items[k]
+            yield self.items.pop()
 
 
 class ShardDataset(_IterBase):
