@@ -138,6 +138,21 @@ def test_the_shuffle_buffer_resumes_exactly_from_any_point_including_its_drain()
         assert head + run(state=state)[0] == whole, k
 
 
+def test_datasets_touch_no_network_before_iteration_and_pickle_as_plain_settings():
+    import pickle
+
+    from tensorgate import Endpoint
+
+    nowhere = Endpoint("http://127.0.0.1:9", "ak", "sk", admin="http://127.0.0.1:9")
+    for ds in (ShardDataset(nowhere, BUCKET, MODEL, "auto", prefix="wds/", shuffle=True),
+               ObjectDataset(nowhere, BUCKET, ["a.npy"], MODEL, SPLIT),
+               MemberDataset(nowhere, BUCKET, MODEL, SPLIT, counts={"wds/000.tar": 2})):
+        back = pickle.loads(pickle.dumps(ds))
+        assert back.endpoint == nowhere and back._local is None
+    live = Client("http://127.0.0.1:9", "ak", "sk")
+    assert pickle.loads(pickle.dumps(ShardDataset(live, BUCKET, MODEL, SPLIT))).endpoint == live.config
+
+
 def test_index_counts_the_samples_of_each_shard(gw):
     client, _, _, _, counts = gw
     assert list(counts.values()) == SIZES
@@ -302,6 +317,17 @@ def test_map_style_datasets_work_with_a_distributed_sampler(gw):
                 assert b["label"].tolist() == [want_labels[keys[i]] for i in idx]
                 seen += idx
         assert sorted(seen) == list(range(len(want)))
+
+
+def test_without_torch_tensors_the_dataset_yields_numpy(gw):
+    client, _, want, want_labels, _ = gw
+    ds = dataset(client, tensors="numpy", batch_size=8, keys=["wds/000.tar", "wds/001.tar"])
+    batches = list(ds)  # no DataLoader: plain iteration in this process
+    assert [len(b["key"]) for b in batches] == [8, 1]
+    assert all(isinstance(b["features"], np.ndarray) for b in batches)
+    keys = [k for b in batches for k in b["key"]]
+    check(keys, np.concatenate([b["features"] for b in batches]), np.concatenate([b["label"] for b in batches]),
+          want, want_labels)
 
 
 def test_loader_history_is_bounded_across_epochs(gw):
