@@ -26,6 +26,8 @@ pub struct AdminState {
     pub admission: Arc<Admission>,
     pub pushdown: Option<Arc<Pushdown>>,
     pub cache: Option<Arc<TensorCache>>,
+    /// The cluster this gateway is a member of (`[cluster]`).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub metrics: Metrics,
 }
 
@@ -40,6 +42,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/models/{model}/suffix", get(suffix))
         .route("/v1/plan", post(plan).get(last_plan))
         .route("/v1/storage", get(storage))
+        .route("/v1/cluster", get(cluster))
         .with_state(state)
 }
 
@@ -216,6 +219,17 @@ async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Re
     match pd.storage_profile(&q.model, q.tenant.as_deref()).await {
         Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
         Err(e) => failure(e),
+    }
+}
+
+/// The members, their state and the hashing in use (`crate::cluster`); `404` for a single gateway.
+async fn cluster(State(s): State<AdminState>) -> Reply {
+    match &s.cluster {
+        Some(c) => json(StatusCode::OK, &c.report()),
+        None => json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "error": "NotClustered", "message": "this gateway has no [cluster] configuration" }),
+        ),
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Config {
     pub credentials: Vec<CredentialConfig>,
     pub backend: BackendConfig,
     pub pushdown: PushdownSettings,
+    /// Scale-out (`[cluster]`; absent: a single gateway). See `crate::cluster`.
+    pub cluster: Option<ClusterSettings>,
     pub log: LogConfig,
 }
 
@@ -103,9 +105,62 @@ impl Default for Config {
             credentials: Vec::new(),
             backend: BackendConfig::default(),
             pushdown: PushdownSettings::default(),
+            cluster: None,
             log: LogConfig::default(),
         }
     }
+}
+
+/// Seconds between membership refreshes (DNS and `/readyz` probes): a failed node stops getting
+/// routed work within this long, and a probe round costs one small request per member.
+pub const DEFAULT_CLUSTER_REFRESH_SECS: u64 = 5;
+/// A member that does not answer `/readyz` within this is unreachable for the round: well above a
+/// LAN round trip, short enough that one dead member does not hold a round up.
+pub const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
+/// The admin port DNS-discovered members listen on (the default `admin_listen` port).
+pub const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
+
+/// The cluster this gateway is a member of (`[cluster]`; see `crate::cluster`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// This member's id: one of `members`' ids, or its `ip:port` among the DNS members
+    /// (`TENSORGATE_CLUSTER_NODE_ID`, e.g. from the pod's IP).
+    pub node_id: String,
+    /// Static members (ids, S3 and admin URLs).
+    #[serde(default)]
+    pub members: Vec<crate::cluster::Member>,
+    /// A `host:port` that resolves to every member's S3 listener (a headless Service).
+    #[serde(default)]
+    pub dns: Option<String>,
+    #[serde(default = "default_dns_admin_port")]
+    pub dns_admin_port: u16,
+    #[serde(default = "default_refresh_secs")]
+    pub refresh_secs: u64,
+    #[serde(default = "default_probe_timeout_ms")]
+    pub probe_timeout_ms: u64,
+    /// The credential members sign gateway-to-gateway hops with (every member accepts it, and
+    /// only it may name the tenant a hop acts for). Without a secret, members do not forward.
+    #[serde(default = "default_cluster_access_key")]
+    pub access_key: String,
+    #[serde(default)]
+    pub secret_key: Option<SecretKey>,
+    #[serde(default)]
+    pub secret_key_file: Option<PathBuf>,
+}
+
+fn default_cluster_access_key() -> String {
+    "tensorgate-cluster".into()
+}
+
+fn default_dns_admin_port() -> u16 {
+    DEFAULT_CLUSTER_DNS_ADMIN_PORT
+}
+fn default_refresh_secs() -> u64 {
+    DEFAULT_CLUSTER_REFRESH_SECS
+}
+fn default_probe_timeout_ms() -> u64 {
+    DEFAULT_CLUSTER_PROBE_TIMEOUT_MS
 }
 
 /// Connection and request bounds at the edge (`[edge]`; see `crate::edge`).
@@ -458,6 +513,9 @@ pub struct Overrides {
     /// Log filter (overrides the file; RUST_LOG-style).
     #[arg(long, env = "TENSORGATE_LOG")]
     pub log: Option<String>,
+    /// This member's cluster id (overrides `cluster.node_id`).
+    #[arg(long, env = "TENSORGATE_CLUSTER_NODE_ID")]
+    pub cluster_node_id: Option<String>,
 }
 
 impl Config {
@@ -529,6 +587,9 @@ impl Config {
         if let Some(s) = &o.backend_secret_key {
             self.backend.secret_key = Some(SecretKey::new(s.clone()));
         }
+        if let (Some(c), Some(id)) = (&mut self.cluster, &o.cluster_node_id) {
+            c.node_id.clone_from(id);
+        }
         if let Some(ak) = &o.access_key {
             self.credentials.push(CredentialConfig {
                 access_key: ak.clone(),
@@ -548,6 +609,27 @@ impl Config {
         }
         if self.max_in_flight == 0 {
             return Err(invalid("max_in_flight", "must be positive"));
+        }
+        if let Some(c) = &self.cluster {
+            if c.node_id.is_empty() {
+                return Err(invalid("cluster.node_id", "is required"));
+            }
+            if c.members.is_empty() && c.dns.is_none() {
+                return Err(invalid("cluster.members", "list the members, or set cluster.dns"));
+            }
+            if c.dns.is_none() && !c.members.iter().any(|m| m.id == c.node_id) {
+                return Err(invalid("cluster.node_id", format!("{:?} is not one of cluster.members", c.node_id)));
+            }
+            for m in &c.members {
+                for (key, url) in [("cluster.members.s3", &m.s3), ("cluster.members.admin", &m.admin)] {
+                    if url.parse::<http::Uri>().map_or(true, |u| u.scheme_str() != Some("http") || u.host().is_none()) {
+                        return Err(invalid(key, format!("{url:?} is not an http://host:port URL")));
+                    }
+                }
+            }
+            if c.refresh_secs == 0 || c.probe_timeout_ms == 0 {
+                return Err(invalid("cluster.refresh_secs", "refresh_secs and probe_timeout_ms must be positive"));
+            }
         }
         let e = &self.edge;
         for (key, v) in [
@@ -647,7 +729,24 @@ impl Config {
             }
             store.insert(DEV_ACCESS_KEY.to_owned(), SecretKey::new(DEV_SECRET_KEY.to_owned()));
         }
+        if let Some(secret) = self.cluster_secret()? {
+            let key = &self.cluster.as_ref().expect("a secret implies [cluster]").access_key;
+            store.insert(key.clone(), secret);
+        }
         Ok(store)
+    }
+
+    /// The cluster hop secret, if `[cluster]` has one.
+    ///
+    /// # Errors
+    /// An unreadable `cluster.secret_key_file`.
+    pub fn cluster_secret(&self) -> Result<Option<SecretKey>, ConfigError> {
+        match &self.cluster {
+            Some(c) if c.secret_key.is_some() || c.secret_key_file.is_some() => {
+                read_secret(c.secret_key.as_ref(), c.secret_key_file.as_deref(), "cluster.secret_key").map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The backend secret (validated before).

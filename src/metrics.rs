@@ -78,6 +78,14 @@ pub struct Metrics {
     pub admission_wait: Histogram,
     pub tenant_samples: Family<TenantLabel, Counter>,
     pub plans: Family<TenantLabel, Counter>,
+    pub cluster_forwarded: Family<PeerLabel, Counter>,
+    pub cluster_fallbacks: Family<PeerLabel, Counter>,
+}
+
+/// A cluster member (a bounded set: the configured or resolved members).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabel {
+    pub peer: String,
 }
 
 /// A tenant: the access key's configured name (a bounded set).
@@ -281,6 +289,14 @@ impl Metrics {
         r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
         let plans = Family::<TenantLabel, Counter>::default();
         r.register("pushdown_plans", "Split plans made (POST /v1/plan), by tenant", plans.clone());
+        let cluster_forwarded = Family::<PeerLabel, Counter>::default();
+        r.register("cluster_forwarded", "Pushdowns forwarded to their owner, by owner", cluster_forwarded.clone());
+        let cluster_fallbacks = Family::<PeerLabel, Counter>::default();
+        r.register(
+            "cluster_fallbacks",
+            "Pushdowns computed here because their owner did not answer, by owner",
+            cluster_fallbacks.clone(),
+        );
         Self {
             registry: Arc::new(r),
             memory_budget,
@@ -293,6 +309,8 @@ impl Metrics {
             admission_wait,
             tenant_samples,
             plans,
+            cluster_forwarded,
+            cluster_fallbacks,
             cache_hits,
             cache_misses,
             cache_revalidations,

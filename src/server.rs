@@ -161,7 +161,22 @@ impl Server {
             )),
             None => None,
         };
-        let gateway = Arc::new(Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache));
+        let cluster = config.cluster.clone().map(crate::cluster::Cluster::new);
+        let mut gateway = Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache);
+        if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
+            let secret = config.cluster_secret()?;
+            if secret.is_none() {
+                tracing::warn!("cluster: no cluster.secret_key; pushdowns are computed where they arrive");
+            }
+            gateway = gateway.with_routing(crate::proxy::owner::Routing::new(
+                c.clone(),
+                config.region.clone(),
+                (settings.access_key.clone(), secret),
+                Duration::from_secs(config.edge.request_timeout_secs),
+                metrics.clone(),
+            ));
+        }
+        let gateway = Arc::new(gateway);
         let s3_listener = bind(config.listen).await?;
         let admin_listener = bind(config.admin_listen).await?;
         let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
@@ -174,10 +189,14 @@ impl Server {
         let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
             let _ = stopped.await;
         }));
+        if let Some(c) = &cluster {
+            c.spawn_refresh();
+        }
         let admin_app = admin::router(admin::AdminState {
             admission: gateway.admission().clone(),
             pushdown: gateway.pushdown().cloned(),
             cache: gateway.cache().cloned(),
+            cluster,
             metrics,
         });
         let admin_task = tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! phase become S3 XML in `crate::error`, and each request is logged once, here.
 
 pub mod admit;
+pub mod owner;
 mod post_object;
 
 use std::collections::HashMap;
@@ -78,6 +79,7 @@ pub struct Gateway {
     request_ids: RequestIds,
     pushdown: Option<Arc<Pushdown>>,
     cache: Option<Arc<TensorCache>>,
+    routing: Option<owner::Routing>,
 }
 
 /// Request ids: a random per-process prefix and a counter. Unique across restarts and replicas
@@ -109,7 +111,14 @@ impl Gateway {
         cache: Option<Arc<TensorCache>>,
     ) -> Self {
         let admission = Arc::new(admit::Admission::new(cfg.max_in_flight));
-        Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache }
+        Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache, routing: None }
+    }
+
+    /// Makes this gateway a cluster member that routes pushdowns to their owners.
+    #[must_use]
+    pub fn with_routing(mut self, routing: owner::Routing) -> Self {
+        self.routing = Some(routing);
+        self
     }
 
     /// Marks the gateway as draining: new requests get `503`, `/readyz` reports not ready.
@@ -249,6 +258,10 @@ impl Gateway {
             self.cfg.allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
+        let (identity, via_peer) = match &self.routing {
+            Some(r) => r.acting_identity(identity, &parts.headers),
+            None => (identity, false),
+        };
         let requested = pushdown_spec::parse(&parts.headers, parts.uri.query())?;
         let alias = target.bucket.as_ref().and_then(|b| self.cfg.aliases.get(b)).cloned();
         let mut target = target;
@@ -288,7 +301,23 @@ impl Gateway {
             _ => (None, false),
         };
         if let Some((spec, plan)) = spec {
-            let mut resp = serving.get(&parts, target, spec, &identity).await?;
+            // The route phase: a pushdown this member does not own goes to its owner (a hop from
+            // a peer is served here).
+            let routing = self.routing.as_ref().filter(|_| !via_peer);
+            let forwarded = match routing {
+                Some(r) => r.forward(&parts, &target, &spec, identity.name()).await,
+                None => None,
+            };
+            let mut resp = match forwarded {
+                Some(resp) => resp,
+                None => {
+                    let mut resp = serving.get(&parts, target, spec, &identity).await?;
+                    if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
+                        resp.headers_mut().insert(owner::COMPUTED_BY, v);
+                    }
+                    resp
+                }
+            };
             if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
                 resp.headers_mut().insert("x-tensorgate-plan", v);
             }

@@ -126,6 +126,33 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     Ok(Some(PushdownSpec { model, split, format, dtype, batch }))
 }
 
+impl PushdownSpec {
+    /// The spec as request fields (name without prefix, value), as `parse` reads them back.
+    #[must_use]
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut out =
+            vec![("model", self.model.clone()), ("split", self.split.clone()), ("dtype", self.dtype.name().into())];
+        if let Some(f) = self.format {
+            out.push(("format", f.name().into()));
+        }
+        if let Some(b) = self.batch {
+            out.push(("batch", b.to_string()));
+        }
+        out
+    }
+}
+
+impl Format {
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Npy => "npy",
+            Self::Safetensors => "safetensors",
+            Self::Tar => "tar",
+        }
+    }
+}
+
 fn invalid(field: &str, message: &str) -> PushdownError {
     PushdownError::InvalidArgument { field: field.to_owned(), message: message.to_owned() }
 }

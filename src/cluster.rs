@@ -1,0 +1,258 @@
+//! Scale-out: the members of a tensorgate cluster (one gateway per storage node), their health, and
+//! which member owns an object's pushdowns.
+//!
+//! - **Ownership** is rendezvous (highest-random-weight) hashing over the object: every member
+//!   scores `(member id, bucket, key)` and the highest score owns it, so all splits and all epochs
+//!   of an object meet the same tensor cache, and a member joining or leaving moves only the
+//!   objects it gains or loses (about 1/N). The score is the first 8 bytes of
+//!   `SHA-256(id 0x00 bucket 0x00 key)` read big-endian; ties go to the smaller id. The Python
+//!   client computes the same order (`tensorgate.cluster`), so it can send each request to its
+//!   owner and walk the order when one fails. Pure: [`rank`], [`score`].
+//! - **Membership** is a static list or a DNS name that resolves to every member (a Kubernetes
+//!   headless Service), re-resolved every `refresh_secs`; each member's health is its `/readyz`,
+//!   probed at the same period with a short timeout. This node counts as ready while it serves.
+//!   Published at `GET /v1/cluster` on the admin port. The store's own clustering stays the
+//!   distributed engine: nothing here is consensus, and a result never depends on which member
+//!   computed it.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::ClusterSettings;
+
+/// The hashing in use, as `/v1/cluster` names it (clients check it before routing).
+pub const HASHING: &str = "hrw-sha256-v1";
+
+/// One member: its id and where its S3 and admin listeners are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Member {
+    pub id: String,
+    pub s3: String,
+    pub admin: String,
+}
+
+/// A member's rendezvous score for an object.
+#[must_use]
+pub fn score(member: &str, bucket: &str, key: &str) -> u64 {
+    let mut h = Sha256::new();
+    h.update(member.as_bytes());
+    h.update([0]);
+    h.update(bucket.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    let d = h.finalize();
+    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// The members in ownership order for an object: the owner first, then where to go when it is
+/// down.
+#[must_use]
+pub fn rank<'a, T: AsRef<str>>(ids: &'a [T], bucket: &str, key: &str) -> Vec<&'a T> {
+    let mut scored: Vec<(u64, &T)> = ids.iter().map(|m| (score(m.as_ref(), bucket, key), m)).collect();
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.as_ref().cmp(b.1.as_ref())));
+    scored.into_iter().map(|(_, m)| m).collect()
+}
+
+/// A member as this node last saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberState {
+    #[serde(flatten)]
+    pub member: Member,
+    /// `ready`, `unready` (its `/readyz` said no) or `unreachable`.
+    pub state: &'static str,
+    /// Seconds since the Unix epoch of the last probe (`None`: not probed yet).
+    pub checked: Option<u64>,
+    /// Why the last probe failed.
+    pub error: Option<String>,
+}
+
+impl AsRef<str> for MemberState {
+    fn as_ref(&self) -> &str {
+        &self.member.id
+    }
+}
+
+/// The cluster as this node sees it.
+#[derive(Debug)]
+pub struct Cluster {
+    settings: ClusterSettings,
+    members: RwLock<Vec<MemberState>>,
+}
+
+impl Cluster {
+    /// A cluster of the configured static members (DNS members appear at the first refresh).
+    #[must_use]
+    pub fn new(settings: ClusterSettings) -> Arc<Self> {
+        let members = settings.members.iter().cloned().map(|m| unprobed(m, &settings.node_id)).collect();
+        Arc::new(Self { settings, members: RwLock::new(members) })
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn node_id(&self) -> &str {
+        &self.settings.node_id
+    }
+
+    /// The members now, sorted by id.
+    #[must_use]
+    pub fn members(&self) -> Vec<MemberState> {
+        self.members.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The ready members in ownership order for an object (this node included).
+    #[must_use]
+    pub fn owners(&self, bucket: &str, key: &str) -> Vec<Member> {
+        let members = self.members();
+        let ready: Vec<&MemberState> = members.iter().filter(|m| m.state == "ready").collect();
+        rank(&ready, bucket, key).into_iter().map(|m| m.member.clone()).collect()
+    }
+
+    /// What `GET /v1/cluster` answers.
+    #[must_use]
+    pub fn report(&self) -> serde_json::Value {
+        serde_json::json!({
+            "node": self.settings.node_id,
+            "hashing": HASHING,
+            "refresh_secs": self.settings.refresh_secs,
+            "members": self.members(),
+        })
+    }
+
+    /// Re-resolves the members (DNS) and probes each one's `/readyz` (this node is ready while it
+    /// serves). One round; [`Cluster::spawn_refresh`] repeats it.
+    pub async fn refresh(&self, client: &probe::Prober) {
+        let mut found = self.settings.members.clone();
+        if let Some(name) = &self.settings.dns {
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addrs) => {
+                    for a in addrs {
+                        let admin = std::net::SocketAddr::new(a.ip(), self.settings.dns_admin_port);
+                        found.push(Member {
+                            id: a.to_string(),
+                            s3: format!("http://{a}"),
+                            admin: format!("http://{admin}"),
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!(name = %name, error = %e, "cluster: members could not be resolved"),
+            }
+        }
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        found.dedup_by(|a, b| a.id == b.id);
+        let timeout = Duration::from_millis(self.settings.probe_timeout_ms);
+        let probes = found.into_iter().map(|m| async move {
+            let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).ok();
+            if m.id == self.settings.node_id {
+                return MemberState { member: m, state: "ready", checked: now, error: None };
+            }
+            let (state, error) = match client.get_status(&format!("{}/readyz", m.admin), timeout).await {
+                Ok(200) => ("ready", None),
+                Ok(code) => ("unready", Some(format!("/readyz answered {code}"))),
+                Err(e) => ("unreachable", Some(e)),
+            };
+            MemberState { member: m, state, checked: now, error }
+        });
+        let states = futures_util::future::join_all(probes).await;
+        *self.members.write().unwrap_or_else(std::sync::PoisonError::into_inner) = states;
+    }
+
+    /// Refreshes every `refresh_secs` for as long as the cluster exists.
+    pub fn spawn_refresh(self: &Arc<Self>) {
+        let period = Duration::from_secs(self.settings.refresh_secs.max(1));
+        let cluster = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let client = probe::Prober::new();
+            loop {
+                let Some(c) = cluster.upgrade() else { break };
+                c.refresh(&client).await;
+                drop(c);
+                tokio::time::sleep(period).await;
+            }
+        });
+    }
+}
+
+fn unprobed(member: Member, node: &str) -> MemberState {
+    let state = if member.id == node { "ready" } else { "unreachable" };
+    MemberState { member, state, checked: None, error: None }
+}
+
+/// The small HTTP client the probes need (plain HTTP inside the cluster network).
+pub mod probe {
+    use std::time::Duration;
+
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client as Hyper;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+
+    /// A pooled HTTP/1 client.
+    #[derive(Debug, Clone)]
+    pub struct Prober(Hyper<HttpConnector, Empty<bytes::Bytes>>);
+
+    impl Prober {
+        #[must_use]
+        pub fn new() -> Self {
+            Self(Hyper::builder(TokioExecutor::new()).build_http())
+        }
+
+        /// The status of a GET of `url`, within `timeout`.
+        ///
+        /// # Errors
+        /// An unusable URL, a connection failure or the timeout, as text.
+        pub async fn get_status(&self, url: &str, timeout: Duration) -> Result<u16, String> {
+            let uri: http::Uri = url.parse().map_err(|e| format!("bad address {url}: {e}"))?;
+            match tokio::time::timeout(timeout, self.0.get(uri)).await {
+                Ok(Ok(resp)) => Ok(resp.status().as_u16()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer in {} ms", timeout.as_millis())),
+            }
+        }
+    }
+
+    impl Default for Prober {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_is_stable_and_moves_little_when_a_member_leaves() {
+        let three = ["node-a", "node-b", "node-c"];
+        let two = ["node-a", "node-c"];
+        let keys: Vec<String> = (0..3000).map(|i| format!("train/{i:05}.tar")).collect();
+        let mut counts = [0usize; 3];
+        let mut moved = 0;
+        for k in &keys {
+            let owner = *rank(&three, "b", k)[0];
+            counts[three.iter().position(|m| *m == owner).expect("member")] += 1;
+            assert_eq!(owner, *rank(&three, "b", k)[0], "deterministic");
+            let after = *rank(&two, "b", k)[0];
+            if owner != "node-b" {
+                assert_eq!(owner, after, "only node-b's objects move");
+            } else {
+                moved += 1;
+                assert_eq!(after, *rank(&three, "b", k)[1], "they go to the next in order");
+            }
+        }
+        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "balanced: {counts:?}");
+        assert_eq!(moved, counts[1]);
+    }
+
+    #[test]
+    fn the_score_is_the_documented_hash() {
+        // SHA-256("node-a\0bucket\0key"), first 8 bytes big-endian: what the Python client computes.
+        let d = Sha256::digest(b"node-a\0bucket\0key");
+        assert_eq!(score("node-a", "bucket", "key"), u64::from_be_bytes(d[..8].try_into().expect("8")));
+        assert_ne!(score("node-a", "bucket", "key"), score("node-a", "bucket2", "key"));
+        assert_ne!(score("node-a", "b", "uck\0etkey"), score("node-a", "buck", "etkey"));
+    }
+}

@@ -1,0 +1,198 @@
+//! The route phase of a pushdown in a cluster (`crate::cluster`): a member that does not own the
+//! object forwards the pushdown to its owner over an authenticated gateway-to-gateway hop, so that
+//! every route meets the owner's cache; when the owner cannot answer, it computes locally. Never a
+//! redirect: S3 clients that re-sign break on 307s.
+//!
+//! The hop is an S3 GET (or HEAD) signed with SigV4 by the cluster credential
+//! (`cluster.access_key` / `cluster.secret_key`), which every member accepts. It carries the
+//! resolved pushdown (`split=auto` already resolved here, so the owner computes exactly what this
+//! member would) as `x-tensorgate-*` headers and the client's tenant as `tensorgate-peer-tenant`
+//! (signed like every header): the owner accounts memory and fairness to that tenant and never
+//! forwards a hop again. Every pushdown response in a cluster says who computed it
+//! (`x-tensorgate-computed-by`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response};
+
+use crate::backend::retry::RetryPolicy;
+use crate::backend::s3::{S3Backend, S3BackendConfig};
+use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
+use crate::cluster::{Cluster, Member};
+use crate::metrics::Metrics;
+use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec};
+use crate::s3::credentials::SecretKey;
+use crate::s3::route::S3Op;
+use crate::s3::route::Target;
+use crate::s3::sigv4::verify::Identity;
+
+/// The header a hop names its tenant in (outside `x-tensorgate-*`, which are pushdown fields).
+pub const PEER_TENANT: HeaderName = HeaderName::from_static("tensorgate-peer-tenant");
+/// Who computed a pushdown response (a member id).
+pub const COMPUTED_BY: HeaderName = HeaderName::from_static("x-tensorgate-computed-by");
+/// A peer that accepts no connection within this is treated as down for the request (the
+/// membership refresh takes it out of the order within `cluster.refresh_secs`).
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Hops in flight to one peer at once (beyond that, this member computes locally).
+const PEER_MAX_CONCURRENCY: usize = 256;
+
+/// Routes pushdowns to their owners.
+#[derive(Debug)]
+pub struct Routing {
+    cluster: Arc<Cluster>,
+    region: String,
+    access_key: String,
+    secret: Option<SecretKey>,
+    /// Longest wait for the owner's response head (the member's own request deadline).
+    response_timeout: Duration,
+    peers: Mutex<HashMap<String, S3Backend>>,
+    metrics: Metrics,
+}
+
+impl Routing {
+    /// `secret: None`: membership only (no hop; every member computes what it is asked).
+    #[must_use]
+    pub fn new(
+        cluster: Arc<Cluster>,
+        region: String,
+        (access_key, secret): (String, Option<SecretKey>),
+        response_timeout: Duration,
+        metrics: Metrics,
+    ) -> Self {
+        Self { cluster, region, access_key, secret, response_timeout, peers: Mutex::new(HashMap::new()), metrics }
+    }
+
+    #[must_use]
+    pub fn node_id(&self) -> &str {
+        self.cluster.node_id()
+    }
+
+    /// The identity a request acts for: a hop signed by the cluster credential acts for the
+    /// tenant it names; any other request for whoever signed it (a client's `tensorgate-peer-*`
+    /// headers mean nothing).
+    #[must_use]
+    pub fn acting_identity(&self, identity: Identity, headers: &HeaderMap) -> (Identity, bool) {
+        let peer = self.secret.is_some() && matches!(&identity, Identity::AccessKey(k) if *k == self.access_key);
+        if !peer {
+            return (identity, false);
+        }
+        match headers.get(&PEER_TENANT).and_then(|v| v.to_str().ok()) {
+            Some("anonymous") => (Identity::Anonymous, true),
+            Some(t) if !t.is_empty() => (Identity::AccessKey(t.to_owned()), true),
+            _ => (identity, true),
+        }
+    }
+
+    /// Forwards a pushdown this member does not own to its owner. `None`: serve it here (this
+    /// member owns it, there is no hop credential, or the owner did not answer: then the fallback
+    /// is counted and logged).
+    pub async fn forward(
+        &self,
+        parts: &Parts,
+        target: &Target,
+        spec: &PushdownSpec,
+        tenant: &str,
+    ) -> Option<Response<Body>> {
+        self.secret.as_ref()?;
+        let (bucket, key) = (target.bucket.as_deref()?, target.key.as_deref()?);
+        let owner = self.cluster.owners(bucket, key).into_iter().next()?;
+        if owner.id == self.node_id() {
+            return None;
+        }
+        let peer = self.peer(&owner)?;
+        let req = ForwardRequest {
+            op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
+            method: parts.method.clone(),
+            target: Target { bucket: Some(bucket.to_owned()), key: Some(key.to_owned()), virtual_host: false },
+            query: forwarded_query(parts.uri.query()).and_then(|q| without_pushdown_params(&q)),
+            headers: hop_headers(&parts.headers, spec, tenant),
+            body: Body::empty(),
+            payload: ForwardPayload::Empty,
+            anonymous: false,
+            expect_continue: false,
+        };
+        let label = crate::metrics::PeerLabel { peer: owner.id.clone() };
+        match peer.send(req).await {
+            Ok(mut resp) if !resp.status().is_server_error() => {
+                self.metrics.cluster_forwarded.get_or_create(&label).inc();
+                if !resp.headers().contains_key(&COMPUTED_BY)
+                    && let Ok(v) = HeaderValue::from_str(&owner.id)
+                {
+                    resp.headers_mut().insert(COMPUTED_BY, v);
+                }
+                Some(resp)
+            }
+            Ok(resp) => {
+                self.metrics.cluster_fallbacks.get_or_create(&label).inc();
+                tracing::warn!(owner = %owner.id, status = %resp.status(), "cluster: the owner failed; computing here");
+                None
+            }
+            Err(e) => {
+                self.metrics.cluster_fallbacks.get_or_create(&label).inc();
+                tracing::warn!(owner = %owner.id, error = %e, "cluster: the owner did not answer; computing here");
+                None
+            }
+        }
+    }
+
+    fn peer(&self, owner: &Member) -> Option<S3Backend> {
+        let mut peers = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = peers.get(&owner.s3) {
+            return Some(p.clone());
+        }
+        let cfg = S3BackendConfig {
+            endpoint: owner.s3.parse().ok()?,
+            region: self.region.clone(),
+            access_key: self.access_key.clone(),
+            secret_key: self.secret.clone()?,
+            connect_timeout: PEER_CONNECT_TIMEOUT,
+            response_timeout: self.response_timeout,
+            max_concurrency: PEER_MAX_CONCURRENCY,
+            permit_timeout: Duration::ZERO,
+            // A failed hop falls back to computing here at once: no retry, no backoff.
+            retry: RetryPolicy { max_retries: 0, base: Duration::ZERO, cap: Duration::ZERO, budget: Duration::ZERO },
+            ca_file: None,
+            trailing_checksums: false,
+        };
+        let backend = S3Backend::new(cfg, self.metrics.clone()).ok()?;
+        peers.insert(owner.s3.clone(), backend.clone());
+        Some(backend)
+    }
+}
+
+/// The client's conditional and range headers, the resolved pushdown fields, and the tenant.
+fn hop_headers(client: &HeaderMap, spec: &PushdownSpec, tenant: &str) -> HeaderMap {
+    let mut h = forwarded_headers(client);
+    let stale: Vec<HeaderName> = h.keys().filter(|n| n.as_str().starts_with(HEADER_PREFIX)).cloned().collect();
+    for n in stale {
+        h.remove(n);
+    }
+    h.remove(&PEER_TENANT);
+    for (k, v) in spec.fields() {
+        if let (Ok(name), Ok(value)) = (format!("{HEADER_PREFIX}{k}").parse::<HeaderName>(), HeaderValue::from_str(&v))
+        {
+            h.insert(name, value);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(tenant) {
+        h.insert(PEER_TENANT, v);
+    }
+    h
+}
+
+/// A forwarded query without its `tensorgate-*` trigger parameters (the hop carries them as
+/// headers).
+fn without_pushdown_params(q: &str) -> Option<String> {
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|p| {
+            !crate::s3::sigv4::uri_decode(p.split('=').next().unwrap_or_default())
+                .starts_with(crate::pushdown::spec::QUERY_PREFIX)
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
+}
