@@ -48,11 +48,12 @@ def wait_ready(admin: str, proc: subprocess.Popen, timeout: float = 30.0) -> Non
 
 
 @contextlib.contextmanager
-def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, env: dict | None = None):
+def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, env: dict | None = None,
+                ports: tuple[int, int] | None = None):
     """Starts one more tensorgate with `config` (TOML) in front of SeaweedFS (when `seaweed` is
-    its endpoint) or of a local directory. The dev key signs requests; yields (endpoint, admin,
-    boto3 client, pid)."""
-    port, admin_port = free_port(), free_port()
+    its endpoint) or of a local directory, on `ports` (S3, admin; default: free ones). The dev key
+    signs requests; yields (endpoint, admin, boto3 client, pid)."""
+    port, admin_port = ports or (free_port(), free_port())
     cfg = tmp_path / f"gateway-{port}.toml"
     cfg.write_text(config)
     full = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "ORT_"))}

@@ -12,6 +12,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from .cluster import Membership
 from .codec import Features, decode
 from .wds import decode_features as decode_tar
 
@@ -40,6 +41,8 @@ class Fetch:
     #: `result` is then empty).
     etag: str | None = None
     not_modified: bool = False
+    #: In a cluster: the member that computed the output (`x-tensorgate-computed-by`).
+    computed_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,35 +56,73 @@ class Endpoint:
     admin: str | None = None
     region: str = "us-east-1"
     max_pool_connections: int = 32
+    route: bool = False
 
     def connect(self) -> "Client":
         return Client(self.endpoint, self.access_key, self.secret_key, admin=self.admin, region=self.region,
-                      max_pool_connections=self.max_pool_connections)
+                      max_pool_connections=self.max_pool_connections, route=self.route)
 
 
 class Client:
     """A tensorgate client. `endpoint` is the gateway's S3 address, `admin` its admin address
-    (for models, suffix graphs and plans); `s3` may be any boto3 S3 client for the gateway."""
+    (for models, suffix graphs and plans); `s3` may be any boto3 S3 client for the gateway.
+
+    `route=True` (a cluster, docs/SCALING.md): every GET goes to the object's owner among the
+    members `admin`'s `/v1/cluster` lists, in the gateways' own rendezvous order, then to the next
+    members when one fails (connection error or `5xx`; membership is then re-read), and last to
+    `endpoint`. Other calls go to `endpoint`."""
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, *, admin: str | None = None,
-                 region: str = "us-east-1", s3=None, max_pool_connections: int = 32):
+                 region: str = "us-east-1", s3=None, max_pool_connections: int = 32, route: bool = False):
         self.endpoint, self.admin = endpoint, admin
         #: The plain settings this client was made from (what datasets carry into workers).
-        self.config = Endpoint(endpoint, access_key, secret_key, admin, region, max_pool_connections)
+        self.config = Endpoint(endpoint, access_key, secret_key, admin, region, max_pool_connections, route)
         # Sent with plans: the gateway does not count this tenant's own requests as load.
         self.tenant = access_key
-        self.s3 = s3 or boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-            region_name=region,
+        self.s3 = s3 or self._boto(endpoint, retries=5)
+        self.membership = Membership(admin) if route and admin else None
+        self._members: dict[str, object] = {}  # member S3 URL -> boto3 client
+
+    def _boto(self, endpoint: str, retries: int, connect_timeout: float = 60):
+        cfg = self.config
+        s3 = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=cfg.access_key, aws_secret_access_key=cfg.secret_key,
+            region_name=cfg.region,
             # SigV4 also for presigned URLs (SigV2 would leave the trigger parameters unsigned).
             config=Config(s3={"addressing_style": "path"}, signature_version="s3v4",
-                          max_pool_connections=max_pool_connections,
-                          retries={"max_attempts": 5, "mode": "adaptive"}),
+                          max_pool_connections=cfg.max_pool_connections, connect_timeout=connect_timeout,
+                          retries={"max_attempts": retries, "mode": "adaptive"}),
         )
         # Pushdown fields travel in the operation context and become signed x-tensorgate-* headers,
         # so concurrent calls with different fields share one (thread-safe) boto3 client.
-        self.s3.meta.events.register("provide-client-params.s3.GetObject", _stash_fields)
-        self.s3.meta.events.register("before-sign.s3.GetObject", _add_headers)
+        s3.meta.events.register("provide-client-params.s3.GetObject", _stash_fields)
+        s3.meta.events.register("before-sign.s3.GetObject", _add_headers)
+        return s3
+
+    def _targets(self, bucket: str, key: str) -> list:
+        """Where a GET of `bucket/key` goes, in order (`endpoint` alone without routing)."""
+        if self.membership is None:
+            return [self.s3]
+        out = []
+        for m in self.membership.order(bucket, key):
+            if m["s3"] not in self._members:
+                # One attempt, a short connect: a dead member hands over to the next at once.
+                self._members[m["s3"]] = self._boto(m["s3"], retries=1, connect_timeout=2)
+            out.append(self._members[m["s3"]])
+        return out + [self.s3]
+
+    def _get_object(self, bucket: str, key: str, **kw):
+        targets = self._targets(bucket, key)
+        for i, s3 in enumerate(targets):
+            try:
+                return s3.get_object(Bucket=bucket, Key=key, **kw)
+            except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
+                    botocore.exceptions.ClientError) as e:
+                status = getattr(e, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                last = i == len(targets) - 1
+                if last or (isinstance(e, botocore.exceptions.ClientError) and status < 500):
+                    raise
+                self.membership.members(force=True)
 
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
@@ -104,7 +145,7 @@ class Client:
         if if_none_match:
             extra["IfNoneMatch"] = if_none_match
         try:
-            resp = self.s3.get_object(Bucket=bucket, Key=key, TensorgateFields=fields, **extra)
+            resp = self._get_object(bucket, key, TensorgateFields=fields, **extra)
         except botocore.exceptions.ClientError as e:
             meta = e.response.get("ResponseMetadata", {})
             if meta.get("HTTPStatusCode") != 304:
@@ -130,7 +171,8 @@ class Client:
 
             result = Features(features=np.frombuffer(body, dtype=np.uint8))
         return Fetch(result, len(body), t2 - t0, t2 - t1, headers.get("x-tensorgate-split"),
-                     headers.get("x-tensorgate-cache"), headers.get("x-tensorgate-plan"), t1, t2, headers.get("etag"))
+                     headers.get("x-tensorgate-cache"), headers.get("x-tensorgate-plan"), t1, t2, headers.get("etag"),
+                     computed_by=headers.get("x-tensorgate-computed-by"))
 
     def probe(self, bucket: str, key: str, *, max_bytes: int = 4 << 20, min_bytes: int = 128 << 10,
               min_secs: float = 0.15, chunk: int = 16 << 10) -> tuple[bytes, float]:
