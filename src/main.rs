@@ -24,7 +24,8 @@ struct Cli {
 enum Command {
     /// Run the gateway (the default).
     Serve(Box<Overrides>),
-    /// Validate a config file and exit (non-zero, naming the bad key, if invalid).
+    /// Validate a config file, with the `TENSORGATE_*` environment applied as `serve` would, and
+    /// exit (non-zero, naming the bad key, if invalid).
     CheckConfig { file: PathBuf },
     /// Inspect and cut ONNX models.
     #[command(subcommand)]
@@ -86,16 +87,18 @@ fn main() -> ExitCode {
     with_allocator_tunables();
     let cli = Cli::parse();
     match cli.command.unwrap_or_else(|| Command::Serve(Box::new(Overrides::parse_from_env()))) {
-        Command::CheckConfig { file } => match Config::from_file(&file).and_then(|c| c.validate().map(|()| c)) {
-            Ok(_) => {
-                println!("{}: ok", file.display());
-                ExitCode::SUCCESS
+        Command::CheckConfig { file } => {
+            match Config::load(&Overrides { config: Some(file.clone()), ..Overrides::parse_from_env() }) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(EX_USAGE)
+                }
             }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(EX_USAGE)
-            }
-        },
+        }
         Command::Serve(o) => serve(&o),
         Command::Models(m) => report(models(m)),
         Command::Plan { file, json } => report(plan(&file, json)),

@@ -1,0 +1,107 @@
+"""The Helm chart (deploy/helm/tensorgate) rendered offline by Helm's own engine (helm-python-sdk)
+and checked against the Kubernetes API schemas (kubernetes-validate), its configuration accepted by
+the gateway binary, and the values that change what it renders."""
+
+import subprocess
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import BINARY, ROOT
+
+CHART = ROOT / "deploy" / "helm" / "tensorgate"
+K8S = "1.32.0"  # a Kubernetes version well inside the supported window
+CREDS = {"accessKey": "ak", "secretKey": "sk", "backendAccessKey": "bak", "backendSecretKey": "bsk",
+         "clusterSecret": "cs"}
+
+
+def render(values: dict) -> dict[str, list[dict]]:
+    """Rendered manifests by kind (`Kind` -> documents)."""
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(values, name="tg", namespace="storage")
+    docs: dict[str, list[dict]] = {}
+    for text in out.values():
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.setdefault(doc["kind"], []).append(doc)
+    return docs
+
+
+def test_the_chart_lints_and_every_manifest_matches_the_kubernetes_schemas():
+    findings = helm.lint(str(CHART))
+    # Helm's severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error.
+    assert findings["errors"] == [] and all(m["severity"] < 2 for m in findings["messages"]), findings
+    docs = render({"credentials": CREDS})
+    assert sorted(docs) == ["ConfigMap", "DaemonSet", "Secret", "Service"]
+    for kind, items in docs.items():
+        for doc in items:
+            kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def test_the_rendered_configuration_is_one_the_gateway_accepts(tmp_path):
+    docs = render({"credentials": CREDS, "config": {"max_in_flight": 77, "pushdown": {"memory_budget": 2 << 30}}})
+    toml = docs["ConfigMap"][0]["data"]["config.toml"]
+    assert "max_in_flight = 77" in toml and "memory_budget = 2147483648" in toml  # integers, not floats
+    assert 'dns = "tg-tensorgate-headless.storage.svc.cluster.local:9000"' in toml
+    # What the pod sees: the ConfigMap's file, the cluster secret mounted where the file names it
+    # (here a file of the test's), and the DaemonSet's environment with the Secret's values and
+    # the downward-API addresses filled in.
+    (tmp_path / "cluster-secret").write_text(CREDS["clusterSecret"])
+    (tmp_path / "config.toml").write_text(
+        toml.replace("/run/secrets/tensorgate/cluster-secret", str(tmp_path / "cluster-secret")))
+    secret = docs["Secret"][0]["stringData"]
+    env = {"PATH": "/usr/bin:/bin"}
+    addresses = {"HOST_IP": "10.0.0.7", "POD_IP": "10.1.0.9"}
+    for e in docs["DaemonSet"][0]["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in e:
+            v = e["value"]
+            for k, ip in addresses.items():
+                v = v.replace(f"$({k})", ip)
+            env[e["name"]] = v
+        elif "secretKeyRef" in e["valueFrom"]:
+            env[e["name"]] = secret[e["valueFrom"]["secretKeyRef"]["key"]]
+    env.pop("TENSORGATE_CONFIG")
+    assert env["TENSORGATE_CLUSTER_NODE_ID"] == "10.1.0.9:9000"
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "config.toml")], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The same file without the environment is refused: the chart relies on it.
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "config.toml")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0
+
+
+def test_the_daemonset_runs_beside_the_store_non_root_with_probes_and_derived_memory():
+    docs = render({"credentials": CREDS, "nodeSelector": {"storage": "true"},
+                   "config": {"pushdown": {"memory_budget": 3 << 30, "cache": {"memory_bytes": 1 << 30}}},
+                   "memoryOverheadBytes": 1 << 29})
+    pod = docs["DaemonSet"][0]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["nodeSelector"] == {"storage": "true"} and pod["securityContext"]["runAsNonRoot"] is True
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    want = str((3 << 30) + (1 << 30) + (1 << 29))
+    assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] == want
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TENSORGATE_CLUSTER_NODE_ID"]["value"] == "$(POD_IP):9000"
+    assert env["TENSORGATE_BACKEND_ENDPOINT"]["value"] == "http://$(HOST_IP):8333"
+    assert env["TENSORGATE_SECRET_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "secret-key"
+    svc = docs["Service"][0]["spec"]
+    assert svc["clusterIP"] == "None" and {p["name"] for p in svc["ports"]} == {"s3", "admin"}
+
+
+def test_values_select_what_is_rendered():
+    with pytest.raises(Exception) as e:
+        render({})
+    assert "credentials.accessKey" in str(e.value)
+    docs = render({"credentials": {"existingSecret": "mine"}, "serviceMonitor": {"enabled": True},
+                   "cluster": {"enabled": False}})
+    assert "Secret" not in docs
+    env = docs["DaemonSet"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert all(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name", "mine") == "mine" for e in env)
+    assert "TENSORGATE_CLUSTER_NODE_ID" not in {e["name"] for e in env}
+    assert "[cluster]" not in docs["ConfigMap"][0]["data"]["config.toml"]
+    monitor = docs["ServiceMonitor"][0]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"][0] == {"port": "admin", "path": "/metrics", "interval": "30s"}
