@@ -79,6 +79,7 @@ impl GatewayError {
             Self::Auth(e) => match e {
                 // Ceph RGW and the s3-tests suite answer 403 for out-of-range expiries and bad SigV2 dates.
                 AuthError::AnonymousDenied
+                | AuthError::PeerOnlyPushdown
                 | AuthError::Expired
                 | AuthError::ExpiresTooLong
                 | AuthError::InvalidDate => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),

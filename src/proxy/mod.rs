@@ -300,6 +300,10 @@ impl Gateway {
             }
             _ => (None, false),
         };
+        if via_peer && spec.is_none() {
+            // Least privilege: the hop credential reaches the store only for a pushdown.
+            return Err(verify::AuthError::PeerOnlyPushdown.into());
+        }
         if let Some((spec, plan)) = spec {
             // The route phase: a pushdown this member does not own goes to its owner (a hop from
             // a peer is served here).

@@ -149,6 +149,16 @@ async fn pushdowns_meet_their_owner_from_any_member_and_survive_a_dead_owner() {
         assert!(!m.contains("mallory"), "a client named a tenant");
     }
 
+    // The hop credential signs pushdown reads only: a plain read or a write with it is refused.
+    let host = format!("127.0.0.1:{}", servers[0].s3_addr.port());
+    let peer = Auth::Header("it-cluster", "it-cluster-secret", "UNSIGNED-PAYLOAD");
+    for (method, body) in [("GET", Bytes::new()), ("PUT", Bytes::from_static(b"x"))] {
+        let r = raw(servers[0].s3_addr, method, &host, &format!("/{BUCKET}/s00.npy"), &[], body, peer)
+            .await
+            .expect("request");
+        assert_eq!(r.status, 403, "{method}: {}", r.text());
+    }
+
     // node-2 goes away: its objects are computed by the member asked (at once: the hop fails),
     // then by the next member in their order once the membership has noticed. Same bytes.
     let gone = servers.remove(2);
