@@ -36,6 +36,7 @@ import numpy as np
 from .client import Client, Endpoint
 from .codec import array
 from .suffix import NO_PUSHDOWN, preprocess
+from .wds import read_index
 
 try:  # torch is optional: without it the datasets are plain iterables of numpy arrays
     import torch
@@ -255,8 +256,6 @@ class ShardDataset(_IterBase):
             keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, ".tar")
             counts = self.counts
             if counts is None and self.index is not None:
-                from .wds import read_index
-
                 counts = read_index(self.client, self.bucket, self.index)
             if counts is not None:
                 missing = [k for k in keys if k not in counts]
@@ -531,8 +530,6 @@ class MemberDataset(_MapBase):
             if counts is None:
                 if self.index is None:
                     raise ValueError("MemberDataset needs counts= or index=")
-                from .wds import read_index
-
                 counts = read_index(self.client, self.bucket, self.index)
             keys = self._keys if self._keys is not None else sorted(counts)
             cache["table"] = (keys, np.cumsum([0] + [counts[k] for k in keys]))
