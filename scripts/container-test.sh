@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the container image from this checkout and tests it beside a real SeaweedFS:
+# tests/container/test_container.py (aws CLI, boto3, pushdowns bit-identical to the binary), its
+# health check, and that it runs as non-root. Needs root for Docker: installs Debian's docker.io and
+# debootstrap when missing, starts dockerd without a bridge (containers use the host's loopback),
+# and makes a local Debian bookworm base with debootstrap (public base images are not needed).
+#   scripts/container-test.sh              # the release binary (built if needed)
+#   PROFILE=debug scripts/container-test.sh  # the debug binary the tests built (no release build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEAWEED_PORT=${SEAWEED_PORT:-18833}
+S3_PORT=${CONTAINER_S3_PORT:-19953}
+ADMIN_PORT=$((S3_PORT + 1))
+NAME=tensorgate-container-test
+DOCKER=/usr/bin/docker  # Debian's client: BuildKit built in
+
+cleanup() {
+  $DOCKER rm -f "$NAME" >/dev/null 2>&1 || true
+  SEAWEED_PORT=$SEAWEED_PORT scripts/seaweedfs.sh stop >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+PROFILE=${PROFILE:-release}
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null; }
+fi
+if ! $DOCKER info >/dev/null 2>&1; then
+  (dockerd --bridge=none --iptables=false >/tmp/tensorgate-dockerd.log 2>&1 &)
+  for _ in $(seq 1 50); do $DOCKER info >/dev/null 2>&1 && break; sleep 0.2; done
+fi
+if ! $DOCKER image inspect tensorgate-base:bookworm >/dev/null 2>&1; then
+  root=$(mktemp -d)
+  debootstrap --variant=minbase bookworm "$root" >/dev/null
+  tar -C "$root" -c . | $DOCKER import - tensorgate-base:bookworm >/dev/null
+  rm -rf "$root"
+fi
+
+echo "== image"
+scripts/setup.sh >/dev/null
+scripts/models.sh >/dev/null
+if [ "$PROFILE" = release ]; then
+  cargo build --release --locked --quiet --bin tensorgate
+else
+  cargo build --locked --quiet --bin tensorgate
+fi
+rm -rf docker/prebuilt && mkdir -p docker/prebuilt/onnxruntime docker/prebuilt/models
+cp "target/$PROFILE/tensorgate" docker/prebuilt/
+cp .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.* docker/prebuilt/onnxruntime/libonnxruntime.so
+for m in models/*/; do [ "$(basename "$m")" = fixtures ] || cp -r "$m" docker/prebuilt/models/; done
+DOCKER_BUILDKIT=1 $DOCKER build --network host -q -f docker/Dockerfile \
+  --build-arg ARTIFACTS=prebuilt --build-arg BASE=tensorgate-base:bookworm -t tensorgate:test .
+rm -rf docker/prebuilt
+
+echo "== container beside SeaweedFS"
+seaweed=$(SEAWEED_PORT=$SEAWEED_PORT scripts/seaweedfs.sh start | tail -1)
+$DOCKER rm -f "$NAME" >/dev/null 2>&1 || true
+$DOCKER run -d --name "$NAME" --network host \
+  -e TENSORGATE_LISTEN=127.0.0.1:$S3_PORT -e TENSORGATE_ADMIN_LISTEN=127.0.0.1:$ADMIN_PORT \
+  -e TENSORGATE_BACKEND_ENDPOINT="$seaweed" -e TENSORGATE_BACKEND_ACCESS_KEY=seaweed-ak \
+  -e TENSORGATE_BACKEND_SECRET_KEY=seaweed-sk -e TENSORGATE_ACCESS_KEY=ct-ak -e TENSORGATE_SECRET_KEY=ct-sk \
+  tensorgate:test >/dev/null
+for _ in $(seq 1 60); do
+  [ "$($DOCKER inspect -f '{{.State.Health.Status}}' "$NAME")" = healthy ] && break
+  sleep 1
+done
+health=$($DOCKER inspect -f '{{.State.Health.Status}}' "$NAME")
+[ "$health" = healthy ] || { $DOCKER logs "$NAME" | tail -20; echo "container not healthy: $health"; exit 1; }
+uid=$($DOCKER exec "$NAME" id -u)
+[ "$uid" = 10001 ] || { echo "runs as uid $uid, not the tensorgate user"; exit 1; }
+echo "healthy, uid $uid"
+CONTAINER_ENDPOINT=http://127.0.0.1:$S3_PORT CONTAINER_SEAWEED="$seaweed" \
+  .venv/bin/python -m pytest -q tests/container
