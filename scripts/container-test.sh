@@ -21,10 +21,9 @@ cleanup() {
 trap cleanup EXIT
 
 PROFILE=${PROFILE:-release}
-if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null; }
-fi
+# shellcheck source=debian-packages.sh
+. scripts/debian-packages.sh
+ensure_debian_packages "dockerd debootstrap" "docker.io debootstrap" container-test 2>/dev/null
 if ! $DOCKER info >/dev/null 2>&1; then
   (dockerd --bridge=none --iptables=false >/tmp/tensorgate-dockerd.log 2>&1 &)
   for _ in $(seq 1 50); do $DOCKER info >/dev/null 2>&1 && break; sleep 0.2; done
