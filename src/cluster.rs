@@ -102,12 +102,20 @@ impl Cluster {
         self.members.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// The ready members in ownership order for an object (this node included).
+    /// The ready member that owns an object (this node included): the highest score, ties to the
+    /// smaller id, as [`rank`] orders them. One pass under the read lock, one clone.
     #[must_use]
-    pub fn owners(&self, bucket: &str, key: &str) -> Vec<Member> {
-        let members = self.members();
-        let ready: Vec<&MemberState> = members.iter().filter(|m| m.state == "ready").collect();
-        rank(&ready, bucket, key).into_iter().map(|m| m.member.clone()).collect()
+    pub fn owner(&self, bucket: &str, key: &str) -> Option<Member> {
+        let members = self.members.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        members
+            .iter()
+            .filter(|m| m.state == "ready")
+            .max_by(|a, b| {
+                score(&a.member.id, bucket, key)
+                    .cmp(&score(&b.member.id, bucket, key))
+                    .then_with(|| b.member.id.cmp(&a.member.id))
+            })
+            .map(|m| m.member.clone())
     }
 
     /// What `GET /v1/cluster` answers.

@@ -99,7 +99,7 @@ impl Routing {
     ) -> Option<Response<Body>> {
         self.secret.as_ref()?;
         let (bucket, key) = (target.bucket.as_deref()?, target.key.as_deref()?);
-        let owner = self.cluster.owners(bucket, key).into_iter().next()?;
+        let owner = self.cluster.owner(bucket, key)?;
         if owner.id == self.node_id() {
             return None;
         }

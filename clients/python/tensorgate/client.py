@@ -134,12 +134,7 @@ class Client:
         `before_body()`, if given, is called when the headers are in and before the body is read
         (a loader orders its transfers with it). `raw=True` returns the body undecoded (as uint8),
         e.g. a byte range of an output."""
-        fields = {}
-        if model:
-            fields = {"model": model, "split": split or "auto"}
-            for k, v in (("batch", batch), ("dtype", dtype), ("format", fmt)):
-                if v is not None:
-                    fields[k] = v
+        fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt)
         t0 = time.perf_counter()
         extra = {"Range": range} if range else {}
         if if_none_match:
@@ -220,12 +215,7 @@ class Client:
         """A presigned GET URL for `bucket/key`; with a model and split, a query-trigger pushdown
         (`tensorgate-model=...&tensorgate-split=...`, signed with the rest of the query), so that
         any HTTP reader (webdataset, curl, a browser) gets the features."""
-        fields = {}
-        if model:
-            fields = {"model": model, "split": split or "auto"}
-            for k, v in (("format", fmt), ("dtype", dtype), ("batch", batch)):
-                if v is not None:
-                    fields[k] = v
+        fields = _fields(model, split, format=fmt, dtype=dtype, batch=batch)
         params = {"Bucket": bucket, "Key": key, **({"TensorgateFields": fields} if fields else {})}
         return self.s3.generate_presigned_url("get_object", Params=params, ExpiresIn=expires)
 
@@ -284,6 +274,13 @@ class Client:
     def plan(self, model: str, profile: dict) -> dict:
         """Asks the gateway's planner; returns {"plan": {"chosen", "candidates"}, "storage": ...}."""
         return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile, "tenant": self.tenant}))
+
+
+def _fields(model: str | None, split: str | None, **optional) -> dict:
+    """The pushdown fields of a request (none without a model; `split` defaults to `auto`)."""
+    if not model:
+        return {}
+    return {"model": model, "split": split or "auto", **{k: v for k, v in optional.items() if v is not None}}
 
 
 def _stash_fields(params, context, **_):

@@ -482,10 +482,10 @@ class ObjectDataset(_MapBase):
     def _runner(self, split: str):
         from .suffix import SuffixRunner
 
-        cache = self._process()[2]
-        if split not in cache:
-            cache[split] = SuffixRunner(self.client, self.model, split)
-        return cache[split]
+        runners = self._process()[2].setdefault("runners", {})
+        if split not in runners:
+            runners[split] = SuffixRunner(self.client, self.model, split)
+        return runners[split]
 
     def __getitem__(self, i: int) -> dict:
         key = self.keys[i]
