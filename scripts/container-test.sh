@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the container image from this checkout and tests it beside a real SeaweedFS:
 # tests/container/test_container.py (aws CLI, boto3, pushdowns bit-identical to the binary), its
-# health check, and that it runs as non-root. Needs root for Docker: installs Debian's docker.io and
+# health check, that it runs as non-root, and that docker/compose.yml is a valid compose file
+# (docker-compose from Debian). Needs root for Docker: installs Debian's docker.io and
 # debootstrap when missing, starts dockerd without a bridge (containers use the host's loopback),
 # and makes a local Debian bookworm base with debootstrap (public base images are not needed).
 #   scripts/container-test.sh              # the release binary (built if needed)
@@ -50,6 +51,14 @@ for m in models/*/; do [ "$(basename "$m")" = fixtures ] || cp -r "$m" docker/pr
 DOCKER_BUILDKIT=1 $DOCKER build --network host -q -f docker/Dockerfile \
   --build-arg ARTIFACTS=prebuilt --build-arg BASE=tensorgate-base:bookworm -t tensorgate:test .
 rm -rf docker/prebuilt
+
+echo "== docker/compose.yml (schema; MinIO's image is not reachable here, so it is not run)"
+if ensure_debian_packages "docker-compose" "docker-compose" container-test 2>/dev/null; then
+  docker-compose -f docker/compose.yml config -q
+  echo "compose file valid"
+else
+  echo "docker-compose not installable: compose file not checked"
+fi
 
 echo "== container beside SeaweedFS"
 seaweed=$(SEAWEED_PORT=$SEAWEED_PORT scripts/seaweedfs.sh start | tail -1)

@@ -37,6 +37,41 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
 }
 
+/// What one upstream client (the store, or the cluster's other members) records: time to response
+/// headers by operation and outcome, retries, and response body bytes.
+#[derive(Clone, Debug)]
+pub struct UpstreamMetrics {
+    pub duration: HistogramFamily<OpOutcome>,
+    pub retries: Counter,
+    pub bytes_received: Counter,
+}
+
+impl UpstreamMetrics {
+    /// Registers `{prefix}_request_duration_seconds`, `{prefix}_retries` and
+    /// `{prefix}_response_body_bytes`.
+    fn register(r: &mut Registry, prefix: &str, what: &str) -> Self {
+        let duration: HistogramFamily<OpOutcome> = Family::new_with_constructor(latency_histogram);
+        r.register(
+            format!("{prefix}_request_duration_seconds"),
+            format!("Time to response headers from {what}, by operation and outcome"),
+            duration.clone(),
+        );
+        let retries = Counter::default();
+        r.register(format!("{prefix}_retries"), format!("Requests to {what} retried"), retries.clone());
+        let bytes_received = Counter::default();
+        r.register(
+            format!("{prefix}_response_body_bytes"),
+            format!("Response body bytes received from {what}"),
+            bytes_received.clone(),
+        );
+        Self { duration, retries, bytes_received }
+    }
+
+    pub fn observe(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
+        self.duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
+    }
+}
+
 /// The gateway's metrics. Cloning is cheap (all handles are `Arc`s inside).
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -51,9 +86,10 @@ pub struct Metrics {
     pub connections_refused: Counter,
     pub connections_closed: Family<ReasonLabel, Counter>,
     pub request_timeouts: Counter,
-    pub backend_duration: HistogramFamily<OpOutcome>,
-    pub backend_retries: Counter,
-    pub backend_bytes_received: Counter,
+    /// The store client's requests.
+    pub backend: UpstreamMetrics,
+    /// Gateway-to-gateway hops (`src/proxy/owner.rs`), kept apart from the store's numbers.
+    pub cluster_hops: UpstreamMetrics,
     pub pushdown_requests: Family<ModelSplit, Counter>,
     pub pushdown_source_bytes: Family<ModelSplit, Counter>,
     pub pushdown_output_bytes: Family<ModelSplit, Counter>,
@@ -175,20 +211,8 @@ impl Metrics {
             "Requests answered 503 after edge.request_timeout_secs without a response",
             request_timeouts.clone(),
         );
-        let backend_duration: HistogramFamily<OpOutcome> = Family::new_with_constructor(latency_histogram);
-        r.register(
-            "backend_request_duration_seconds",
-            "Backend time to response headers, by operation and outcome",
-            backend_duration.clone(),
-        );
-        let backend_retries = Counter::default();
-        r.register("backend_retries", "Backend requests retried", backend_retries.clone());
-        let backend_bytes_received = Counter::default();
-        r.register(
-            "backend_response_body_bytes",
-            "Response body bytes received from the backend",
-            backend_bytes_received.clone(),
-        );
+        let backend = UpstreamMetrics::register(&mut r, "backend", "the backend");
+        let cluster_hops = UpstreamMetrics::register(&mut r, "cluster_hop", "cluster owners (gateway-to-gateway hops)");
         let pushdown_requests = Family::<ModelSplit, Counter>::default();
         r.register("pushdown_requests", "Pushdown requests answered, by model and split", pushdown_requests.clone());
         let pushdown_source_bytes = Family::<ModelSplit, Counter>::default();
@@ -335,9 +359,8 @@ impl Metrics {
             connections_refused,
             connections_closed,
             request_timeouts,
-            backend_duration,
-            backend_retries,
-            backend_bytes_received,
+            backend,
+            cluster_hops,
         }
     }
 
@@ -351,10 +374,6 @@ impl Metrics {
         };
         self.requests.get_or_create(&OpStatus { op: op.name(), status_class }).inc();
         self.request_duration.get_or_create(&OpLabel { op: op.name() }).observe(elapsed.as_secs_f64());
-    }
-
-    pub fn observe_backend(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
-        self.backend_duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
     }
 
     /// Records one answered pushdown request; `stages` are (fetch, decode, infer, encode).

@@ -90,7 +90,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                         ca_file: b.ca_file.clone(),
                         trailing_checksums: b.trailing_checksums,
                     },
-                    metrics.clone(),
+                    metrics.backend.clone(),
                 )
                 .map_err(|e| ConfigError::Invalid { key: "backend.ca_file", message: e.to_string() })?,
             ))

@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::retry::RetryPolicy;
 use super::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
 use crate::body::{Body, Metered};
-use crate::metrics::Metrics;
+use crate::metrics::UpstreamMetrics;
 use crate::s3::credentials::SecretKey;
 use crate::s3::sigv4::EMPTY_SHA256;
 
@@ -56,7 +56,7 @@ pub struct S3Backend {
     cfg: Arc<S3BackendConfig>,
     client: Client<HttpsConnector<HttpConnector>, Body>,
     limit: Arc<Semaphore>,
-    metrics: Metrics,
+    metrics: UpstreamMetrics,
 }
 
 impl S3Backend {
@@ -64,7 +64,7 @@ impl S3Backend {
     ///
     /// # Errors
     /// An unreadable or invalid `ca_file`, or no usable TLS configuration.
-    pub fn new(cfg: S3BackendConfig, metrics: Metrics) -> Result<Self, TlsSetupError> {
+    pub fn new(cfg: S3BackendConfig, metrics: UpstreamMetrics) -> Result<Self, TlsSetupError> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -219,7 +219,7 @@ impl S3Backend {
                 Ok(r) => status_outcome(r.status()),
                 Err(_) => "error",
             };
-            self.metrics.observe_backend(req.op, outcome, t0.elapsed());
+            self.metrics.observe(req.op, outcome, t0.elapsed());
             let retryable = match &result {
                 Ok(r) => matches!(
                     r.status(),
@@ -236,13 +236,13 @@ impl S3Backend {
                 && retryable
                 && let Some(wait) = self.cfg.retry.backoff(attempt, started)
             {
-                self.metrics.backend_retries.inc();
+                self.metrics.retries.inc();
                 tracing::debug!(op = req.op.name(), attempt, ?wait, "Retrying backend request.");
                 tokio::time::sleep(wait).await;
                 continue;
             }
             let resp = result?;
-            let counter = self.metrics.backend_bytes_received.clone();
+            let counter = self.metrics.bytes_received.clone();
             let refuse = RefuseWhenAnswered(gate);
             return Ok(resp.map(|b| Body::new(Metered::new(b, counter, (permit, refuse)))));
         }

@@ -158,7 +158,7 @@ impl Routing {
             ca_file: None,
             trailing_checksums: false,
         };
-        let backend = S3Backend::new(cfg, self.metrics.clone()).ok()?;
+        let backend = S3Backend::new(cfg, self.metrics.cluster_hops.clone()).ok()?;
         peers.insert(owner.s3.clone(), backend.clone());
         Some(backend)
     }

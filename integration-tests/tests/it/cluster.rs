@@ -140,6 +140,10 @@ async fn pushdowns_meet_their_owner_from_any_member_and_survive_a_dead_owner() {
     assert!(not_mine > 0 && not_mine < keys.len(), "the 12 keys spread over the members");
     let m0 = http_get(&format!("http://{}/metrics", servers[0].admin_addr)).await;
     assert_eq!(metric(&m0, "tensorgate_cluster_forwarded_total") as usize, not_mine, "{m0}");
+    // Hops have their own upstream numbers; the store's (a local directory here: none) exclude them.
+    assert_eq!(metric(&m0, "tensorgate_cluster_hop_request_duration_seconds_count") as usize, not_mine, "{m0}");
+    assert!(metric(&m0, "tensorgate_cluster_hop_response_body_bytes_total") > 0.0, "{m0}");
+    assert_eq!(metric(&m0, "tensorgate_backend_request_duration_seconds_count"), 0.0, "{m0}");
 
     // A client cannot name the tenant a request acts for: only the cluster credential may.
     let spoofed = pushdown(&servers[0], "s00.npy", &[("tensorgate-peer-tenant", "mallory")]).await;
