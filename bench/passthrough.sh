@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Passthrough overhead: the same aws-sdk-s3 workload against SeaweedFS directly and through the
-# gateway (release build), alternating, in one run; then the gateway's peak RSS over a 1 GiB PUT + GET.
+# Passthrough overhead: the same aws-sdk-s3 workload against SeaweedFS directly, through the gateway
+# (release build) and through nginx as a plain reverse proxy (Debian's nginx, one worker: the
+# real-world anchor, what a user who needs only a proxy would run), alternating, in one run; then
+# the gateway's peak RSS over a 1 GiB PUT + GET. CPU seconds per GB of each process are reported.
 # Prints a markdown report and saves it (and the raw JSON lines) under bench/results/.
 #   bench/passthrough.sh            # ROUNDS=2 by default
 #   GATEWAY_BIN=path/to/tensorgate bench/passthrough.sh   # another build (default: the release build)
 #   PIN=0 bench/passthrough.sh      # unpinned (default PIN=1: the gateway alone on the last core,
 #                                   # store and client on the others, so the ratios show what the
-#                                   # gateway costs with a core of its own, not core contention)
+#                                   # gateway costs with a core of its own, not core contention;
+#                                   # nginx gets the same core)
+#   NGINX=0 bench/passthrough.sh    # without the nginx anchor (nginx is installed from Debian when
+#                                   # missing and running as root; otherwise it is left out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 PORT=18733
 GW=127.0.0.1:19733
 ADMIN=127.0.0.1:19734
+NGINX_ADDR=127.0.0.1:19735
 OUT=bench/results
 mkdir -p "$OUT" .tmp
 RAW="$OUT/passthrough-raw.jsonl"
@@ -23,9 +29,17 @@ cargo build --release --locked --quiet --bin tensorgate
 cargo build --locked --quiet -p integration-tests --bin s3bench
 BENCH=target/debug/s3bench
 
-GW_PID=
+NGINX=${NGINX:-1}
+if [ "$NGINX" = 1 ]; then
+  . scripts/debian-packages.sh
+  [ -x /usr/sbin/nginx ] || ensure_debian_packages "/usr/sbin/nginx" "nginx-light" "bench/passthrough.sh" || NGINX=0
+  [ -x /usr/sbin/nginx ] || { NGINX=0; echo "bench/passthrough.sh: no nginx, the anchor is left out" >&2; }
+fi
+
+GW_PID= NGINX_PID=
 cleanup() {
   [ -n "$GW_PID" ] && kill "$GW_PID" 2>/dev/null || true
+  [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
   SEAWEED_PORT=$PORT scripts/seaweedfs.sh stop >/dev/null 2>&1 || true
   rm -f .tmp/bench-1g.bin
 }
@@ -49,26 +63,73 @@ ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 
+if [ "$NGINX" = 1 ]; then
+  # A plain streaming reverse proxy, tuned for throughput: uploads streamed (no request buffering,
+  # 128 KiB reads), responses relayed through 16 x 64 KiB memory buffers and never spooled to disk
+  # (unbuffered mode would relay in 4 KiB reads), no body limit, keep-alive to the store, Host kept
+  # so the client's SigV4 signature verifies at the store (nginx cannot verify or re-sign: clients
+  # hold the store's key).
+  ND=$PWD/.tmp/bench-nginx; rm -rf "$ND"; mkdir -p "$ND"
+  cat > "$ND/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $ND/nginx.pid;
+error_log $ND/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $ND/body; proxy_temp_path $ND/proxy; fastcgi_temp_path $ND/fcgi;
+  uwsgi_temp_path $ND/uwsgi; scgi_temp_path $ND/scgi;
+  upstream store { server ${ENDPOINT#http://}; keepalive 64; }
+  server {
+    listen $NGINX_ADDR;
+    client_max_body_size 0;
+    location / {
+      proxy_pass http://store;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$http_host;
+      proxy_request_buffering off;
+      client_body_buffer_size 128k;
+      proxy_buffering on;
+      proxy_buffer_size 64k;
+      proxy_buffers 16 64k;
+      proxy_busy_buffers_size 128k;
+      proxy_max_temp_file_size 0;
+    }
+  }
+}
+CONF
+  "${GW_PIN[@]}" /usr/sbin/nginx -c "$ND/nginx.conf" -e "$ND/error.log" > "$ND/stdout.log" 2>&1 &
+  NGINX_PID=$!
+  for _ in $(seq 1 50); do [ -s "$ND/nginx.pid" ] && break; sleep 0.1; done
+  NGINX_WORKER=$(pgrep -P "$(cat "$ND/nginx.pid")" | head -1)
+fi
+
 WEED_PID=$(cat ".tmp/seaweedfs-$PORT/pid")
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # utime + stime, in clock ticks
 TCK=$(getconf CLK_TCK)
 # Runs one labelled workload and records the CPU seconds each process spent on it.
 measure() {
-  local label=$1; shift
-  local g0 w0 c0 g1 w1 c1
-  g0=$(cpu "$GW_PID"); w0=$(cpu "$WEED_PID")
+  local label=$1 proxy=$2; shift 2
+  local g0 w0 g1 w1
+  g0=0; [ -n "$proxy" ] && g0=$(cpu "$proxy"); w0=$(cpu "$WEED_PID")
   "${REST_PIN[@]}" /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
-  g1=$(cpu "$GW_PID"); w1=$(cpu "$WEED_PID")
+  g1=0; [ -n "$proxy" ] && g1=$(cpu "$proxy"); w1=$(cpu "$WEED_PID")
   read -r cu cs < .tmp/bench-client-cpu
-  echo "{\"label\":\"$label\",\"test\":\"cpu\",\"gateway_cpu_s\":$(( (g1 - g0) ))e-2,\"store_cpu_s\":$(( (w1 - w0) ))e-2,\"client_cpu_s\":$(echo "$cu + $cs" | bc)}" >> "$RAW"
+  echo "{\"label\":\"$label\",\"test\":\"cpu\",\"proxy_cpu_s\":$(( (g1 - g0) ))e-2,\"store_cpu_s\":$(( (w1 - w0) ))e-2,\"client_cpu_s\":$(echo "$cu + $cs" | bc)}" >> "$RAW"
   [ "$TCK" = 100 ] || echo "warning: CLK_TCK=$TCK, CPU seconds above assume 100" >&2
 }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS: direct" >&2
-  measure direct $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct
+  measure direct "" $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct
   echo "round $r/$ROUNDS: gateway" >&2
-  measure gateway $BENCH "http://$GW" bench-ak bench-sk gateway
+  measure gateway "$GW_PID" $BENCH "http://$GW" bench-ak bench-sk gateway
+  if [ "$NGINX" = 1 ]; then
+    echo "round $r/$ROUNDS: nginx" >&2
+    measure nginx "$NGINX_WORKER" $BENCH "http://$NGINX_ADDR" seaweed-ak seaweed-sk nginx
+  fi
 done
 
 echo "1 GiB PUT + GET through the gateway" >&2
@@ -78,4 +139,4 @@ rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
 
-{ [ "$PIN" = 1 ] && echo "Pinned: gateway on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough.md"
+{ [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough.md"

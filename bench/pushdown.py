@@ -5,7 +5,15 @@
 (b) images/s: pushdown through the gateway (release build, fs backend, 1 and 2 inference threads
     across concurrent requests) vs a Python pipeline doing the same work (PIL decode + resize +
     numpy normalisation + onnxruntime on the same prefix) with 1 and 2 worker threads;
-(c) the ceiling: onnxruntime alone on pre-decoded batches of the same prefix.
+(c) the ceiling: onnxruntime alone on pre-decoded batches of the same prefix;
+(d) the floor (issue 15): on one core, in isolation, the best JPEG decode (Pillow's libjpeg-turbo,
+    SIMD), the resize + normalise, and onnxruntime at its best batch size; the floor is
+    1 / (decode + preprocess + inference) per image, and the one-thread gateway is measured against
+    it.
+
+Pinned (PIN=1, the default, on 2+ cores): with one inference thread the gateway runs alone on the
+last core and the client, the Python pipeline and the floor on that same last core too when they
+run (one at a time), so every one-thread number is one core's; with two threads nothing is pinned.
 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
@@ -34,6 +42,9 @@ from conftest import free_port, ort_library, wait_ready  # noqa: E402
 from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
 
 N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
+LAST = os.cpu_count() - 1
+PIN = os.environ.get("PIN", "1") == "1" and LAST >= 1
+ALL_CPUS = os.sched_getaffinity(0)
 BINARY = Path(os.environ.get("TENSORGATE_BIN", ROOT / "target/release/tensorgate"))
 MODELS = {"resnet18": ["layer3", "pool"], "resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
 # BENCH_MODELS=pp-lcnet,resnet18 measures a subset.
@@ -64,6 +75,47 @@ def prefix_session(model, split, threads):
     return ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
 
 
+def floor(model, split, images):
+    """(images/s, (decode s, preprocess s, inference s, best batch)) on one core: each stage alone,
+    the median of three passes over the images (decode, preprocess) or of three timed runs per
+    batch size (inference, the best batch size per image)."""
+    os.sched_setaffinity(0, {LAST} if PIN else ALL_CPUS)
+    try:
+        def per_image(fn):
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                for j in images:
+                    fn(j)
+                times.append((time.perf_counter() - t) / len(images))
+            return float(np.median(times))
+
+        def decoded(j):
+            im = Image.open(io.BytesIO(j))
+            im.load()
+            return im
+
+        loaded = [decoded(j) for j in images]
+        dec = per_image(decoded)
+        it = iter(range(10**9))
+        pre = per_image(lambda _j: reference_preprocess(loaded[next(it) % len(loaded)], model))
+        xs = np.stack([reference_preprocess(im, model) for im in loaded[:32]]).astype(np.float32)
+        sess, name, tensor = prefix_session(model, split, 1)
+        best = (float("inf"), 1)
+        for b in (1, 2, 4, 8, 16, 32):
+            x = np.ascontiguousarray(xs[np.arange(b) % len(xs)])
+            sess.run([tensor], {name: x})
+            runs = []
+            for _ in range(3):
+                t = time.perf_counter()
+                sess.run([tensor], {name: x})
+                runs.append((time.perf_counter() - t) / b)
+            best = min(best, (float(np.median(runs)), b))
+        return 1 / (dec + pre + best[0]), (dec, pre, best[0], best[1])
+    finally:
+        os.sched_setaffinity(0, ALL_CPUS)
+
+
 def main():
     images = jpegs()
     jpeg_mean = np.mean([len(j) for j in images])
@@ -84,7 +136,10 @@ def main():
         cfg = tmp / f"gw{threads}.toml"
         cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\n")
         env["TENSORGATE_CONFIG"] = str(cfg)
-        proc = subprocess.Popen([str(BINARY)], env=env)
+        pin = ["taskset", "-c", str(LAST)] if PIN and threads == 1 else []
+        # The client on the other cores while the one-thread gateway has the last one to itself.
+        os.sched_setaffinity(0, ALL_CPUS - {LAST} if pin else ALL_CPUS)
+        proc = subprocess.Popen(pin + [str(BINARY)], env=env)
         try:
             wait_ready(f"http://127.0.0.1:{admin}", proc)
             s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="tensorgate-dev",
@@ -114,10 +169,13 @@ def main():
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            os.sched_setaffinity(0, ALL_CPUS)
 
     for model, splits in MODELS.items():
         for split in splits:
+            results[("floor", model, split)], results[("floor-parts", model, split)] = floor(model, split, images)
             for threads in (1, 2):
+                os.sched_setaffinity(0, {LAST} if PIN and threads == 1 else ALL_CPUS)
                 sess, name, tensor = prefix_session(model, split, 1)
                 sessions = [prefix_session(model, split, 1)[0] for _ in range(threads)]
 
@@ -139,6 +197,7 @@ def main():
                 for r in range(runs):
                     ceil_sess.run([tensor], {name: xs[(r % 2) * 8 : (r % 2) * 8 + 8]})
                 results[("ceiling", model, split, threads)] = runs * 8 / (time.perf_counter() - t)
+            os.sched_setaffinity(0, ALL_CPUS)
 
     print("(a) bytes per sample (f32 output) vs the JPEG and the decoded input tensor\n")
     print("| model | split | output bytes | JPEG / output | decoded tensor / output |")
@@ -156,6 +215,15 @@ def main():
             for threads in (1, 2):
                 g, p, c = (results[(k, model, split, threads)] for k in ("gateway", "python", "ceiling"))
                 print(f"| {model} | {split} | {threads} | {g:.1f} | {p:.1f} | {g / p:.2f} | {c:.1f} | {g / c:.2f} |")
+    print(f"\n(d) the floor on one core ({'pinned to CPU ' + str(LAST) if PIN else 'unpinned'}): ms per image\n")
+    print("| model | split | decode | resize + normalise | inference (best batch) | floor img/s | gateway 1 thread | gateway / floor | gateway 2 threads / 1 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model, splits in MODELS.items():
+        for split in splits:
+            d, pre, inf, b = results[("floor-parts", model, split)]
+            f, g1, g2 = results[("floor", model, split)], results[("gateway", model, split, 1)], results[("gateway", model, split, 2)]
+            print(f"| {model} | {split} | {d * 1e3:.2f} | {pre * 1e3:.2f} | {inf * 1e3:.2f} (batch {b}) | {f:.1f} | {g1:.1f} "
+                  f"| {g1 / f:.2f} | {g2 / g1:.2f} |")
 
 
 if __name__ == "__main__":

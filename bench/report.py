@@ -1,4 +1,5 @@
-"""Turns bench/passthrough.sh's JSON lines into a markdown report (medians over rounds, ratios)."""
+"""Turns bench/passthrough.sh's JSON lines into a markdown report: medians over rounds, the gateway's
+ratios to direct and (when measured) to nginx, and CPU seconds per GB moved for each process."""
 
 import json
 import statistics
@@ -6,8 +7,11 @@ import sys
 from collections import defaultdict
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+labels = [x for x in ("direct", "gateway", "nginx") if any(r["label"] == x for r in rows)]
+anchor = "nginx" in labels
 tp = defaultdict(lambda: defaultdict(list))
 lat = defaultdict(lambda: defaultdict(list))
+moved = defaultdict(int)  # bytes one workload run moves (per label, from the first round's rows)
 for r in rows:
     if r["test"] == "throughput":
         for k in ("put_mb_s", "get_mb_s"):
@@ -16,32 +20,65 @@ for r in rows:
         for k in ("p50_ms", "p99_ms"):
             lat[(r["concurrency"], k)][r["label"]].append(r[k])
 
+
 def size(n):
     return f"{n // 1024} KiB" if n < 1024 * 1024 else f"{n // (1024 * 1024)} MiB"
 
-print("| object | op | concurrency | direct MB/s | gateway MB/s | gateway / direct |")
-print("|---|---|---|---|---|---|")
+
+def med(v, label):
+    return statistics.median(v[label])
+
+
+head = "| object | op | concurrency | direct MB/s | gateway MB/s | gateway / direct |"
+print(head + (" nginx MB/s | gateway / nginx |" if anchor else ""))
+print("|---|---|---|---|---|---|" + ("---|---|" if anchor else ""))
 for (sz, conc, k), v in sorted(tp.items()):
-    d, g = statistics.median(v["direct"]), statistics.median(v["gateway"])
-    print(f"| {size(sz)} | {k[:3].upper()} | {conc} | {d:.1f} | {g:.1f} | {g / d:.2f} |")
+    d, g = med(v, "direct"), med(v, "gateway")
+    line = f"| {size(sz)} | {k[:3].upper()} | {conc} | {d:.1f} | {g:.1f} | {g / d:.2f} |"
+    if anchor:
+        n = med(v, "nginx")
+        line += f" {n:.1f} | {g / n:.2f} |"
+    print(line)
 print()
-print("| 4 KiB GET latency | concurrency | direct ms | gateway ms | added ms |")
-print("|---|---|---|---|---|")
+print("| 4 KiB GET latency | concurrency | direct ms | gateway ms | added ms |" + (" nginx ms | nginx added ms |" if anchor else ""))
+print("|---|---|---|---|---|" + ("---|---|" if anchor else ""))
 for (conc, k), v in sorted(lat.items()):
-    d, g = statistics.median(v["direct"]), statistics.median(v["gateway"])
-    print(f"| {k.split('_')[0]} | {conc} | {d:.3f} | {g:.3f} | {g - d:+.3f} |")
+    d, g = med(v, "direct"), med(v, "gateway")
+    line = f"| {k.split('_')[0]} | {conc} | {d:.3f} | {g:.3f} | {g - d:+.3f} |"
+    if anchor:
+        n = med(v, "nginx")
+        line += f" {n:.3f} | {n - d:+.3f} |"
+    print(line)
 print()
+
+# Bytes of one full workload run: every PUT and GET of the throughput rows, the latency GETs.
+rounds = max(1, sum(r["test"] == "cpu" and r["label"] == "direct" for r in rows))
+for r in rows:
+    if r["test"] == "throughput":
+        moved[r["label"]] += 2 * r["size"] * r["count"]
+    elif r["test"] == "latency":
+        moved[r["label"]] += r["size"] * r["count"]
 cpu = defaultdict(lambda: defaultdict(list))
 for r in rows:
     if r["test"] == "cpu":
-        for k in ("client_cpu_s", "store_cpu_s", "gateway_cpu_s"):
-            cpu[r["label"]][k].append(r[k])
+        cpu[r["label"]]["client_cpu_s"].append(r["client_cpu_s"])
+        cpu[r["label"]]["store_cpu_s"].append(r["store_cpu_s"])
+        # `gateway_cpu_s`: raw lines written before the nginx anchor
+        cpu[r["label"]]["proxy_cpu_s"].append(r.get("proxy_cpu_s", r.get("gateway_cpu_s", 0.0)))
 if cpu:
-    print("| CPU seconds per full workload run (median) | client | SeaweedFS | gateway |")
+    gb = moved["direct"] / rounds / 1e9
+    print(f"One workload run moves {gb:.2f} GB. CPU seconds per GB moved (median over rounds):")
+    print()
+    print("| path | client | SeaweedFS | proxy (gateway or nginx) |")
     print("|---|---|---|---|")
-    for label in ("direct", "gateway"):
+    for label in labels:
         c = cpu[label]
-        print(f"| {label} | {statistics.median(c['client_cpu_s']):.1f} | {statistics.median(c['store_cpu_s']):.1f} | {statistics.median(c['gateway_cpu_s']):.1f} |")
+        print(f"| {label} | {statistics.median(c['client_cpu_s']) / gb:.2f} | "
+              f"{statistics.median(c['store_cpu_s']) / gb:.2f} | {statistics.median(c['proxy_cpu_s']) / gb:.2f} |")
+    if anchor:
+        g, n = statistics.median(cpu["gateway"]["proxy_cpu_s"]), statistics.median(cpu["nginx"]["proxy_cpu_s"])
+        print()
+        print(f"Gateway CPU per GB / nginx CPU per GB: {g / n:.2f} (the gateway also verifies SigV4 and re-signs).")
     print()
 for r in rows:
     if r["test"] == "big":
