@@ -49,7 +49,8 @@ def samples(n: int, classes: int = 10, seed: int = 0):
     return [(f"{i:06d}", i % classes, jpeg(photo(seed * 1_000_003 + i, i % classes, classes))) for i in range(n)]
 
 
-def _tar(members) -> bytes:
+def tar_of(members) -> bytes:
+    """A tar of `(name, bytes)` members (USTAR), in order."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name, data in members:
@@ -66,7 +67,7 @@ def image_shards(items, per_shard: int) -> list[bytes]:
         members = []
         for key, label, data in items[s : s + per_shard]:
             members += [(f"{key}.jpg", data), (f"{key}.cls", str(label).encode())]
-        out.append(_tar(members))
+        out.append(tar_of(members))
     return out
 
 
@@ -79,7 +80,7 @@ def tensor_shards(items, per_shard: int, preprocess) -> list[bytes]:
             buf = io.BytesIO()
             np.save(buf, preprocess(data))
             members += [(f"{key}.npy", buf.getvalue()), (f"{key}.cls", str(label).encode())]
-        out.append(_tar(members))
+        out.append(tar_of(members))
     return out
 
 

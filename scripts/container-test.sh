@@ -77,5 +77,5 @@ health=$($DOCKER inspect -f '{{.State.Health.Status}}' "$NAME")
 uid=$($DOCKER exec "$NAME" id -u)
 [ "$uid" = 10001 ] || { echo "runs as uid $uid, not the tensorgate user"; exit 1; }
 echo "healthy, uid $uid"
-CONTAINER_ENDPOINT=http://127.0.0.1:$S3_PORT CONTAINER_SEAWEED="$seaweed" \
+CONTAINER_ENDPOINT=http://127.0.0.1:$S3_PORT CONTAINER_SEAWEED="$seaweed" TENSORGATE_BIN="$PWD/target/$PROFILE/tensorgate" \
   .venv/bin/python -m pytest -q tests/container

@@ -21,14 +21,11 @@ the table to bench/results/cluster.md. The topology is always torn down.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,13 +135,7 @@ class Cluster:
 
     def upload(self, objects: dict[str, bytes]) -> None:
         """Written straight into the store over the back-plane (not over the nodes' links)."""
-        blob = io.BytesIO()
-        with tarfile.open(fileobj=blob, mode="w") as tar:
-            for name, data in objects.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        self.in_fabric([sys.executable, "-c", UPLOAD, self.s3, AK, SK, BUCKET], stdin=blob.getvalue())
+        self.in_fabric([sys.executable, "-c", UPLOAD, self.s3, AK, SK, BUCKET], stdin=dataset.tar_of(objects.items()))
 
     def start_gateways(self, forward: bool) -> None:
         """A fresh gateway (empty cache) on every node; `forward`: with the hop secret, so members

@@ -16,20 +16,16 @@ torn down, even on failure.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -170,13 +166,7 @@ class Tiers:
 
     def upload(self, objects: dict[str, bytes]) -> None:
         """Writes the dataset straight into SeaweedFS, inside the storage tier (not over the link)."""
-        blob = io.BytesIO()
-        with tarfile.open(fileobj=blob, mode="w") as tar:
-            for name, data in objects.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        self.in_storage([sys.executable, "-c", UPLOAD, self.seaweed], stdin=blob.getvalue())
+        self.in_storage([sys.executable, "-c", UPLOAD, self.seaweed], stdin=dataset.tar_of(objects.items()))
 
     def gateway_pid(self) -> int:
         """The gateway process (a child of `ip netns exec` / taskset, which exec it)."""

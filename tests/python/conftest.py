@@ -13,7 +13,9 @@ import pytest
 from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = ROOT / "target" / "debug" / "tensorgate"
+# The gateway the tests start: the debug build scripts/test.sh makes, or TENSORGATE_BIN (the
+# container test compares the image with the same binary outside it).
+BINARY = Path(os.environ.get("TENSORGATE_BIN") or ROOT / "target" / "debug" / "tensorgate")
 SEAWEED_PORT = 18633
 CLIENT_AK, CLIENT_SK = "py-access-key", "py-secret-key"
 
