@@ -18,6 +18,7 @@ run (one at a time), so every one-thread number is one core's; with two threads 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
      BENCH_MODELS=pp-lcnet ...              measures a subset of the models
+     ORT_ARENA=1 ...                        the gateway with `pushdown.ort_arena = true`
 """
 
 import concurrent.futures as cf
@@ -134,7 +135,8 @@ def main():
             TENSORGATE_LOG="warn",
         )
         cfg = tmp / f"gw{threads}.toml"
-        cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\n")
+        cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\n"
+                       + ("ort_arena = true\n" if os.environ.get("ORT_ARENA") == "1" else ""))
         env["TENSORGATE_CONFIG"] = str(cfg)
         pin = ["taskset", "-c", str(LAST)] if PIN and threads == 1 else []
         # The client on the other cores while the one-thread gateway has the last one to itself.

@@ -281,6 +281,9 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
+    /// Keep ONNX Runtime's CPU arena and memory patterns in every session: 1.3-1.7x pushdown
+    /// throughput here (docs/BENCHMARKS.md), for sessions that hold their largest run's buffers.
+    pub ort_arena: bool,
     /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
     pub engine_idle_secs: u64,
     /// Largest source object read for pushdown.
@@ -416,6 +419,9 @@ impl Default for PushdownSettings {
             intra_threads: 1,
             // One per core on the 2-core storage nodes this targets; raise with the core count.
             workers: 2,
+            // Off: a session then holds only its weights when idle, and the measured memory model
+            // is exact; on trades resident memory for throughput (ADR 0011).
+            ort_arena: false,
             engine_idle_secs: DEFAULT_ENGINE_IDLE_SECS,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,

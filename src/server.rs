@@ -136,6 +136,7 @@ impl Server {
                     max_batch: p.max_batch,
                     intra_threads: p.intra_threads,
                     workers: p.workers,
+                    ort_arena: p.ort_arena,
                 },
                 engine_idle: Duration::from_secs(p.engine_idle_secs),
                 max_object_bytes: p.max_object_bytes,

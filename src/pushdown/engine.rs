@@ -46,6 +46,8 @@ pub struct EngineConfig {
     pub intra_threads: usize,
     /// Worker threads (each owning a session) per (model, split), sharing one queue.
     pub workers: usize,
+    /// Sessions keep ONNX Runtime's CPU arena and memory patterns (`pushdown.ort_arena`).
+    pub ort_arena: bool,
 }
 
 struct Job {
@@ -271,20 +273,25 @@ impl Drop for Running {
 /// original model file).
 const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
 
+/// A session of `bytes` with `threads` intra-op threads. `arena` false (the default of
+/// `pushdown.ort_arena`): no arena and no memory patterns, so each run allocates what it needs
+/// and frees it after, the memory model measures real footprints and idle sessions hold only
+/// their weights, at the price of fresh zero-filled pages for every tensor of every run. `arena`
+/// true: the session keeps its run buffers (ONNX Runtime's CPU arena, with memory patterns),
+/// faster (docs/BENCHMARKS.md) and holding its largest run's activations while it lives.
 pub(crate) fn session(
     env: &ort::environment::Environment,
     bytes: &[u8],
     threads: usize,
+    arena: bool,
     model_dir: &std::path::Path,
 ) -> Result<Session, String> {
     let builder = Session::builder(env).map_err(|e| e.to_string())?;
     let builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
-    // No arena and no memory patterns: each run allocates what it needs and frees it after, so
-    // the memory model measures real footprints and idle sessions hold only their weights.
     let builder = builder
-        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(false).build()])
+        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena).build()])
         .map_err(|e| e.to_string())?;
-    let builder = builder.with_memory_pattern(false).map_err(|e| e.to_string())?;
+    let builder = builder.with_memory_pattern(arena).map_err(|e| e.to_string())?;
     let mut builder =
         builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
     builder.commit_from_memory(bytes).map_err(|e| e.to_string())
@@ -312,7 +319,8 @@ fn check_prefix(
     prefix_session: &mut Session,
 ) -> Result<(), String> {
     let exposed = prefix::expose(&model.bytes, &[tensor]).map_err(|e| e.to_string())?;
-    let mut full = session(env, &exposed, 1, &model.dir)?;
+    // A one-off session: nothing to keep between runs.
+    let mut full = session(env, &exposed, 1, false, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
     let name = &model.manifest.input;
     let a = run(prefix_session, name, tensor, &shape, input.clone())?;
@@ -334,7 +342,7 @@ fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
     let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let model = &s.model;
     let before = memory::resident_bytes();
-    let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &model.dir)?;
+    let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
     let out = run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
     let input_bytes = 4 * model.manifest.input_shape.iter().product::<usize>() as u64;
@@ -400,7 +408,7 @@ struct Shared {
 
 /// A fresh session of the engine's prefix.
 fn session_for(s: &Shared) -> Result<Session, String> {
-    session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, &s.model.dir)
+    session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &s.model.dir)
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.

@@ -47,10 +47,11 @@ impl Pushdown {
         let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let m = self.model(model)?;
         let tensor = split_def(&m, split)?.tensor.clone();
+        let arena = self.cfg.engine.ort_arena;
         let measure = || async move {
             tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
                 let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
-                let mut session = engine::session(&env, &bytes, 1, &m.dir)?;
+                let mut session = engine::session(&env, &bytes, 1, arena, &m.dir)?;
                 let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
                 engine::run(&mut session, &m.manifest.input, &tensor, &shape, input.clone())?;
                 // CPU time (the session has one intra-op thread): requests running on the same

@@ -314,3 +314,30 @@ async fn idle_engines_are_evicted_and_their_memory_and_threads_returned() {
     assert_eq!(header(&again, "x-tensorgate-cache"), "miss");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn sessions_that_keep_their_arena_give_the_same_bytes() {
+    // `pushdown.ort_arena` changes where run buffers live, never what is computed.
+    let (dir_off, off) = gateway(|c| c.pushdown.cache.enabled = false).await;
+    let (dir_on, on) = gateway(|c| {
+        c.pushdown.cache.enabled = false;
+        c.pushdown.ort_arena = true;
+    })
+    .await;
+    for seed in 0..4 {
+        let key = format!("arena-{seed}.npy");
+        put_file(&dir_off, &key, &sample(seed));
+        put_file(&dir_on, &key, &sample(seed));
+        for split in ["block1", "pool"] {
+            // Twice each: the second run reuses the arena the first one grew.
+            for _ in 0..2 {
+                let (a, b) = (
+                    get(&off, &pushdown_path(&key, split), &[]).await,
+                    get(&on, &pushdown_path(&key, split), &[]).await,
+                );
+                assert_eq!((a.status, b.status), (200, 200), "{}", b.text());
+                assert_eq!(a.body, b.body, "{key} at {split}: the arena changed the output");
+            }
+        }
+    }
+}
