@@ -281,8 +281,8 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
-    /// Keep ONNX Runtime's CPU arena and memory patterns in every session: 1.3-1.7x pushdown
-    /// throughput here (docs/BENCHMARKS.md), for sessions that hold their largest run's buffers.
+    /// Keep ONNX Runtime's CPU arena and memory patterns in every session: 1.06-1.7x pushdown
+    /// throughput on one core (ADR 0011), for sessions that hold their largest run's buffers.
     pub ort_arena: bool,
     /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
     pub engine_idle_secs: u64,
