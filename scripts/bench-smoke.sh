@@ -9,13 +9,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
 echo "== bench smoke: passthrough (pinned, ROUNDS=1)"
-ROUNDS=1 bench/passthrough.sh 2>&1 | grep -v '^round ' || status=1
+ROUNDS=1 timeout 1200 bench/passthrough.sh 2>&1 | grep -v '^round ' || status=1
 echo "== bench smoke: pushdown (ResNet-18, 16 images, release build)"
 { cargo build --release --locked --quiet --bin tensorgate && scripts/models.sh >/dev/null &&
   BENCH_MODELS=resnet18 N_IMAGES=16 .venv/bin/python bench/pushdown.py; } || status=1
 echo "== bench smoke: cluster (3 nodes behind 25 Mbit/s links, 6 shards; needs root for namespaces)"
 if bench/cluster/topology.sh check 2>/dev/null; then
-  .venv/bin/python bench/cluster/run.py --nodes 3 --shards 6 --per-shard 4 --out .tmp/cluster-smoke.jsonl \
+  timeout 600 .venv/bin/python bench/cluster/run.py --nodes 3 --shards 6 --per-shard 4 --out .tmp/cluster-smoke.jsonl \
     | sed -n '/^| nodes/,$p' || status=1
 else
   echo "(skipped: no root or no iproute2)"

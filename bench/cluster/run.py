@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,8 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/cluster/run.py: needs root (network namespaces); see docs/SCALING.md")
+    # A SIGTERM (a `timeout` around the run) still stops every process and removes the namespaces.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench/cluster/run.py: terminated"))
     counts = [int(x) for x in a.nodes.split(",")]
     CPUS["storage"] = a.storage_cpus
     items = dataset.samples(a.shards * a.per_shard)
