@@ -281,8 +281,10 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
-    /// Keep ONNX Runtime's CPU arena and memory patterns in every session: 1.06-1.7x pushdown
-    /// throughput on one core (ADR 0011), for sessions that hold their largest run's buffers.
+    /// Keep ONNX Runtime's CPU arena in every session (memory patterns stay off): 1.06-1.5x
+    /// pushdown throughput on one core (ADR 0011), for sessions that hold what their largest runs
+    /// needed; each engine then measures its memory model on what the arena keeps, with one run
+    /// at every batch size up to `max_batch` when it starts.
     pub ort_arena: bool,
     /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
     pub engine_idle_secs: u64,

@@ -154,6 +154,7 @@ impl GatewayError {
                 PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
                 PushdownError::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
                 PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
+                PushdownError::BudgetBusy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
                 PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } => {
                     S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
                 }

@@ -7,8 +7,9 @@
 //! Before serving, the first worker checks its prefix once against the full model with the split
 //! tensor exposed, on a deterministic probe input (the outputs must be identical), and measures the
 //! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
-//! Sessions run without ONNX Runtime's arena, so memory a run used is returned after it and the
-//! governor's accounting matches what the process holds.
+//! By default sessions run without ONNX Runtime's arena, so memory a run used is returned after
+//! it and the governor's accounting matches what the process holds; with `pushdown.ort_arena` a
+//! session keeps its run buffers and the memory model is measured on what stays ([`memory`]).
 //!
 //! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the
 //! session (its state is unknown) and builds a fresh one; a worker that cannot rebuild exits, and
@@ -60,7 +61,7 @@ struct Job {
 
 /// What the first worker found: the memory model and the batch cap the budget allows, or why
 /// the prefix cannot serve.
-type Verdict = Option<Result<(MemoryModel, usize), String>>;
+type Verdict = Option<Result<(MemoryModel, usize), PushdownError>>;
 
 /// A running worker for one (model, split).
 #[derive(Debug)]
@@ -182,7 +183,7 @@ impl Engine {
             .map_err(|_| PushdownError::Internal("inference worker stopped".into()))?;
         match v.as_ref() {
             Some(Ok(m)) => Ok(m.clone()),
-            Some(Err(e)) => Err(PushdownError::Model(e.clone())),
+            Some(Err(e)) => Err(e.clone()),
             None => Err(PushdownError::Internal("no verdict".into())),
         }
     }
@@ -274,11 +275,14 @@ impl Drop for Running {
 const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
 
 /// A session of `bytes` with `threads` intra-op threads. `arena` false (the default of
-/// `pushdown.ort_arena`): no arena and no memory patterns, so each run allocates what it needs
-/// and frees it after, the memory model measures real footprints and idle sessions hold only
-/// their weights, at the price of fresh zero-filled pages for every tensor of every run. `arena`
-/// true: the session keeps its run buffers (ONNX Runtime's CPU arena, with memory patterns),
-/// faster (docs/BENCHMARKS.md) and holding its largest run's activations while it lives.
+/// `pushdown.ort_arena`): no arena, so each run allocates what it needs and frees it after, the
+/// memory model measures real footprints and idle sessions hold only their weights, at the price
+/// of fresh zero-filled pages for every tensor of every run. `arena` true: the session keeps its
+/// run buffers in ONNX Runtime's CPU arena, faster (docs/BENCHMARKS.md) and holding what its
+/// largest runs needed while it lives. Memory patterns stay off either way: a pattern is planned
+/// on the second run of each input shape and allocated as one more block, so an arena with them
+/// kept growing long after every batch size had run (up to 1.7x, ADR 0011), past any model
+/// measured at start.
 pub(crate) fn session(
     env: &ort::environment::Environment,
     bytes: &[u8],
@@ -291,7 +295,7 @@ pub(crate) fn session(
     let builder = builder
         .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena).build()])
         .map_err(|e| e.to_string())?;
-    let builder = builder.with_memory_pattern(arena).map_err(|e| e.to_string())?;
+    let builder = builder.with_memory_pattern(false).map_err(|e| e.to_string())?;
     let mut builder =
         builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
     builder.commit_from_memory(bytes).map_err(|e| e.to_string())
@@ -349,6 +353,16 @@ fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
     let output_bytes = 4 * out.data.len() as u64;
     let measured = before.zip(memory::resident_bytes()).filter(|_| memory::reset_peak());
     let memory = match measured {
+        Some((before, after)) if s.cfg.ort_arena => {
+            // Every batch size once, ascending: what the arena keeps at each (module docs of memory).
+            let mut retained = Vec::with_capacity(s.cfg.max_batch);
+            for batch in 1..=s.cfg.max_batch.max(1) {
+                let (shape, input) = probe_input(model, batch);
+                run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+                retained.push(memory::resident_bytes().unwrap_or(after).saturating_sub(after));
+            }
+            MemoryModel::from_retention(after.saturating_sub(before), &retained, input_bytes, output_bytes)
+        }
         Some((before, after)) => {
             let mut peaks = [0u64; 2];
             for (peak, batch) in peaks.iter_mut().zip([PROBE_BATCHES.0, PROBE_BATCHES.1]) {
@@ -412,13 +426,12 @@ fn session_for(s: &Shared) -> Result<Session, String> {
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
-fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
+fn ready_session(s: &Shared, first: bool) -> Result<Session, PushdownError> {
     if first {
-        let result = first_session(s).and_then(|(session, memory)| {
-            let (batch, hold) = s
-                .governor
-                .reserve_engine(&memory, s.cfg.workers.max(1), s.cfg.max_batch)
-                .map_err(|e| e.to_string())?;
+        let result = first_session(s).map_err(PushdownError::Model).and_then(|(session, memory)| {
+            // A refusal keeps its kind: `BudgetBusy` (503, other engines hold the budget) or
+            // `ExceedsBudget` (400, this engine never fits).
+            let (batch, hold) = s.governor.reserve_engine(&memory, s.cfg.workers.max(1), s.cfg.max_batch)?;
             *s.hold.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hold);
             if batch < s.cfg.max_batch {
                 tracing::warn!(model = %s.model.manifest.name, tensor = %s.tensor, batch, "Batches capped to fit pushdown.memory_budget.");
@@ -436,7 +449,7 @@ fn ready_session(s: &Shared, first: bool) -> Result<Session, String> {
     loop {
         if let Some(v) = rx.borrow_and_update().as_ref() {
             return match v {
-                Ok(_) => session_for(s),
+                Ok(_) => session_for(s).map_err(PushdownError::Model),
                 Err(e) => Err(e.clone()),
             };
         }
@@ -460,7 +473,7 @@ fn worker(shared: &Shared, first: bool) {
             while let Some(jobs) = next_batch(rx) {
                 depth.fetch_sub(jobs.len(), Ordering::Relaxed);
                 for job in jobs {
-                    let _ = job.reply.send(Err(PushdownError::Model(e.clone())));
+                    let _ = job.reply.send(Err(e.clone()));
                 }
             }
             return;

@@ -165,12 +165,24 @@ impl Governor {
         self.lock().total()
     }
 
+    /// Why `needed` bytes do not fit beside the engines' reservations (`free` is what those
+    /// leave): never, whatever is evicted (`ExceedsBudget`, the request's fault), or not now
+    /// (`BudgetBusy`: engines idle out, so a retry can pass).
+    fn refusal(&self, needed: u64, free: u64) -> PushdownError {
+        if needed > self.cfg.budget {
+            PushdownError::ExceedsBudget { needed, budget: self.cfg.budget }
+        } else {
+            PushdownError::BudgetBusy { needed, free }
+        }
+    }
+
     /// Reserves an engine's memory for its lifetime: `workers` sessions of `model`, each with
     /// activations for batches of up to the returned size (at most `max_batch`; without
     /// adaptation, `max_batch` with no activations counted).
     ///
     /// # Errors
-    /// With adaptation, when not even batches of one fit in what the budget has left.
+    /// With adaptation, when not even batches of one fit in what the budget has left
+    /// ([`Self::refusal`] says whether they ever could).
     pub fn reserve_engine(
         self: &Arc<Self>,
         model: &super::memory::MemoryModel,
@@ -183,7 +195,7 @@ impl Governor {
             let batch = (1..=max_batch.max(1))
                 .rev()
                 .find(|&b| model.engine_bytes(workers, b) <= free)
-                .ok_or(PushdownError::ExceedsBudget { needed: model.engine_bytes(workers, 1), free })?;
+                .ok_or_else(|| self.refusal(model.engine_bytes(workers, 1), free))?;
             (batch, model.engine_bytes(workers, batch))
         } else {
             (max_batch, model.engine_bytes(workers, 0))
@@ -197,8 +209,8 @@ impl Governor {
     /// as [`Stream::admit`] does.
     ///
     /// # Errors
-    /// `Overloaded` after waiting longer than `max_wait`; `ExceedsBudget` at once if `bytes` is
-    /// more than the budget can ever hold.
+    /// `Overloaded` after waiting longer than `max_wait`; at once `ExceedsBudget` if `bytes` is
+    /// more than the budget can ever hold, `BudgetBusy` if engines hold what it would need.
     pub async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
         self.hold_with_headroom(bytes, 0).await
     }
@@ -218,8 +230,7 @@ impl Governor {
                     return Ok(Held { governor: self.clone(), bytes });
                 }
                 if self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget {
-                    let free = self.cfg.budget.saturating_sub(s.fixed);
-                    return Err(PushdownError::ExceedsBudget { needed: bytes + headroom, free });
+                    return Err(self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)));
                 }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -291,7 +302,8 @@ impl Stream {
     ///
     /// # Errors
     /// `Overloaded` (503 SlowDown) after waiting longer than `max_wait`; `ExceedsBudget` when one
-    /// sample is more than the budget can ever hold.
+    /// sample beside the request's outputs is more than the budget can ever hold, `BudgetBusy`
+    /// when it does not fit beside the engines.
     pub async fn admit(&self, extra: u64) -> Result<Slot, PushdownError> {
         let g = &self.governor;
         let bytes = self.per_sample + extra;
@@ -322,8 +334,7 @@ impl Stream {
                 let s = g.lock();
                 // Even with every other request gone, this sample would not fit beside our outputs.
                 if g.cfg.adaptive && s.fixed + self.held + bytes > g.cfg.budget {
-                    let free = g.cfg.budget.saturating_sub(s.fixed + self.held);
-                    return Err(PushdownError::ExceedsBudget { needed: bytes, free });
+                    return Err(g.refusal(self.held + bytes, g.cfg.budget.saturating_sub(s.fixed)));
                 }
             }
             if !deferred {
@@ -467,6 +478,28 @@ mod tests {
         assert_eq!(g.reserved(), 300, "everything but the engine released");
         drop(engine_hold);
         assert_eq!(g.reserved(), 0, "a stopped engine's memory is back");
+    }
+
+    #[tokio::test]
+    async fn what_engines_crowd_out_is_busy_and_what_never_fits_is_too_large() {
+        let g = governor(1000, true, 50);
+        let engine = |fixed| crate::pushdown::memory::MemoryModel::from_probes(fixed, [0, 0], 0, 0);
+        let (_, _first) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
+        // Another engine of 400 would fit an empty budget: not now (503), once the first idles out.
+        assert!(matches!(
+            g.reserve_engine(&engine(400), 1, 1),
+            Err(PushdownError::BudgetBusy { needed: 400, free: 300 })
+        ));
+        assert!(matches!(
+            g.reserve_engine(&engine(1001), 1, 1),
+            Err(PushdownError::ExceedsBudget { budget: 1000, .. })
+        ));
+        // The same for requests: 400 bytes of outputs fit the budget, not beside the engine.
+        assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
+        assert!(matches!(g.open("a", (10, 400), None, 1).await, Err(PushdownError::BudgetBusy { .. })));
+        assert!(matches!(g.open("a", (10, 995), None, 1).await, Err(PushdownError::ExceedsBudget { .. })));
+        drop(_first);
+        let (_, _second) = g.reserve_engine(&engine(400), 1, 1).expect("the first engine's memory is back");
     }
 
     #[tokio::test]

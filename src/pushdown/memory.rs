@@ -9,6 +9,14 @@
 //! 2. peak minus resident before the run, at batch [`PROBE_BATCHES`]`.0` and `.1`: the slope is
 //!    the activation bytes per sample, the intercept the run's fixed workspace.
 //!
+//! With `pushdown.ort_arena` on, a session keeps what its runs allocated (ONNX Runtime's CPU
+//! arena, memory patterns off), so a probe's peak says nothing about what stays. The first session
+//! instead runs every batch size from 1 to `max_batch` once, ascending, and the model is fitted
+//! over what each run left resident ([`MemoryModel::from_retention`]): an upper bound on the
+//! arena at every batch size. Ascending matters: the arena grows only when a run does not fit in
+//! what it holds, and runs in any order after the sweep left it where the sweep did (measured for
+//! the bundled models in ADR 0011).
+//!
 //! Probes of different engines are serialized (the peak is process-wide); concurrent requests of
 //! other engines can still add to a probe's peak, which only makes the model more conservative.
 //! Host-side copies around the run (the queued sample, the batch buffer, the per-sample outputs
@@ -46,11 +54,15 @@ pub struct MemoryModel {
     pub output_bytes_per_sample: u64,
     pub queued_bytes_per_sample: u64,
     pub held_bytes_per_sample: u64,
-    /// Measured: session bytes and the two probe peaks above the pre-run resident size.
+    /// Measured: session bytes and the two probe peaks above the pre-run resident size (with an
+    /// arena: what stayed after the runs at batch 1 and at `max_batch`).
     pub session_bytes: u64,
     pub probe_peaks: [u64; 2],
     /// False when `/proc` could not be read: the model is then a conservative estimate.
     pub measured: bool,
+    /// How it was measured: `peaks` (probe runs at two batch sizes, sessions without an arena),
+    /// `retention` (a sweep over every batch size, sessions that keep an arena) or `estimate`.
+    pub method: &'static str,
 }
 
 impl MemoryModel {
@@ -62,17 +74,42 @@ impl MemoryModel {
         // A run holds at least its input and output per sample, whatever the allocator did.
         let activation = slope.max(input + output);
         let workspace = peaks[0].saturating_sub(activation * b0);
-        Self::new(session_bytes + workspace, activation, input, output, (session_bytes, peaks, true))
+        Self::new(session_bytes + workspace, activation, input, output, (session_bytes, peaks, true), "peaks")
+    }
+
+    /// A model for sessions that keep their run buffers: `retained[b - 1]` is what the session
+    /// held above its post-warm-up size after a run at batch `b` (runs ascending from 1). Fitted
+    /// as an upper bound at every measured batch: the steepest growth from batch 1 is the slope
+    /// (at least input + output per sample, as in [`Self::from_probes`]), so
+    /// `fixed + slope * b >= session + retained[b - 1]` for every `b`.
+    #[must_use]
+    pub fn from_retention(session_bytes: u64, retained: &[u64], input: u64, output: u64) -> Self {
+        let first = retained.first().copied().unwrap_or(0);
+        let steepest = (2..=retained.len() as u64)
+            .map(|b| retained[b as usize - 1].saturating_sub(first).div_ceil(b - 1))
+            .max()
+            .unwrap_or(0);
+        let activation = steepest.max(input + output);
+        let fixed = (session_bytes + first).saturating_sub(activation).max(session_bytes);
+        let peaks = [first, retained.last().copied().unwrap_or(0)];
+        Self::new(fixed, activation, input, output, (session_bytes, peaks, true), "retention")
     }
 
     /// Without `/proc`: weights twice over as fixed, and 16 x (input + output) per sample of a
     /// batch, a ceiling that held for every bundled model's measured activations.
     #[must_use]
     pub fn estimate(weights: u64, input: u64, output: u64) -> Self {
-        Self::new(2 * weights, 16 * (input + output), input, output, (0, [0, 0], false))
+        Self::new(2 * weights, 16 * (input + output), input, output, (0, [0, 0], false), "estimate")
     }
 
-    fn new(fixed: u64, activation: u64, input: u64, output: u64, probe: (u64, [u64; 2], bool)) -> Self {
+    fn new(
+        fixed: u64,
+        activation: u64,
+        input: u64,
+        output: u64,
+        probe: (u64, [u64; 2], bool),
+        method: &'static str,
+    ) -> Self {
         Self {
             fixed_bytes: fixed,
             activation_bytes_per_sample: activation,
@@ -83,6 +120,7 @@ impl MemoryModel {
             session_bytes: probe.0,
             probe_peaks: probe.1,
             measured: probe.2,
+            method,
         }
     }
 
@@ -132,6 +170,23 @@ mod tests {
         // A noisy probe (peak 2 below peak 1) never yields less than input + output.
         let m = MemoryModel::from_probes(0, [5_000_000, 4_000_000], 100_000, 50_000);
         assert_eq!(m.activation_bytes_per_sample, 150_000);
+    }
+
+    #[test]
+    fn retention_model_bounds_every_measured_batch() {
+        // A step-shaped arena: nothing more up to batch 3, then a jump, then flat (region growth).
+        let retained = [0, 0, 0, 9_000_000, 9_000_000, 9_000_000, 9_500_000, 9_500_000];
+        let m = MemoryModel::from_retention(5_000_000, &retained, 100_000, 50_000);
+        for (i, r) in retained.iter().enumerate() {
+            let b = i as u64 + 1;
+            assert!(m.fixed_bytes + m.activation_bytes_per_sample * b >= 5_000_000 + r, "batch {b}");
+        }
+        // The steepest growth is at batch 4: 9 MB over 3 samples.
+        assert_eq!(m.activation_bytes_per_sample, 3_000_000);
+        assert_eq!((m.method, m.probe_peaks), ("retention", [0, 9_500_000]));
+        // Flat retention still reserves input + output per sample, and never less than the session.
+        let m = MemoryModel::from_retention(1_000, &[4_000, 4_000], 100_000, 50_000);
+        assert_eq!((m.activation_bytes_per_sample, m.fixed_bytes), (150_000, 1_000));
     }
 
     #[test]

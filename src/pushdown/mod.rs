@@ -47,7 +47,7 @@ use self::tensor::Tensor;
 pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a pushdown request failed. Mapped to S3 codes in `crate::error`.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PushdownError {
     #[error("invalid pushdown field {field}: {message}")]
     InvalidArgument { field: String, message: String },
@@ -59,8 +59,13 @@ pub enum PushdownError {
     Unavailable(String),
     #[error("too many pushdown samples queued; retry later")]
     Overloaded,
-    #[error("one sample needs {needed} bytes, more than pushdown.memory_budget can ever hold ({free} bytes)")]
-    ExceedsBudget { needed: u64, free: u64 },
+    /// Would not fit even in an empty budget (`400`): the request (or the engine) is too large.
+    #[error("needs {needed} bytes, more than pushdown.memory_budget can ever hold ({budget} bytes)")]
+    ExceedsBudget { needed: u64, budget: u64 },
+    /// Would fit, but running engines hold the rest of the budget (`503`): idle engines are
+    /// evicted after `pushdown.engine_idle_secs`, so a retry can succeed.
+    #[error("needs {needed} bytes of pushdown.memory_budget, {free} are free beside the running engines; retry later")]
+    BudgetBusy { needed: u64, free: u64 },
     #[error("cannot use the object as model input: {0}")]
     BadInput(String),
     #[error("unsupported pushdown input: {0}")]
