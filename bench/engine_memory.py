@@ -1,0 +1,75 @@
+"""What the engines of one gateway reserve and hold: five engines (ResNet-18 `layer1` and `pool`,
+PP-LCNet `pool`, ResNet-50-thin `pool` and `stage1`; the default two workers and `max_batch` 16),
+32 requests each of `.npy` shards of 1-8 samples in a seeded order, then `/v1/memory` and the
+process's `VmRSS`. Compares `pushdown.ort_arena` off (the default) and on (ADR 0011).
+
+    .venv/bin/python bench/engine_memory.py                 # both settings, 4 GiB budget
+    BUDGET=1073741824 .venv/bin/python bench/engine_memory.py   # the default budget: engines refused
+
+Uses the test suite's gateway launcher (tests/python/conftest.py; TENSORGATE_BIN picks the binary)."""
+
+import json
+import os
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+
+import numpy as np  # noqa: E402
+import urllib3  # noqa: E402
+from conftest import run_gateway  # noqa: E402
+from test_memory import NO_CACHE, npy_shard, presigned, rss, sigv4  # noqa: E402
+
+ENGINES = [("resnet18", "layer1", (3, 224, 224)), ("resnet18", "pool", (3, 224, 224)),
+           ("pp-lcnet", "pool", (3, 224, 224)), ("resnet50-thin", "pool", (224, 224, 3)),
+           ("resnet50-thin", "stage1", (224, 224, 3))]
+BUDGET = int(os.environ.get("BUDGET", 4 << 30))
+
+
+def measure(arena: bool, tmp: Path) -> None:
+    cfg = f"[pushdown]\nort_arena = {str(arena).lower()}\nmemory_budget = {BUDGET}\n" + NO_CACHE
+    with run_gateway(tmp, cfg) as (_, admin, s3, pid):
+        rng = np.random.default_rng(5)
+        for shape in {e[2] for e in ENGINES}:
+            for n in range(1, 9):
+                samples = [rng.random(shape, dtype=np.float32) for _ in range(n)]
+                s3.put_object(Bucket="demo", Key=f"m/{shape[0]}-{n}.tar", Body=npy_shard(samples))
+        signer, http = sigv4(s3), urllib3.PoolManager()
+        before = rss(pid, "VmRSS:")
+        refused = []
+        for model, split, shape in ENGINES:
+            for _ in range(32):
+                key = f"m/{shape[0]}-{int(rng.integers(1, 9))}.tar"
+                r = http.request("GET", presigned(signer, "demo", key),
+                                 headers={"x-tensorgate-model": model, "x-tensorgate-split": split})
+                if r.status != 200:
+                    refused.append(f"{model} {split}: {r.status} {r.data[:160]!r}")
+                    break
+        with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
+            report = json.load(resp)
+        after = rss(pid, "VmRSS:")
+    engines = [e for e in report["engines"] if e.get("reserved_bytes")]
+    reserved = sum(e["reserved_bytes"] for e in engines)
+    print(f"| {'on' if arena else 'off'} | {len(engines)} | {reserved / 1e6:.0f} MB | {after / 1e6:.0f} MB "
+          f"| {(after - before) / 1e6:.0f} MB | "
+          + ", ".join(f"{e['model']} {e['split']} {e['reserved_bytes'] / 1e6:.0f} MB" for e in engines) + " |")
+    for r in refused:
+        print(f"  refused: {r}")
+
+
+def main() -> None:
+    print(f"Budget {BUDGET / 1e6:.0f} MB.\n")
+    print("| arena | engines started | engines reserved | resident after | resident growth | per engine, reserved |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for arena in (False, True):
+            path = Path(tmp) / str(int(arena))
+            path.mkdir()
+            measure(arena, path)
+
+
+if __name__ == "__main__":
+    main()
