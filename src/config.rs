@@ -313,6 +313,12 @@ pub struct PushdownSettings {
     pub source_timeout_secs: u64,
 }
 
+/// Largest `pushdown.max_batch` with `pushdown.ort_arena`: an engine's first session then runs
+/// every batch size from 1 to `max_batch` once to measure what its arena keeps, `b (b + 1) / 2`
+/// samples, 528 at 32 (about 13 s for ResNet-18 `pool` on one core, once per engine start); the
+/// one-core floor's best batch was 1-32 for every bundled model (docs/BENCHMARKS.md).
+pub const MAX_ARENA_BATCH: usize = 32;
+
 /// An engine unused for 10 minutes is freed: a training job touches its (model, split) every few
 /// seconds, so only abandoned ones (a finished job, a one-off split sweep) reach it, and a restart
 /// costs one prefix check and memory probe (about a second).
@@ -676,6 +682,14 @@ impl Config {
         if p.memory_budget == 0 {
             return Err(invalid("pushdown.memory_budget", "must be positive"));
         }
+        if p.ort_arena && p.max_batch > MAX_ARENA_BATCH {
+            return Err(invalid(
+                "pushdown.max_batch",
+                format!(
+                    "at most {MAX_ARENA_BATCH} with pushdown.ort_arena (each engine's start runs every batch size once)"
+                ),
+            ));
+        }
         if p.cache.idle_expiry_secs == 0 {
             return Err(invalid("pushdown.cache.idle_expiry_secs", "must be positive"));
         }
@@ -807,6 +821,11 @@ mod tests {
         assert!(e.contains("backend.endpoint"), "{e}");
         let c = Config::from_toml("listen = \"0.0.0.0:9000\"").expect("parses");
         assert!(c.validate().expect_err("no creds").to_string().contains("credentials"));
+        // The arena's start-up sweep bounds the batch; without the arena it is free.
+        let c = Config::from_toml("[pushdown]\nort_arena = true\nmax_batch = 33").expect("parses");
+        assert!(c.validate().expect_err("sweep too long").to_string().contains("pushdown.max_batch"));
+        let c = Config::from_toml("[pushdown]\nort_arena = false\nmax_batch = 33").expect("parses");
+        c.validate().expect("no sweep without the arena");
     }
 
     #[test]
