@@ -281,7 +281,7 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
-    /// Keep ONNX Runtime's CPU arena in every session (memory patterns stay off): 1.06-1.5x
+    /// Keep ONNX Runtime's CPU arena in every session (memory patterns stay off): 1.1-1.4x
     /// pushdown throughput on one core (ADR 0011), for sessions that hold what their largest runs
     /// needed; each engine then measures its memory model on what the arena keeps, with one run
     /// at every batch size up to `max_batch` when it starts.
