@@ -354,9 +354,11 @@ fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
     let measured = before.zip(memory::resident_bytes()).filter(|_| memory::reset_peak());
     let memory = match measured {
         Some((before, after)) if s.cfg.ort_arena => {
-            // Every batch size once, ascending: what the arena keeps at each (module docs of memory).
+            // Every batch size once, ascending: what the arena keeps at each (module docs of
+            // memory). Batch 1 is the warm-up run above, which `after` was measured after.
             let mut retained = Vec::with_capacity(s.cfg.max_batch);
-            for batch in 1..=s.cfg.max_batch.max(1) {
+            retained.push(0);
+            for batch in 2..=s.cfg.max_batch {
                 let (shape, input) = probe_input(model, batch);
                 run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
                 retained.push(memory::resident_bytes().unwrap_or(after).saturating_sub(after));
