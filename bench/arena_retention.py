@@ -6,7 +6,8 @@ pre-session size after each phase, and images/s at batch 1.
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072 taskset -c 1 .venv/bin/python bench/arena_retention.py
 
 Settings: `off` (no arena: the gateway's default), `session` (a per-session arena without memory
-patterns: `pushdown.ort_arena`), `session+patterns` (what `ort_arena` did before its revision),
+patterns: `pushdown.ort_arena`; also warmed only at powers of two, or only at the largest batch,
+instead of the sweep), `session+patterns` (what `ort_arena` did before its revision),
 `env-same` (one environment arena, same-as-requested extension, shared by sessions: not
 reachable from the gateway's `ort` crate without unsafe code), and the same with one run at the
 largest batch before the sweep. Each setting runs in its own
@@ -22,7 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["resnet18", "resnet50-thin", "pp-lcnet"]
-SETTINGS = ["off", "session", "session+patterns", "env-same", "env-same, largest first"]
+SETTINGS = ["off", "session", "session, powers of two", "session, largest first", "session+patterns",
+            "env-same", "env-same, largest first"]
 MAX_BATCH = 16
 
 
@@ -40,6 +42,7 @@ def one(model: str, setting: str) -> str:
     so.intra_op_num_threads = 1
     so.enable_cpu_mem_arena = setting != "off"
     so.enable_mem_pattern = setting == "session+patterns"
+    # "session, ...": the per-session arena with another warm-up order than the full sweep.
     if setting.startswith("env-same"):
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
         ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))  # kSameAsRequested
@@ -59,8 +62,12 @@ def one(model: str, setting: str) -> str:
         s.run([out], {inp.name: inputs[b]})
 
     if setting.endswith("largest first"):
-        run(MAX_BATCH)
-    for b in range(1, MAX_BATCH + 1):
+        order = [MAX_BATCH]
+    elif setting.endswith("powers of two"):
+        order = [b for b in (1, 2, 4, 8, 16) if b <= MAX_BATCH]
+    else:
+        order = range(1, MAX_BATCH + 1)
+    for b in order:
         run(b)
     swept = resident() - base
     random.seed(1)
