@@ -2,7 +2,8 @@
 # Passthrough overhead: the same aws-sdk-s3 workload against SeaweedFS directly, through the gateway
 # (release build) and through nginx as a plain reverse proxy (Debian's nginx, one worker: the
 # real-world anchor, what a user who needs only a proxy would run), alternating, in one run; then
-# the gateway's peak RSS over a 1 GiB PUT + GET. CPU seconds per GB of each process are reported.
+# the gateway's peak RSS over a 1 GiB PUT + GET. CPU seconds per GB of each process are reported,
+# for the whole workload and for each object size and operation.
 # Prints a markdown report and saves it (and the raw JSON lines) under bench/results/.
 #   bench/passthrough.sh            # ROUNDS=2 by default
 #   GATEWAY_BIN=path/to/tensorgate bench/passthrough.sh   # another build (default: the release build)
@@ -114,7 +115,9 @@ measure() {
   local label=$1 proxy=$2; shift 2
   local g0 w0 g1 w1
   g0=0; [ -n "$proxy" ] && g0=$(cpu "$proxy"); w0=$(cpu "$WEED_PID")
-  "${REST_PIN[@]}" /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
+  # s3bench also records the proxy's and the store's CPU over each PUT and GET phase (per row).
+  local pids="store:$WEED_PID"; [ -n "$proxy" ] && pids="proxy:$proxy,$pids"
+  CPU_PIDS=$pids "${REST_PIN[@]}" /usr/bin/time -f "%U %S" -o .tmp/bench-client-cpu "$@" >> "$RAW"
   g1=0; [ -n "$proxy" ] && g1=$(cpu "$proxy"); w1=$(cpu "$WEED_PID")
   read -r cu cs < .tmp/bench-client-cpu
   echo "{\"label\":\"$label\",\"test\":\"cpu\",\"proxy_cpu_s\":$(( (g1 - g0) ))e-2,\"store_cpu_s\":$(( (w1 - w0) ))e-2,\"client_cpu_s\":$(echo "$cu + $cs" | bc)}" >> "$RAW"
@@ -135,7 +138,7 @@ done
 echo "1 GiB PUT + GET through the gateway" >&2
 head -c $((1024 * 1024 * 1024)) /dev/zero > .tmp/bench-1g.bin
 rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
-"${REST_PIN[@]}" $BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
+CPU_PIDS=proxy:$GW_PID "${REST_PIN[@]}" $BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
 rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
 

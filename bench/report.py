@@ -80,8 +80,38 @@ if cpu:
         print()
         print(f"Gateway CPU per GB / nginx CPU per GB: {g / n:.2f} (the gateway also verifies SigV4 and re-signs).")
     print()
+# Per row: each PUT and GET phase's proxy and store CPU over the bytes it moved (s3bench's
+# CPU_PIDS fields). The node's CPU (proxy + store) matters too: what one proxy checks, the store
+# may not have to (signed aws-chunked uploads reach the store through the gateway already verified).
+phase = defaultdict(lambda: defaultdict(list))
+for r in rows:
+    if r["test"] == "throughput":
+        gb_row = r["size"] * r["count"] / 1e9
+        for op in ("put", "get"):
+            if f"{op}_store_cpu_s" in r:
+                proxy = r.get(f"{op}_proxy_cpu_s", 0.0) / gb_row
+                phase[(r["size"], op)][r["label"]].append((proxy, proxy + r[f"{op}_store_cpu_s"] / gb_row))
+if phase:
+    print("CPU seconds per GB for each row, median over rounds: the proxy alone, and the node (proxy +")
+    print("SeaweedFS). CPU ticks are 10 ms, so the 4 KiB rows, which move 6 MB each, are coarse.")
+    print()
+    print("| object | op | gateway s/GB |" + (" nginx s/GB | gateway / nginx | node: gateway / nginx |" if anchor else ""))
+    print("|---|---|---|" + ("---|---|---|" if anchor else ""))
+    for (sz, op), v in sorted(phase.items()):
+        g = statistics.median(x[0] for x in v["gateway"])
+        line = f"| {size(sz)} | {op.upper()} | {g:.2f} |"
+        if anchor and v["nginx"]:
+            n = statistics.median(x[0] for x in v["nginx"])
+            gn = statistics.median(x[1] for x in v["gateway"]) / statistics.median(x[1] for x in v["nginx"])
+            line += f" {n:.2f} | {g / n:.2f} | {gn:.2f} |" if n else f" {n:.2f} | - | {gn:.2f} |"
+        print(line)
+    print()
 for r in rows:
     if r["test"] == "big":
-        print(f"1 GiB through the gateway: PUT {r['put_s']:.1f} s, GET {r['get_s']:.1f} s ({r['bytes']} bytes read back).")
+        cpu_note = ""
+        if "put_proxy_cpu_s" in r:
+            gib = r["bytes"] / 1e9
+            cpu_note = f"; gateway CPU {r['put_proxy_cpu_s'] / gib:.2f} s/GB PUT, {r['get_proxy_cpu_s'] / gib:.2f} s/GB GET"
+        print(f"1 GiB through the gateway: PUT {r['put_s']:.1f} s, GET {r['get_s']:.1f} s ({r['bytes']} bytes read back{cpu_note}).")
     if r["test"] == "rss":
         print(f"Gateway peak RSS (VmHWM): {r['hwm_before_kib'] / 1024:.1f} MiB before the 1 GiB transfers, {r['hwm_after_kib'] / 1024:.1f} MiB after.")

@@ -25,6 +25,14 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Largest request head (request line and headers). S3 accepts 8 KiB of headers; 64 KiB leaves
 /// room for long presigned URLs and metadata while bounding what a slow head can hold.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The most a client connection reads into its buffer at once. hyper's default (about 400 KiB)
+/// makes every read buffer that an upload's body frames still share a fresh allocation above
+/// glibc's mmap threshold (128 KiB, `pushdown::memory::MALLOC_TUNABLE`): a new mapping, page
+/// faults on each page, an unmap. 64 KiB buffers are recycled from the heap, hold a head of
+/// [`MAX_HEADER_BYTES`], and are what nginx relays with. Store connections keep hyper's adaptive
+/// default: a download's larger reads cost less than those page faults (both measured in
+/// docs/BENCHMARKS.md, "Per-row CPU").
+pub const IO_BUFFER_BYTES: usize = 64 * 1024;
 /// Time to send a request head, on a new connection or between requests on a kept-alive one:
 /// 30 s (hyper's default) covers slow links and is below the 60 s that SDK connection pools keep
 /// an idle connection for (they reconnect transparently when the gateway closes first).

@@ -65,7 +65,8 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(cfg.header_timeout)
-        .max_header_size(crate::config::MAX_HEADER_BYTES);
+        .max_header_size(crate::config::MAX_HEADER_BYTES)
+        .max_buf_size(crate::config::IO_BUFFER_BYTES);
     tokio::pin!(stop);
     loop {
         let (tcp, _peer) = tokio::select! {

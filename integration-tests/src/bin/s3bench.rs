@@ -3,7 +3,9 @@
 //! against SeaweedFS directly and through the gateway in the same run and reports ratios.
 //!
 //! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE | latency]`; prints one JSON object
-//! per line.
+//! per line. With `CPU_PIDS=name:pid,...` in the environment, each throughput line also carries the
+//! CPU seconds (user + system, from `/proc/PID/stat`) each named process spent on its PUT phase and
+//! on its GET phase, so CPU per GB is known per object size and operation, not only per workload.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +49,39 @@ where
     (lat, start.elapsed())
 }
 
+/// The processes whose CPU time each phase records (`CPU_PIDS=proxy:123,store:456`).
+fn cpu_pids() -> Vec<(String, u32)> {
+    std::env::var("CPU_PIDS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| {
+            let (name, pid) = p.split_once(':')?;
+            Some((name.to_owned(), pid.parse().ok()?))
+        })
+        .collect()
+}
+
+/// utime + stime of `pid`, in clock ticks (fields 14 and 15 of `/proc/PID/stat`, after the
+/// parenthesised command name).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    // After `)`: state is field 3, so utime (14) and stime (15) are the 12th and 13th here.
+    rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()
+}
+
+/// Runs `phase` and returns what it returns with `,"<prefix>_<name>_cpu_s":S` for each process.
+async fn with_cpu<T>(pids: &[(String, u32)], prefix: &str, phase: impl std::future::Future<Output = T>) -> (T, String) {
+    let before: Vec<u64> = pids.iter().map(|(_, p)| cpu_ticks(*p)).collect();
+    let out = phase.await;
+    let mut json = String::new();
+    for ((name, pid), b) in pids.iter().zip(before) {
+        // Clock ticks are 1/100 s on Linux (USER_HZ), whatever the kernel's own tick rate.
+        json.push_str(&format!(r#","{prefix}_{name}_cpu_s":{:.2}"#, cpu_ticks(*pid).saturating_sub(b) as f64 / 100.0));
+    }
+    (out, json)
+}
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i].as_secs_f64() * 1e3
@@ -63,15 +98,22 @@ async fn main() {
     if args.get(5).map(String::as_str) == Some("big") {
         // One large streamed PUT and GET (used for the gateway's peak-RSS measurement).
         let path = &args[6];
+        let pids = cpu_pids();
         let t = Instant::now();
         let body = ByteStream::from_path(path).await.expect("file");
-        c.put_object().bucket(&bucket).key("big").body(body).send().await.expect("put big");
+        let ((), put_cpu) = with_cpu(&pids, "put", async {
+            c.put_object().bucket(&bucket).key("big").body(body).send().await.map(drop).expect("put big")
+        })
+        .await;
         let put = t.elapsed();
         let t = Instant::now();
-        let got = c.get_object().bucket(&bucket).key("big").send().await.expect("get big");
-        let n = drain(got.body).await;
+        let (n, get_cpu) = with_cpu(&pids, "get", async {
+            let got = c.get_object().bucket(&bucket).key("big").send().await.expect("get big");
+            drain(got.body).await
+        })
+        .await;
         println!(
-            r#"{{"label":"{label}","test":"big","bytes":{n},"put_s":{:.3},"get_s":{:.3}}}"#,
+            r#"{{"label":"{label}","test":"big","bytes":{n},"put_s":{:.3},"get_s":{:.3}{put_cpu}{get_cpu}}}"#,
             put.as_secs_f64(),
             t.elapsed().as_secs_f64()
         );
@@ -85,34 +127,43 @@ async fn main() {
     } else {
         &[(4 * 1024, 1500, 16), (1024 * 1024, 150, 8), (64 * 1024 * 1024, 6, 2)]
     };
+    let pids = cpu_pids();
     for &(size, count, conc) in sizes {
         let data = bytes::Bytes::from(vec![0x5au8; size]);
         let (c2, b2, d2) = (c.clone(), bucket.clone(), data.clone());
-        let (_, put_wall) = run(count, conc, move |i| {
-            let (c, b, d) = (c2.clone(), b2.clone(), d2.clone());
-            async move {
-                c.put_object()
-                    .bucket(b)
-                    .key(format!("o{size}-{i}"))
-                    .body(ByteStream::from(d))
-                    .send()
-                    .await
-                    .expect("put");
-            }
-        })
+        let ((_, put_wall), put_cpu) = with_cpu(
+            &pids,
+            "put",
+            run(count, conc, move |i| {
+                let (c, b, d) = (c2.clone(), b2.clone(), d2.clone());
+                async move {
+                    c.put_object()
+                        .bucket(b)
+                        .key(format!("o{size}-{i}"))
+                        .body(ByteStream::from(d))
+                        .send()
+                        .await
+                        .expect("put");
+                }
+            }),
+        )
         .await;
         let (c2, b2) = (c.clone(), bucket.clone());
-        let (_, get_wall) = run(count, conc, move |i| {
-            let (c, b) = (c2.clone(), b2.clone());
-            async move {
-                let o = c.get_object().bucket(b).key(format!("o{size}-{i}")).send().await.expect("get");
-                assert_eq!(drain(o.body).await as usize, size);
-            }
-        })
+        let ((_, get_wall), get_cpu) = with_cpu(
+            &pids,
+            "get",
+            run(count, conc, move |i| {
+                let (c, b) = (c2.clone(), b2.clone());
+                async move {
+                    let o = c.get_object().bucket(b).key(format!("o{size}-{i}")).send().await.expect("get");
+                    assert_eq!(drain(o.body).await as usize, size);
+                }
+            }),
+        )
         .await;
         let mb = (size * count) as f64 / 1e6;
         println!(
-            r#"{{"label":"{label}","test":"throughput","size":{size},"count":{count},"concurrency":{conc},"put_mb_s":{:.2},"get_mb_s":{:.2},"put_ops_s":{:.1},"get_ops_s":{:.1}}}"#,
+            r#"{{"label":"{label}","test":"throughput","size":{size},"count":{count},"concurrency":{conc},"put_mb_s":{:.2},"get_mb_s":{:.2},"put_ops_s":{:.1},"get_ops_s":{:.1}{put_cpu}{get_cpu}}}"#,
             mb / put_wall.as_secs_f64(),
             mb / get_wall.as_secs_f64(),
             count as f64 / put_wall.as_secs_f64(),

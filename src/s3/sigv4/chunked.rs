@@ -8,16 +8,19 @@
 //! each signature covers the previous one, so a chunk cannot be dropped, reordered or altered.
 //!
 //! A chunk is buffered whole and verified before a single byte of it is passed on, so unverified data
-//! never reaches the backend; [`MAX_CHUNK_SIZE`] bounds that buffer.
+//! never reaches the backend; [`MAX_CHUNK_SIZE`] bounds that buffer. The buffer is the body frames
+//! as they came ([`Pending`]): a chunk's data is passed on as slices of them, never copied.
 
-use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+
+use bytes::Bytes;
 use futures_util::Stream;
 use http_body::Body;
 use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{chunk_string_to_sign, sha256_hex, signature, trailer_string_to_sign};
+use super::{chunk_string_to_sign, signature, trailer_string_to_sign};
 use crate::body::BodyError;
 use crate::s3::checksum::{Algorithm, Hasher};
 
@@ -56,11 +59,62 @@ pub struct ChunkedMode {
     pub decoded_length: u64,
 }
 
+/// Body bytes received and not decoded yet, kept as the frames they arrived in.
+#[derive(Default)]
+struct Pending {
+    frames: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Pending {
+    fn push(&mut self, frame: Bytes) {
+        self.len += frame.len();
+        self.frames.push_back(frame);
+    }
+
+    /// Where the first CRLF starts, looking at the first `limit` bytes only.
+    fn crlf(&self, limit: usize) -> Option<usize> {
+        let mut prev = 0u8;
+        for (i, b) in self.frames.iter().flat_map(|f| f.iter().copied()).take(limit).enumerate() {
+            if prev == b'\r' && b == b'\n' {
+                return Some(i - 1);
+            }
+            prev = b;
+        }
+        None
+    }
+
+    /// Moves the first `n` bytes (at most `len`) to `out`, as slices of the frames.
+    fn take(&mut self, mut n: usize, out: &mut VecDeque<Bytes>) {
+        debug_assert!(n <= self.len);
+        self.len -= n.min(self.len);
+        while n > 0 {
+            let Some(front) = self.frames.front_mut() else { break };
+            if front.len() <= n {
+                n -= front.len();
+                out.extend(self.frames.pop_front());
+            } else {
+                out.push_back(front.split_to(n));
+                n = 0;
+            }
+        }
+    }
+
+    /// The first `n` bytes (at most `len`), copied: for lines and separators, which are short.
+    fn take_copied(&mut self, n: usize) -> Vec<u8> {
+        let mut pieces = VecDeque::new();
+        self.take(n, &mut pieces);
+        pieces.iter().flat_map(|p| p.iter().copied()).collect()
+    }
+}
+
 struct Decoder<B> {
     body: B,
     /// The trailing checksum the gateway must check itself (the store will not see the trailer).
     checksum: Option<(Algorithm, Hasher)>,
-    buf: BytesMut,
+    pending: Pending,
+    /// A verified chunk's data, passed on a piece at a time.
+    ready: VecDeque<Bytes>,
     eof: bool,
     mode: ChunkedMode,
     prev_signature: String,
@@ -82,15 +136,27 @@ where
 {
     let prev_signature = mode.signer.as_ref().map(|s| s.seed_signature.clone()).unwrap_or_default();
     let checksum = checksum.map(|a| (a, a.hasher()));
-    let dec =
-        Decoder { body, checksum, buf: BytesMut::new(), eof: false, mode, prev_signature, decoded: 0, done: false };
+    let dec = Decoder {
+        body,
+        checksum,
+        pending: Pending::default(),
+        ready: VecDeque::new(),
+        eof: false,
+        mode,
+        prev_signature,
+        decoded: 0,
+        done: false,
+    };
     futures_util::stream::unfold(dec, |mut dec| async move {
+        if let Some(piece) = dec.ready.pop_front() {
+            return Some((Ok(piece), dec));
+        }
         if dec.done {
             return None;
         }
         match dec.next_chunk().await {
-            Ok(Some(bytes)) => Some((Ok(bytes), dec)),
-            Ok(None) => None,
+            Ok(true) => dec.ready.pop_front().map(|piece| (Ok(piece), dec)),
+            Ok(false) => None,
             Err(e) => {
                 dec.done = true;
                 Some((Err(e), dec))
@@ -104,7 +170,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// Reads more of the body into `buf`; `false` at end of body.
+    /// Reads one more frame of the body into `pending`; `false` at end of body.
     async fn fill(&mut self) -> Result<bool, BodyError> {
         while !self.eof {
             match self.body.frame().await {
@@ -114,7 +180,7 @@ where
                     if let Ok(data) = frame.into_data()
                         && !data.is_empty()
                     {
-                        self.buf.extend_from_slice(&data);
+                        self.pending.push(data);
                         return Ok(true);
                     }
                 }
@@ -123,14 +189,15 @@ where
         Ok(false)
     }
 
-    async fn line(&mut self, max: usize) -> Result<Bytes, BodyError> {
+    /// The next line, without its CRLF; longer than `max` is refused.
+    async fn line(&mut self, max: usize) -> Result<Vec<u8>, BodyError> {
         loop {
-            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
-                let line = self.buf.split_to(pos).freeze();
-                self.buf.advance(2);
+            if let Some(pos) = self.pending.crlf(max + 2) {
+                let line = self.pending.take_copied(pos);
+                self.pending.take_copied(2);
                 return Ok(line);
             }
-            if self.buf.len() > max {
+            if self.pending.len > max {
                 return Err(BodyError::Malformed("aws-chunked line too long"));
             }
             if !self.fill().await? {
@@ -139,16 +206,25 @@ where
         }
     }
 
-    async fn exact(&mut self, n: usize) -> Result<Bytes, BodyError> {
-        while self.buf.len() < n {
+    /// Waits until `n` bytes are pending.
+    async fn want(&mut self, n: usize) -> Result<(), BodyError> {
+        while self.pending.len < n {
             if !self.fill().await? {
                 return Err(BodyError::Incomplete);
             }
         }
-        Ok(self.buf.split_to(n).freeze())
+        Ok(())
     }
 
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, BodyError> {
+    /// The next `n` bytes, copied (short separators).
+    async fn exact(&mut self, n: usize) -> Result<Vec<u8>, BodyError> {
+        self.want(n).await?;
+        Ok(self.pending.take_copied(n))
+    }
+
+    /// Decodes and verifies the next chunk into `ready`; `false` after the last one (the body
+    /// and its trailer checked).
+    async fn next_chunk(&mut self) -> Result<bool, BodyError> {
         let header = self.line(MAX_LINE).await?;
         let header = std::str::from_utf8(&header).map_err(|_| BodyError::Malformed("chunk header is not UTF-8"))?;
         let (size_hex, ext) = header.split_once(';').unwrap_or((header, ""));
@@ -156,14 +232,19 @@ where
         if size > MAX_CHUNK_SIZE {
             return Err(BodyError::ChunkTooLarge);
         }
-        let data = self.exact(size).await?;
-        if size > 0 && self.exact(2).await?.as_ref() != b"\r\n" {
+        self.want(size).await?;
+        let mut data = VecDeque::new();
+        self.pending.take(size, &mut data);
+        if size > 0 && self.exact(2).await? != b"\r\n" {
             return Err(BodyError::Malformed("chunk data not followed by CRLF"));
         }
         if let Some(signer) = &self.mode.signer {
             let sent =
                 ext.trim().strip_prefix("chunk-signature=").ok_or(BodyError::Malformed("missing chunk-signature"))?;
-            let sts = chunk_string_to_sign(&signer.amz_date, &signer.scope, &self.prev_signature, &sha256_hex(&data));
+            let mut digest = Sha256::new();
+            data.iter().for_each(|piece| digest.update(piece));
+            let chunk_sha256 = hex::encode(digest.finalize());
+            let sts = chunk_string_to_sign(&signer.amz_date, &signer.scope, &self.prev_signature, &chunk_sha256);
             let expected = signature(&signer.key, &sts);
             if !bool::from(expected.as_bytes().ct_eq(sent.as_bytes())) {
                 return Err(BodyError::ChunkSignature);
@@ -172,16 +253,17 @@ where
         }
         if size == 0 {
             self.finish().await?;
-            return Ok(None);
+            return Ok(false);
         }
         self.decoded += size as u64;
         if self.decoded > self.mode.decoded_length {
             return Err(BodyError::LengthMismatch);
         }
         if let Some((_, h)) = &mut self.checksum {
-            h.update(&data);
+            data.iter().for_each(|piece| h.update(piece));
         }
-        Ok(Some(data))
+        self.ready = data;
+        Ok(true)
     }
 
     /// Reads the trailer section (if any) and the final CRLF, and checks the totals.
@@ -230,12 +312,11 @@ where
             }
         } else {
             // Signed variant without trailer: the zero chunk is followed by one empty line. Some
-            // encoders omit it; accept either.
-            if !self.buf.is_empty() || self.fill().await? {
-                let rest = self.exact(2.min(self.buf.len())).await?;
-                if rest.as_ref() != b"\r\n" {
-                    return Err(BodyError::Malformed("data after the final chunk"));
-                }
+            // encoders omit it; accept either. Its CRLF may come in frames of its own: read to the
+            // end, or until more than a CRLF is pending.
+            while self.pending.len < 3 && self.fill().await? {}
+            if self.pending.len > 2 || (self.pending.len > 0 && self.pending.take_copied(2) != b"\r\n") {
+                return Err(BodyError::Malformed("data after the final chunk"));
             }
         }
         if self.decoded != self.mode.decoded_length {
@@ -302,6 +383,45 @@ mod tests {
         let mode = ChunkedMode { signer: Some(doc_signer()), trailer: false, decoded_length: 66560 };
         let out = run(doc_body(false), mode).await.expect("valid");
         assert_eq!(out, vec![b'a'; 66560]);
+    }
+
+    /// The body as a stream of `size`-byte frames, as a client's packets may split it.
+    fn framed(body: &Bytes, size: usize) -> impl Body<Data = Bytes, Error = std::convert::Infallible> + Unpin + use<> {
+        let frames: Vec<_> = (0..body.len())
+            .step_by(size)
+            .map(|at| Ok(http_body::Frame::data(body.slice(at..(at + size).min(body.len())))))
+            .collect();
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn frames_split_anywhere_decode_alike_and_are_passed_on_uncopied() {
+        for size in [1, 2, 3, 5, 89, 4096, 65537, 1 << 20] {
+            for tamper in [false, true] {
+                let body = doc_body(tamper);
+                let mode = ChunkedMode { signer: Some(doc_signer()), trailer: false, decoded_length: 66560 };
+                let mut s = std::pin::pin!(decode(framed(&body, size), mode, None));
+                let (mut out, mut result) = (Vec::new(), Ok(()));
+                while let Some(item) = s.next().await {
+                    match item {
+                        Ok(piece) => {
+                            // A slice of the received frames, not a copy.
+                            let at = piece.as_ptr() as usize - body.as_ptr() as usize;
+                            assert!(at + piece.len() <= body.len(), "frame size {size}: a copied piece");
+                            out.extend_from_slice(&piece);
+                        }
+                        Err(e) => result = Err(e),
+                    }
+                }
+                if tamper {
+                    assert!(matches!(result, Err(BodyError::ChunkSignature)), "frame size {size}");
+                    assert!(out.is_empty(), "frame size {size}: unverified bytes passed on");
+                } else {
+                    assert!(result.is_ok(), "frame size {size}: {result:?}");
+                    assert_eq!(out, vec![b'a'; 66560], "frame size {size}");
+                }
+            }
+        }
     }
 
     #[tokio::test]
