@@ -183,28 +183,84 @@ fn coefficients(in_size: usize, out_size: usize) -> Vec<(usize, Vec<i32>)> {
         .collect()
 }
 
-fn clip8(acc: i64) -> u8 {
+/// Rounding offset of every accumulator (Pillow starts each sum at half of the last bit).
+const HALF: i32 = 1 << (PRECISION_BITS - 1);
+
+fn clip8(acc: i32) -> u8 {
     (acc >> PRECISION_BITS).clamp(0, 255) as u8
 }
 
-/// PIL-exact antialiased bilinear resize of packed RGB8 (horizontal pass, then vertical).
+/// PIL-exact antialiased bilinear resize of packed RGB8 (horizontal pass, then vertical, each
+/// rounded to 8 bits as Pillow does).
+///
+/// The sums are Pillow's own `i32`s, and they cannot overflow: the triangle filter's weights are
+/// never negative, so a sum is at most `HALF + 255 x (2^22 + taps / 2)`, under 2^31 for any
+/// number of taps below four million. The vertical pass runs row by row over contiguous `i32`
+/// accumulators, which the compiler turns into vector instructions; the horizontal pass keeps a
+/// pixel's three channels in registers. [`reference_resize_bilinear`] is the same arithmetic in
+/// its plain form: the tests' oracle and `benches/resize.rs`' baseline.
 #[must_use]
 pub fn resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> Vec<u8> {
-    let half = 1i64 << (PRECISION_BITS - 1);
+    let horizontal = if nw == w { src.to_vec() } else { horizontal_pass(src, w, nw) };
+    if nh == h { horizontal } else { vertical_pass(&horizontal, nw * 3, h, nh) }
+}
+
+fn horizontal_pass(src: &[u8], w: usize, nw: usize) -> Vec<u8> {
+    let coeffs = coefficients(w, nw);
+    let mut out = vec![0u8; src.len() / w * nw];
+    for (row, out_row) in src.chunks_exact(w * 3).zip(out.chunks_exact_mut(nw * 3)) {
+        for ((xmin, k), pixel) in coeffs.iter().zip(out_row.chunks_exact_mut(3)) {
+            let taps = &row[xmin * 3..(xmin + k.len()) * 3];
+            let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+            for (&kv, p) in k.iter().zip(taps.chunks_exact(3)) {
+                r += i32::from(p[0]) * kv;
+                g += i32::from(p[1]) * kv;
+                b += i32::from(p[2]) * kv;
+            }
+            pixel.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
+        }
+    }
+    out
+}
+
+fn vertical_pass(src: &[u8], stride: usize, h: usize, nh: usize) -> Vec<u8> {
+    let coeffs = coefficients(h, nh);
+    let mut out = vec![0u8; stride * nh];
+    let mut acc = vec![0i32; stride];
+    for ((ymin, k), out_row) in coeffs.iter().zip(out.chunks_exact_mut(stride)) {
+        acc.fill(HALF);
+        for (&kv, row) in k.iter().zip(src[ymin * stride..].chunks_exact(stride)) {
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += i32::from(p) * kv;
+            }
+        }
+        for (o, &a) in out_row.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+    }
+    out
+}
+
+/// [`resize_bilinear`]'s arithmetic in its plain form (one output byte at a time, `i64` sums):
+/// the oracle the tests hold the fast form to, and the baseline of `benches/resize.rs`.
+#[doc(hidden)]
+#[must_use]
+pub fn reference_resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> Vec<u8> {
+    let clip = |acc: i64| (acc >> PRECISION_BITS).clamp(0, 255) as u8;
+    let half = i64::from(HALF);
     let horizontal = if nw == w {
         src.to_vec()
     } else {
         let coeffs = coefficients(w, nw);
         let mut out = vec![0u8; nw * h * 3];
         for y in 0..h {
-            let row = &src[y * w * 3..(y + 1) * w * 3];
             for (xx, (xmin, k)) in coeffs.iter().enumerate() {
                 for c in 0..3 {
                     let acc = k
                         .iter()
                         .enumerate()
-                        .fold(half, |acc, (i, &kv)| acc + i64::from(row[(xmin + i) * 3 + c]) * i64::from(kv));
-                    out[(y * nw + xx) * 3 + c] = clip8(acc);
+                        .fold(half, |acc, (i, &kv)| acc + i64::from(src[(y * w + xmin + i) * 3 + c]) * i64::from(kv));
+                    out[(y * nw + xx) * 3 + c] = clip(acc);
                 }
             }
         }
@@ -221,7 +277,7 @@ pub fn resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> 
                 .iter()
                 .enumerate()
                 .fold(half, |acc, (i, &kv)| acc + i64::from(horizontal[(ymin + i) * nw * 3 + x]) * i64::from(kv));
-            out[yy * nw * 3 + x] = clip8(acc);
+            out[yy * nw * 3 + x] = clip(acc);
         }
     }
     out
@@ -281,6 +337,29 @@ mod tests {
         let col = resize_bilinear(&src, 1, 6, 1, 3);
         assert_eq!(col.iter().step_by(3).copied().collect::<Vec<_>>(), vec![36, 125, 214]);
         assert_eq!(resize_bilinear(&src, 6, 1, 6, 1), src, "same size is the identity");
+    }
+
+    #[test]
+    fn the_fast_resampler_is_the_reference_arithmetic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let sizes =
+            [(500, 375, 341, 256), (375, 500, 256, 341), (7, 5, 3, 2), (3, 2, 7, 5), (1, 9, 1, 4), (640, 1, 2, 1)];
+        let random: Vec<_> = (0..40)
+            .map(|_| {
+                let (w, h) = (rng.random_range(1..90), rng.random_range(1..90));
+                (w, h, rng.random_range(1..2 * w), rng.random_range(1..2 * h))
+            })
+            .collect();
+        for (w, h, nw, nh) in sizes.into_iter().chain(random) {
+            let src: Vec<u8> = (0..w * h * 3).map(|_| rng.random()).collect();
+            let fast = resize_bilinear(&src, w, h, nw, nh);
+            assert_eq!(fast, reference_resize_bilinear(&src, w, h, nw, nh), "{w}x{h} -> {nw}x{nh}");
+        }
+        // The largest sums: all white, a 4000-tap downscale stays white (no i32 overflow).
+        let white = vec![255u8; 4000 * 3];
+        assert!(resize_bilinear(&white, 4000, 1, 1, 1).iter().all(|&v| v == 255));
+        assert!(resize_bilinear(&white, 1, 4000, 1, 1).iter().all(|&v| v == 255));
     }
 
     #[test]
