@@ -431,8 +431,9 @@ impl Gateway {
     ///   forwarded as the store's `x-amz-content-sha256`, so stores that check it (Ceph RGW,
     ///   Swift, AWS) check it again;
     /// - anything else (XML bodies: tagging, multi-delete, completion; small objects) is read
-    ///   whole, verified, then forwarded with its hash, and a `Content-MD5` when the client sent
-    ///   none (Swift's s3api requires one on `DeleteObjects`, which boto3 >= 1.36 omits).
+    ///   whole, verified, then forwarded with its hash, and (except for object data) a
+    ///   `Content-MD5` when the client sent none (Swift's s3api requires one on `DeleteObjects`,
+    ///   which boto3 >= 1.36 omits).
     async fn prepared_body<S>(
         &self,
         op: S3Op,
@@ -477,7 +478,9 @@ impl Gateway {
         }
         let buf = buf.freeze();
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(buf.len()));
-        if !headers.contains_key(headers::CONTENT_MD5) {
+        // Object data needs none: its hash is signed below, and stores check that (or the gateway
+        // checked the client's hash or checksum already).
+        if !headers.contains_key(headers::CONTENT_MD5) && !matches!(op, S3Op::PutObject | S3Op::UploadPart) {
             use base64::Engine;
             use md5::Digest;
             let md5 = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&buf));
