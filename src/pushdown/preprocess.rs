@@ -208,6 +208,52 @@ pub fn resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> 
 fn horizontal_pass(src: &[u8], w: usize, nw: usize) -> Vec<u8> {
     let coeffs = coefficients(w, nw);
     let mut out = vec![0u8; src.len() / w * nw];
+    // A fixed number of taps lets the compiler unroll the loop over them; the photo downscales
+    // of the bundled models need at most 7 (a factor of 3).
+    match coeffs.iter().map(|(_, k)| k.len()).max().unwrap_or(0) {
+        1 => horizontal_fixed::<1>(src, w, &coeffs, &mut out),
+        2 => horizontal_fixed::<2>(src, w, &coeffs, &mut out),
+        3 => horizontal_fixed::<3>(src, w, &coeffs, &mut out),
+        4 => horizontal_fixed::<4>(src, w, &coeffs, &mut out),
+        5 => horizontal_fixed::<5>(src, w, &coeffs, &mut out),
+        6 => horizontal_fixed::<6>(src, w, &coeffs, &mut out),
+        7 => horizontal_fixed::<7>(src, w, &coeffs, &mut out),
+        8 => horizontal_fixed::<8>(src, w, &coeffs, &mut out),
+        _ => horizontal_any(src, w, &coeffs, &mut out),
+    }
+    out
+}
+
+/// The horizontal pass with every output's taps padded with zero weights to `N` (a zero weight
+/// adds exactly nothing), the window moved left where it would pass the row's end.
+fn horizontal_fixed<const N: usize>(src: &[u8], w: usize, coeffs: &[(usize, Vec<i32>)], out: &mut [u8]) {
+    let table: Vec<(usize, [i32; N])> = coeffs
+        .iter()
+        .map(|(xmin, k)| {
+            let start = (*xmin).min(w - N);
+            let mut padded = [0i32; N];
+            padded[xmin - start..xmin - start + k.len()].copy_from_slice(k);
+            (start, padded)
+        })
+        .collect();
+    let nw = coeffs.len();
+    for (row, out_row) in src.chunks_exact(w * 3).zip(out.chunks_exact_mut(nw * 3)) {
+        for ((start, k), pixel) in table.iter().zip(out_row.chunks_exact_mut(3)) {
+            let taps = &row[start * 3..(start + N) * 3];
+            let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+            for i in 0..N {
+                r += i32::from(taps[3 * i]) * k[i];
+                g += i32::from(taps[3 * i + 1]) * k[i];
+                b += i32::from(taps[3 * i + 2]) * k[i];
+            }
+            pixel.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
+        }
+    }
+}
+
+/// The horizontal pass for any number of taps.
+fn horizontal_any(src: &[u8], w: usize, coeffs: &[(usize, Vec<i32>)], out: &mut [u8]) {
+    let nw = coeffs.len();
     for (row, out_row) in src.chunks_exact(w * 3).zip(out.chunks_exact_mut(nw * 3)) {
         for ((xmin, k), pixel) in coeffs.iter().zip(out_row.chunks_exact_mut(3)) {
             let taps = &row[xmin * 3..(xmin + k.len()) * 3];
@@ -220,7 +266,6 @@ fn horizontal_pass(src: &[u8], w: usize, nw: usize) -> Vec<u8> {
             pixel.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
         }
     }
-    out
 }
 
 fn vertical_pass(src: &[u8], stride: usize, h: usize, nh: usize) -> Vec<u8> {
