@@ -9,8 +9,10 @@ shard at once), all at the same time. Three gateway modes, a fresh gateway per p
   fixed          adaptation off (HAPI without adaptation: the requested batch runs as one batch),
                  the same BUDGET configured but not enforced
 
-Reported per point: requests completed / failed (503), samples/s, peak RSS of the gateway
-(VmHWM) and its baseline before the burst, and the governor's peak reservation.
+Pinned (bench/pinning.py): the gateway on the last core, the tenants' clients on the others.
+Reported per point: requests completed / failed (503), samples/s, the gateway's CPU per sample,
+peak RSS of the gateway (VmHWM) and its baseline before the burst, and the governor's peak
+reservation.
 
 Run: .venv/bin/python bench/adaptation.py   (after scripts/setup.sh, scripts/models.sh and
      cargo build --release); BUDGET_MIB=512 SHARDS=2 by default.
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import dataset  # noqa: E402
 import conftest  # noqa: E402
+import pinning  # noqa: E402
 
 BUDGET = int(os.environ.get("BUDGET_MIB", "512")) << 20
 SHARDS = int(os.environ.get("SHARDS", "2"))
@@ -64,6 +67,7 @@ def point(mode: str, tenants: int, shards: list[bytes], workdir: Path) -> dict:
     cfg = (f"{creds}[pushdown]\nmemory_budget = {budget}\nadaptation = {'false' if mode == 'fixed' else 'true'}\n"
            f"max_wait_ms = 120000\nqueue_capacity = 1024\n[pushdown.cache]\nenabled = false\n")
     with conftest.run_gateway(workdir, cfg) as (endpoint, admin, _, pid):
+        pinning.pin_gateway(pid)
         admin_client = client(endpoint, "tenant0")
         admin_client.create_bucket(Bucket="data")
         for i, shard in enumerate(shards):
@@ -94,21 +98,22 @@ def point(mode: str, tenants: int, shards: list[bytes], workdir: Path) -> dict:
 
         watcher = threading.Thread(target=watch)
         watcher.start()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), pinning.cpu_seconds(pid)
         with cf.ThreadPoolExecutor(tenants) as pool:
             results = list(pool.map(tenant, range(tenants)))
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, pinning.cpu_seconds(pid) - c0
         done.set()
         watcher.join()
         ok = sum(r[0] for r in results)
         return {
             "mode": mode, "tenants": tenants, "ok": ok, "failed": sum(r[1] for r in results),
             "sps": ok * PER_SHARD / elapsed, "baseline": baseline, "peak": status_bytes(pid, "VmHWM:"),
-            "reserved": peak_reserved[0],
+            "reserved": peak_reserved[0], "cpu_ms": cpu / max(1, ok * PER_SHARD) * 1e3,
         }
 
 
 def main():
+    pinning.pin_rest()
     items = dataset.samples(PER_SHARD * SHARDS)
     shards = dataset.image_shards(items, PER_SHARD)
     rows = []
@@ -118,12 +123,12 @@ def main():
             print(rows[-1], file=sys.stderr)
     mib = lambda b: b / (1 << 20)  # noqa: E731
     print(f"\n{MODEL} at {SPLIT}, shards of {PER_SHARD} JPEGs, storage batch requested {BATCH}, "
-          f"{SHARDS} shards per tenant, budget {mib(BUDGET):.0f} MiB, {os.cpu_count()} cores\n")
-    print("| mode | tenants | requests ok / failed | samples/s | vs unconstrained | baseline RSS (MiB) | peak RSS (MiB) | peak - baseline (MiB) | peak reserved (MiB) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"{SHARDS} shards per tenant, budget {mib(BUDGET):.0f} MiB, {os.cpu_count()} cores, {pinning.describe()}\n")
+    print("| mode | tenants | requests ok / failed | samples/s | vs unconstrained | gateway CPU ms / sample | baseline RSS (MiB) | peak RSS (MiB) | peak - baseline (MiB) | peak reserved (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     free = {r["tenants"]: r["sps"] for r in rows if r["mode"] == "unconstrained"}
     for r in rows:
-        print(f"| {r['mode']} | {r['tenants']} | {r['ok']} / {r['failed']} | {r['sps']:.0f} | {r['sps'] / free[r['tenants']]:.2f} | "
+        print(f"| {r['mode']} | {r['tenants']} | {r['ok']} / {r['failed']} | {r['sps']:.0f} | {r['sps'] / free[r['tenants']]:.2f} | {r['cpu_ms']:.1f} | "
               f"{mib(r['baseline']):.0f} | {mib(r['peak']):.0f} | {mib(r['peak'] - r['baseline']):.0f} | {mib(r['reserved']):.0f} |")
 
 

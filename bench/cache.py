@@ -10,7 +10,9 @@ Runs, each on a fresh gateway (cold cache):
 
 All runs but one use the default freshness rule: each request sends one conditional GET to the
 store; the other trusts validated entries for a minute (writes through the gateway still count).
-Epoch 2's bytes are compared with epoch 1's. Printed as markdown.
+Epoch 2's bytes are compared with epoch 1's. Pinned (bench/pinning.py): the gateway on the last
+core, SeaweedFS and the client threads on the others; the gateway's CPU per sample is reported for
+each epoch. Printed as markdown.
 
 Run: .venv/bin/python bench/cache.py   (after scripts/setup.sh, scripts/models.sh and
      cargo build --release); N_IMAGES=2000 by default.
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import dataset  # noqa: E402
 import conftest  # noqa: E402
+import pinning  # noqa: E402
 
 conftest.BINARY = ROOT / "target" / "release" / "tensorgate"
 
@@ -69,6 +72,7 @@ class Gateway:
     def __init__(self, seaweed: str, workdir: Path, cache_toml: str):
         self._running = conftest.run_gateway(workdir, cache_toml, seaweed=seaweed, env={"TENSORGATE_LOG": "warn"})
         _, self.admin, client, self.pid = self._running.__enter__()
+        pinning.pin_gateway(self.pid)
         self.s3 = boto3.client(
             "s3", endpoint_url=client.meta.endpoint_url, aws_access_key_id="tensorgate-dev",
             aws_secret_access_key="tensorgate-dev-secret", region_name="us-east-1",
@@ -105,10 +109,13 @@ class Gateway:
 def run(name, seaweed, workdir, cache_toml, keys, samples_per_key):
     gw = Gateway(seaweed, workdir, cache_toml)
     try:
+        c0 = pinning.cpu_seconds(gw.pid)
         t1, _, d1 = gw.epoch(keys)
+        c1 = pinning.cpu_seconds(gw.pid)
         before = metrics(gw.admin)
         t2, bytes2, d2 = gw.epoch(keys)
         after = metrics(gw.admin)
+        c2 = pinning.cpu_seconds(gw.pid)
         hits = total(after, "tensorgate_cache_hits_total") - total(before, "tensorgate_cache_hits_total")
         by_tier = {t: total(after, f'tensorgate_cache_hits_total{{tier="{t}"}}') - total(before, f'tensorgate_cache_hits_total{{tier="{t}"}}') for t in ("memory", "disk")}
         n = len(keys) * samples_per_key
@@ -116,6 +123,7 @@ def run(name, seaweed, workdir, cache_toml, keys, samples_per_key):
             "run": name, "epoch1": t1, "epoch2": t2, "identical": d1 == d2,
             "hit": hits / len(keys), "mem": by_tier["memory"] / len(keys), "disk": by_tier["disk"] / len(keys),
             "sps": n / t2, "gbps": bytes2 / t2 / 1e9, "rss": gw.peak_rss_mib(),
+            "cpu1": (c1 - c0) / n * 1e3, "cpu2": (c2 - c1) / n * 1e3,
         }
     finally:
         gw.close()
@@ -124,6 +132,7 @@ def run(name, seaweed, workdir, cache_toml, keys, samples_per_key):
 def main():
     env = dict(os.environ, SEAWEED_PORT=str(SEAWEED_PORT))
     seaweed = subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "start"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    pinning.pin_rest(int((ROOT / f".tmp/seaweedfs-{SEAWEED_PORT}/pid").read_text()))
     try:
         direct = boto3.client("s3", endpoint_url=seaweed, aws_access_key_id="seaweed-ak", aws_secret_access_key="seaweed-sk", region_name="us-east-1")
         direct.create_bucket(Bucket=BUCKET)
@@ -154,12 +163,13 @@ def main():
             run("1.5x memory + disk tier (shards)", seaweed, workdir, disk, shards, PER_SHARD),
         ]
         print(f"\n{N_IMAGES} JPEGs (mean {mean_kb:.0f} kB), {MODEL} at {SPLIT} ({TENSOR_BYTES / 1e3:.0f} kB per sample), "
-              f"{THREADS} client threads, {os.cpu_count()} cores\n")
-        print("| run | epoch 1 (s) | epoch 2 (s) | epoch 1 / epoch 2 | epoch 2 hits (memory / disk) | epoch 2 samples/s | epoch 2 GB/s | identical | peak RSS (MiB) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              f"{THREADS} client threads, {os.cpu_count()} cores, {pinning.describe()}\n")
+        print("| run | epoch 1 (s) | epoch 2 (s) | epoch 1 / epoch 2 | epoch 2 hits (memory / disk) | epoch 2 samples/s | epoch 2 GB/s | gateway CPU ms / sample, epoch 1 / 2 | identical | peak RSS (MiB) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['run']} | {r['epoch1']:.1f} | {r['epoch2']:.2f} | **{r['epoch1'] / r['epoch2']:.1f}x** | "
                   f"{100 * r['hit']:.0f}% ({100 * r['mem']:.0f}% / {100 * r['disk']:.0f}%) | {r['sps']:.0f} | {r['gbps']:.2f} | "
+                  f"{r['cpu1']:.1f} / {r['cpu2']:.2f} | "
                   f"{'yes' if r['identical'] else 'NO'} | {r['rss']:.0f} |")
     finally:
         subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, check=False)

@@ -10,6 +10,8 @@ Run: .venv/bin/python bench/torch_loader.py     (after scripts/setup.sh and scri
 The gateway runs on its embedded fs backend; the first (unmeasured) pass fills its tensor cache, so
 the measured epochs are what a second and later epoch costs: cache reads, HTTP, decoding, the
 loader. The training step is a stand-in (one reduction per batch), so the loaders are the bound.
+Pinned (bench/pinning.py): the gateway on the last core, the loaders (main process and workers) on
+the others; the gateway's CPU per sample is reported for each row.
 """
 
 import io
@@ -30,6 +32,9 @@ from torch.utils.data import DataLoader, Dataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from conftest import free_port, ort_library, wait_ready  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import pinning  # noqa: E402
 
 from tensorgate import Client  # noqa: E402
 from tensorgate.data import ShardDataset  # noqa: E402
@@ -84,17 +89,21 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def epochs(loader) -> tuple[list[float], list[float]]:
-    """Samples/s of each epoch and the RSS (main + workers, MiB) after it."""
-    rates, mem = [], []
-    for _ in range(EPOCHS):
+def epochs(loader, gateway: int) -> tuple[list[float], list[float], float]:
+    """Samples/s of each epoch, the RSS (main + workers, MiB) after it, and the gateway's CPU
+    microseconds per sample over epochs 2+."""
+    rates, mem, cpu, samples = [], [], 0.0, 0
+    for epoch in range(EPOCHS):
+        c0 = pinning.cpu_seconds(gateway)
         n, t = 0, time.perf_counter()
         for b in loader:
             b["features"].sum()  # the stand-in training step
             n += len(b["label"])
         rates.append(n / (time.perf_counter() - t))
         mem.append(rss_mib(os.getpid()) + sum(rss_mib(c) for c in children(os.getpid())))
-    return rates, mem
+        if epoch > 0:
+            cpu, samples = cpu + pinning.cpu_seconds(gateway) - c0, samples + n
+    return rates, mem, cpu / max(1, samples) * 1e6
 
 
 def main():
@@ -108,6 +117,8 @@ def main():
     try:
         admin = f"http://127.0.0.1:{admin_port}"
         wait_ready(admin, proc)
+        pinning.pin_gateway(proc.pid)
+        pinning.pin_rest()
         client = Client(f"http://127.0.0.1:{port}", "tensorgate-dev", "tensorgate-dev-secret", admin=admin)
         client.s3.create_bucket(Bucket="bench")
         rng = np.random.default_rng(0)
@@ -129,18 +140,19 @@ def main():
         results = {}
         for name, loader in (("tensorgate ShardDataset (warm cache)", gate), ("local .npy files", local),
                              ("tensorgate ShardDataset (warm cache) again", gate), ("local .npy files again", local)):
-            results[name] = epochs(loader)
-        per = {n: statistics.median(r[1:]) for n, (r, _) in results.items()}  # epoch 1 starts the workers
+            results[name] = epochs(loader, proc.pid)
+        per = {n: statistics.median(r[1:]) for n, (r, _, _) in results.items()}  # epoch 1 starts the workers
         gate_rate = statistics.median([per["tensorgate ShardDataset (warm cache)"], per["tensorgate ShardDataset (warm cache) again"]])
         local_rate = statistics.median([per["local .npy files"], per["local .npy files again"]])
         print(f"## torch loader: {SHARDS} shards x {PER_SHARD} samples ({MODEL} {SPLIT} features, "
-              f"{np.load(files[0]).nbytes} B each), batch {BATCH}, {WORKERS} spawned persistent workers, {EPOCHS} epochs\n")
-        print("| loader | samples/s per epoch | median (epochs 2+) | RSS after each epoch (MiB, main + workers) |")
-        print("|---|---|---|---|")
-        for name, (rates, mem) in results.items():
-            print(f"| {name} | {' / '.join(f'{r:.0f}' for r in rates)} | {per[name]:.0f} | "
+              f"{np.load(files[0]).nbytes} B each), batch {BATCH}, {WORKERS} spawned persistent workers, {EPOCHS} epochs, "
+              f"{pinning.describe()}\n")
+        print("| loader | samples/s per epoch | median (epochs 2+) | gateway CPU µs / sample | RSS after each epoch (MiB, main + workers) |")
+        print("|---|---|---|---|---|")
+        for name, (rates, mem, cpu) in results.items():
+            print(f"| {name} | {' / '.join(f'{r:.0f}' for r in rates)} | {per[name]:.0f} | {cpu:.0f} | "
                   f"{' / '.join(f'{m:.0f}' for m in mem)} |")
-        growth = {n: m[-1] - m[1] for n, (_, m) in results.items()}
+        growth = {n: m[-1] - m[1] for n, (_, m, _) in results.items()}
         print(f"\nratio tensorgate / local files: {gate_rate / local_rate:.2f}; RSS change epoch 2 -> {EPOCHS}: "
               + ", ".join(f"{n} {g:+.0f} MiB" for n, g in growth.items()))
         print(json.dumps({"ratio": gate_rate / local_rate, "growth_mib": growth}))
