@@ -8,12 +8,13 @@
 //! each signature covers the previous one, so a chunk cannot be dropped, reordered or altered.
 //!
 //! A chunk is buffered whole and verified before a single byte of it is passed on, so unverified data
-//! never reaches the backend; [`MAX_CHUNK_SIZE`] bounds that buffer. The buffer is the body frames
-//! as they came ([`Pending`]): a chunk's data is passed on as slices of them, never copied.
+//! never reaches the backend; [`MAX_CHUNK_SIZE`] bounds that buffer. The buffer keeps the body's
+//! frames as they came ([`Pending`]), so a chunk's data is passed on as slices of them, not copied;
+//! only short frames are copied together.
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -59,23 +60,48 @@ pub struct ChunkedMode {
     pub decoded_length: u64,
 }
 
-/// Body bytes received and not decoded yet, kept as the frames they arrived in.
+/// Frames shorter than this are copied together instead of kept. A kept frame keeps its whole read
+/// buffer alive (up to [`crate::config::IO_BUFFER_BYTES`] plus what the buffer held before), so
+/// keeping only frames of at least half of one bounds what pending bytes hold to about twice their
+/// size, as a growing copy would; and a client that sends a byte per packet costs copies, not a
+/// 32-byte handle per byte.
+const KEEP_FRAMES_FROM: usize = crate::config::IO_BUFFER_BYTES / 2;
+
+/// Body bytes received and not decoded yet: the frames they arrived in, then short frames copied
+/// together in `tail`.
 #[derive(Default)]
 struct Pending {
     frames: VecDeque<Bytes>,
+    tail: BytesMut,
     len: usize,
 }
 
 impl Pending {
     fn push(&mut self, frame: Bytes) {
         self.len += frame.len();
-        self.frames.push_back(frame);
+        if frame.len() >= KEEP_FRAMES_FROM {
+            self.seal();
+            self.frames.push_back(frame);
+        } else {
+            self.tail.extend_from_slice(&frame);
+            if self.tail.len() >= KEEP_FRAMES_FROM {
+                self.seal();
+            }
+        }
+    }
+
+    /// Moves the copied bytes behind the kept frames.
+    fn seal(&mut self) {
+        if !self.tail.is_empty() {
+            self.frames.push_back(self.tail.split().freeze());
+        }
     }
 
     /// Where the first CRLF starts, looking at the first `limit` bytes only.
     fn crlf(&self, limit: usize) -> Option<usize> {
         let mut prev = 0u8;
-        for (i, b) in self.frames.iter().flat_map(|f| f.iter().copied()).take(limit).enumerate() {
+        let bytes = self.frames.iter().map(|f| &f[..]).chain([&self.tail[..]]).flat_map(|f| f.iter().copied());
+        for (i, b) in bytes.take(limit).enumerate() {
             if prev == b'\r' && b == b'\n' {
                 return Some(i - 1);
             }
@@ -87,6 +113,7 @@ impl Pending {
     /// Moves the first `n` bytes (at most `len`) to `out`, as slices of the frames.
     fn take(&mut self, mut n: usize, out: &mut VecDeque<Bytes>) {
         debug_assert!(n <= self.len);
+        self.seal();
         self.len -= n.min(self.len);
         while n > 0 {
             let Some(front) = self.frames.front_mut() else { break };
@@ -394,20 +421,37 @@ mod tests {
         http_body_util::StreamBody::new(futures_util::stream::iter(frames))
     }
 
+    #[test]
+    fn short_frames_are_copied_together_and_long_ones_kept() {
+        let mut p = Pending::default();
+        for _ in 0..100_000 {
+            p.push(Bytes::from_static(b"a"));
+        }
+        assert!(p.frames.len() <= 100_000 / KEEP_FRAMES_FROM + 1, "{} frames", p.frames.len());
+        let long = Bytes::from(vec![b'b'; KEEP_FRAMES_FROM]);
+        p.push(long.clone());
+        let mut out = VecDeque::new();
+        p.take(100_000 + KEEP_FRAMES_FROM, &mut out);
+        assert_eq!(out.back().map(|b| b.as_ptr()), Some(long.as_ptr()), "a long frame is passed on as it came");
+        assert_eq!(out.iter().map(Bytes::len).sum::<usize>(), 100_000 + KEEP_FRAMES_FROM);
+        assert_eq!(p.len, 0);
+    }
+
     #[tokio::test]
-    async fn frames_split_anywhere_decode_alike_and_are_passed_on_uncopied() {
-        for size in [1, 2, 3, 5, 89, 4096, 65537, 1 << 20] {
+    async fn frames_split_anywhere_decode_alike_and_long_ones_are_passed_on_uncopied() {
+        for size in [1, 2, 3, 5, 89, 4096, KEEP_FRAMES_FROM, 65536, 65537, 1 << 20] {
             for tamper in [false, true] {
                 let body = doc_body(tamper);
                 let mode = ChunkedMode { signer: Some(doc_signer()), trailer: false, decoded_length: 66560 };
                 let mut s = std::pin::pin!(decode(framed(&body, size), mode, None));
-                let (mut out, mut result) = (Vec::new(), Ok(()));
+                let (mut out, mut result, mut copied) = (Vec::new(), Ok(()), 0);
                 while let Some(item) = s.next().await {
                     match item {
                         Ok(piece) => {
-                            // A slice of the received frames, not a copy.
-                            let at = piece.as_ptr() as usize - body.as_ptr() as usize;
-                            assert!(at + piece.len() <= body.len(), "frame size {size}: a copied piece");
+                            let at = (piece.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+                            if at + piece.len() > body.len() {
+                                copied += piece.len();
+                            }
                             out.extend_from_slice(&piece);
                         }
                         Err(e) => result = Err(e),
@@ -419,6 +463,10 @@ mod tests {
                 } else {
                     assert!(result.is_ok(), "frame size {size}: {result:?}");
                     assert_eq!(out, vec![b'a'; 66560], "frame size {size}");
+                    // Long frames are passed on as slices; only a short last frame is copied.
+                    if size >= KEEP_FRAMES_FROM {
+                        assert!(copied < KEEP_FRAMES_FROM, "frame size {size}: {copied} bytes copied");
+                    }
                 }
             }
         }
