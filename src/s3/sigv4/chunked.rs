@@ -342,7 +342,8 @@ where
             // encoders omit it; accept either. Its CRLF may come in frames of its own: read to the
             // end, or until more than a CRLF is pending.
             while self.pending.len < 3 && self.fill().await? {}
-            if self.pending.len > 2 || (self.pending.len > 0 && self.pending.take_copied(2) != b"\r\n") {
+            let rest = if self.pending.len > 2 { None } else { Some(self.pending.take_copied(self.pending.len)) };
+            if !rest.is_some_and(|r| r.is_empty() || r == b"\r\n") {
                 return Err(BodyError::Malformed("data after the final chunk"));
             }
         }
@@ -503,6 +504,29 @@ mod tests {
         // A trailer without the announced checksum is refused too.
         let r = run_checked(body("WzGbuw=="), mode, Some(Algorithm::Sha256)).await;
         assert!(matches!(r, Err(BodyError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn what_follows_the_final_chunk_is_a_crlf_or_nothing() {
+        // Found by the fuzz smoke (fuzz/regressions/aws_chunked/): a lone byte after the final
+        // chunk once panicked the decoder.
+        let mode = ChunkedMode { signer: None, trailer: false, decoded_length: 5 };
+        for (tail, ok) in [(&b""[..], true), (b"\r\n", true), (b"\r", false), (b"\n", false), (b"\r\nx", false)] {
+            let body = Bytes::from([&b"5\r\nhello\r\n0\r\n"[..], tail].concat());
+            for size in [1, 2, 64] {
+                let r = run_frames(&body, size, mode.clone()).await;
+                assert_eq!(r.is_ok(), ok, "tail {tail:?}, frames of {size}: {r:?}");
+            }
+        }
+    }
+
+    async fn run_frames(body: &Bytes, size: usize, mode: ChunkedMode) -> Result<Vec<u8>, BodyError> {
+        let mut s = std::pin::pin!(decode(framed(body, size), mode, None));
+        let mut out = Vec::new();
+        while let Some(item) = s.next().await {
+            out.extend_from_slice(&item?);
+        }
+        Ok(out)
     }
 
     #[tokio::test]
