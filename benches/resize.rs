@@ -1,7 +1,8 @@
 //! The PIL-exact resampler (ADR 0003) against the plain form of the same arithmetic, on the sizes
 //! the bundled models resize from: a 500x375 photo (the synthetic bench set's size) and a 1024x768
 //! one to a shorter side of 256, and a 256x256 thumbnail up to 341; each as the horizontal pass
-//! alone, the vertical pass alone and both. Both outputs are compared byte for byte before timing. Run: `cargo bench --bench resize` (pin it with `taskset -c 1`).
+//! alone, the vertical pass alone and both. Both outputs are compared byte for byte before timing.
+//! Run: `cargo bench --bench resize` (pin it with `taskset -c 1`).
 
 use std::hint::black_box;
 use std::time::Instant;
