@@ -10,9 +10,14 @@ patterns: `pushdown.ort_arena`; also warmed only at powers of two, or only at th
 instead of the sweep), `session+patterns` (what `ort_arena` did before its revision),
 `env-same` (one environment arena, same-as-requested extension, shared by sessions: not
 reachable from the gateway's `ort` crate without unsafe code), and the same with one run at the
-largest batch before the sweep. Each setting runs in its own
-process (an environment allocator is process-wide)."""
+largest batch before the sweep. Two more, tried as ways to keep the arena's speed without its
+retention: `session, shrink` (the per-session arena, each run asking ONNX Runtime to give back the
+arena's free regions at its end: run option `memory.enable_memory_arena_shrinkage`, which the
+`ort` crate can set), `off, huge pages` (no arena, glibc asked to back its large mappings with
+transparent huge pages: `glibc.malloc.hugetlb=1` added to the tunables) and both together. Each setting runs in its
+own process (an environment allocator and glibc's tunables are process-wide)."""
 
+import os
 import random
 import subprocess
 import sys
@@ -23,8 +28,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["resnet18", "resnet50-thin", "pp-lcnet"]
-SETTINGS = ["off", "session", "session, powers of two", "session, largest first", "session+patterns",
-            "env-same", "env-same, largest first"]
+# SETTINGS="off;session, shrink" ... measures a subset.
+SETTINGS = ["off", "off, huge pages", "session", "session, shrink", "session, shrink, huge pages", "session, powers of two",
+            "session, largest first", "session+patterns", "env-same", "env-same, largest first"]
+SETTINGS = [s for s in SETTINGS if s in os.environ.get("SETTINGS", ";".join(SETTINGS)).split(";")]
 MAX_BATCH = 16
 
 
@@ -40,7 +47,7 @@ def one(model: str, setting: str) -> str:
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    so.enable_cpu_mem_arena = setting != "off"
+    so.enable_cpu_mem_arena = not setting.startswith("off")
     so.enable_mem_pattern = setting == "session+patterns"
     # "session, ...": the per-session arena with another warm-up order than the full sweep.
     if setting.startswith("env-same"):
@@ -58,8 +65,12 @@ def one(model: str, setting: str) -> str:
     base = resident()
     s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
+    opts = ort.RunOptions()
+    if setting.startswith("session, shrink"):
+        opts.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
     def run(b):
-        s.run([out], {inp.name: inputs[b]})
+        s.run([out], {inp.name: inputs[b]}, opts)
 
     if setting.endswith("largest first"):
         order = [MAX_BATCH]
@@ -74,22 +85,28 @@ def one(model: str, setting: str) -> str:
     for _ in range(60):
         run(random.randint(1, MAX_BATCH))
     later = resident() - base
-    t = time.perf_counter()
-    for _ in range(40):
-        run(1)
-    rate = 40 / (time.perf_counter() - t)
-    return f"| {model} | {setting} | {swept >> 20} | {later >> 20} | {rate:.1f} |"
+    rates = []
+    for b, n in ((1, 40), (8, 5)):
+        t = time.perf_counter()
+        for _ in range(n):
+            run(b)
+        rates.append(b * n / (time.perf_counter() - t))
+    return f"| {model} | {setting} | {swept >> 20} | {later >> 20} | {rates[0]:.1f} | {rates[1]:.1f} |"
 
 
 def main() -> None:
     if len(sys.argv) == 3:
         print(one(sys.argv[1], sys.argv[2]))
         return
-    print("| model | setting | MiB after the sweep | MiB after 60 random runs | images/s at batch 1 |")
-    print("|---|---|---|---|---|")
+    print("| model | setting | MiB after the sweep | MiB after 60 random runs | images/s at batch 1 | at batch 8 |")
+    print("|---|---|---|---|---|---|")
     for model in MODELS:
         for setting in SETTINGS:
-            r = subprocess.run([sys.executable, __file__, model, setting], capture_output=True, text=True, timeout=600)
+            env = dict(os.environ)
+            if setting.endswith("huge pages"):
+                env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if t)
+            r = subprocess.run([sys.executable, __file__, model, setting], capture_output=True, text=True, timeout=600,
+                               env=env)
             print(r.stdout.strip() or f"| {model} | {setting} | failed: {r.stderr.strip()[-200:]} |")
 
 
