@@ -14,7 +14,8 @@ largest batch before the sweep. Two more, tried as ways to keep the arena's spee
 retention: `session, shrink` (the per-session arena, each run asking ONNX Runtime to give back the
 arena's free regions at its end: run option `memory.enable_memory_arena_shrinkage`, which the
 `ort` crate can set), `off, huge pages` (no arena, glibc asked to back its large mappings with
-transparent huge pages: `glibc.malloc.hugetlb=1` added to the tunables) and both together. Each setting runs in its
+transparent huge pages: `glibc.malloc.hugetlb=1` added to the tunables; this script does not check
+that glibc applied it, AnonHugePages in /proc/PID/smaps during a run would) and both together. Each setting runs in its
 own process (an environment allocator and glibc's tunables are process-wide)."""
 
 import os
