@@ -1,7 +1,8 @@
 """What the engines of one gateway reserve and hold: five engines (ResNet-18 `layer1` and `pool`,
 PP-LCNet `pool`, ResNet-50-thin `pool` and `stage1`; the default two workers and `max_batch` 16),
 32 requests each of `.npy` shards of 1-8 samples in a seeded order, then `/v1/memory` and the
-process's `VmRSS`. Compares `pushdown.ort_arena` off (the default) and on (ADR 0011).
+process's `VmRSS`. Compares `pushdown.ort_arena` off (the default), `"per-run"` (ADR 0012) and
+`"kept"` (ADR 0011).
 
     .venv/bin/python bench/engine_memory.py                 # both settings, 4 GiB budget
     BUDGET=1073741824 .venv/bin/python bench/engine_memory.py   # the default budget: engines refused
@@ -29,8 +30,8 @@ ENGINES = [("resnet18", "layer1", (3, 224, 224)), ("resnet18", "pool", (3, 224, 
 BUDGET = int(os.environ.get("BUDGET", 4 << 30))
 
 
-def measure(arena: bool, tmp: Path) -> None:
-    cfg = f"[pushdown]\nort_arena = {str(arena).lower()}\nmemory_budget = {BUDGET}\n" + NO_CACHE
+def measure(arena: str, tmp: Path) -> None:
+    cfg = f"[pushdown]\nort_arena = \"{arena}\"\nmemory_budget = {BUDGET}\n" + NO_CACHE
     with run_gateway(tmp, cfg) as (_, admin, s3, pid):
         rng = np.random.default_rng(5)
         for shape in {e[2] for e in ENGINES}:
@@ -53,7 +54,7 @@ def measure(arena: bool, tmp: Path) -> None:
         after = rss(pid, "VmRSS:")
     engines = [e for e in report["engines"] if e.get("reserved_bytes")]
     reserved = sum(e["reserved_bytes"] for e in engines)
-    print(f"| {'on' if arena else 'off'} | {len(engines)} | {reserved / 1e6:.0f} MB | {after / 1e6:.0f} MB "
+    print(f"| {arena} | {len(engines)} | {reserved / 1e6:.0f} MB | {after / 1e6:.0f} MB "
           f"| {(after - before) / 1e6:.0f} MB | "
           + ", ".join(f"{e['model']} {e['split']} {e['reserved_bytes'] / 1e6:.0f} MB" for e in engines) + " |")
     for r in refused:
@@ -65,8 +66,8 @@ def main() -> None:
     print("| arena | engines started | engines reserved | resident after | resident growth | per engine, reserved |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for arena in (False, True):
-            path = Path(tmp) / str(int(arena))
+        for arena in ("off", "per-run", "kept"):
+            path = Path(tmp) / arena
             path.mkdir()
             measure(arena, path)
 

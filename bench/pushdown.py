@@ -18,7 +18,8 @@ run (one at a time), so every one-thread number is one core's; with two threads 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
      BENCH_MODELS=pp-lcnet ...              measures a subset of the models
-     ORT_ARENA=1 ...                        the gateway with `pushdown.ort_arena = true`
+     ORT_ARENA=1 ...                        the gateway with `pushdown.ort_arena = "kept"`
+     ORT_ARENA=per-run ...                  the gateway with `pushdown.ort_arena = "per-run"`
 """
 
 import concurrent.futures as cf
@@ -138,7 +139,7 @@ def main():
         # A 4 GiB budget: the six engines of one run fit with batches of 16 in both settings (with
         # the arena on they do not fit the 1 GiB default: ADR 0011), so the budget is no variable.
         cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\nmemory_budget = {4 << 30}\n"
-                       + ("ort_arena = true\n" if os.environ.get("ORT_ARENA") == "1" else ""))
+                       + {"1": 'ort_arena = "kept"\n', "per-run": 'ort_arena = "per-run"\n'}.get(os.environ.get("ORT_ARENA"), ""))
         env["TENSORGATE_CONFIG"] = str(cfg)
         pin = ["taskset", "-c", str(LAST)] if PIN and threads == 1 else []
         # The client on the other cores while the one-thread gateway has the last one to itself.

@@ -272,6 +272,53 @@ impl Default for BackendConfig {
     }
 }
 
+/// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
+/// are off in every mode; the memory budget's promise holds in every mode, because each engine
+/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
+/// arena per run").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(from = "ArenaSetting")]
+pub enum OrtArena {
+    /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
+    /// session holds only its weights, and the engine reserves the least.
+    #[default]
+    Off,
+    /// Runs allocate from the arena, so tensors freed during a run are reused by later ones, and
+    /// give it back at their end (ADR 0012): an idle session still holds only its weights; a run's
+    /// peak, and so what the engine reserves, is higher than without the arena (the arena grows in
+    /// powers of two), and throughput on one core is close to the kept arena's.
+    PerRun,
+    /// Sessions keep the arena between runs (ADR 0011): what the largest runs needed stays
+    /// resident, measured by one run at every batch size up to `max_batch` when the engine starts.
+    Kept,
+}
+
+/// `pushdown.ort_arena` as written: the boolean of earlier versions (`true` is `kept`) or a name.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ArenaSetting {
+    Flag(bool),
+    Name(ArenaName),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ArenaName {
+    Off,
+    PerRun,
+    Kept,
+}
+
+impl From<ArenaSetting> for OrtArena {
+    fn from(s: ArenaSetting) -> Self {
+        match s {
+            ArenaSetting::Flag(false) | ArenaSetting::Name(ArenaName::Off) => Self::Off,
+            ArenaSetting::Name(ArenaName::PerRun) => Self::PerRun,
+            ArenaSetting::Flag(true) | ArenaSetting::Name(ArenaName::Kept) => Self::Kept,
+        }
+    }
+}
+
 /// Near-data pushdown (`[pushdown]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -289,11 +336,9 @@ pub struct PushdownSettings {
     pub intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
-    /// Keep ONNX Runtime's CPU arena in every session (memory patterns stay off): 1.1-1.4x
-    /// pushdown throughput on one core (ADR 0011), for sessions that hold what their largest runs
-    /// needed; each engine then measures its memory model on what the arena keeps, with one run
-    /// at every batch size up to `max_batch` when it starts.
-    pub ort_arena: bool,
+    /// How sessions use ONNX Runtime's CPU arena: `false` / `"off"`, `"per-run"`, or `true` /
+    /// `"kept"` ([`OrtArena`]).
+    pub ort_arena: OrtArena,
     /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
     pub engine_idle_secs: u64,
     /// Largest source object read for pushdown.
@@ -321,7 +366,7 @@ pub struct PushdownSettings {
     pub source_timeout_secs: u64,
 }
 
-/// Largest `pushdown.max_batch` with `pushdown.ort_arena`: an engine's first session then runs
+/// Largest `pushdown.max_batch` with `pushdown.ort_arena = "kept"`: an engine's first session then runs
 /// every batch size from 1 to `max_batch` once to measure what its arena keeps, `b (b + 1) / 2`
 /// samples, 528 at 32 (about 13 s for ResNet-18 `pool` on one core, once per engine start); the
 /// one-core floor's best batch was 1-32 for every bundled model (docs/BENCHMARKS.md).
@@ -435,9 +480,9 @@ impl Default for PushdownSettings {
             intra_threads: 1,
             // One per core on the 2-core storage nodes this targets; raise with the core count.
             workers: 2,
-            // Off: a session then holds only its weights when idle, and the measured memory model
-            // is exact; on trades resident memory for throughput (ADR 0011).
-            ort_arena: false,
+            // Off: the engine reserves the least; the arena modes trade memory for throughput
+            // (ADR 0011, ADR 0012).
+            ort_arena: OrtArena::Off,
             engine_idle_secs: DEFAULT_ENGINE_IDLE_SECS,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
@@ -690,11 +735,11 @@ impl Config {
         if p.memory_budget == 0 {
             return Err(invalid("pushdown.memory_budget", "must be positive"));
         }
-        if p.ort_arena && p.max_batch > MAX_ARENA_BATCH {
+        if p.ort_arena == OrtArena::Kept && p.max_batch > MAX_ARENA_BATCH {
             return Err(invalid(
                 "pushdown.max_batch",
                 format!(
-                    "at most {MAX_ARENA_BATCH} with pushdown.ort_arena (each engine's start runs every batch size once)"
+                    "at most {MAX_ARENA_BATCH} with pushdown.ort_arena = \"kept\" (each engine's start runs every batch size once)"
                 ),
             ));
         }
@@ -834,6 +879,19 @@ mod tests {
         assert!(c.validate().expect_err("sweep too long").to_string().contains("pushdown.max_batch"));
         let c = Config::from_toml("[pushdown]\nort_arena = false\nmax_batch = 33").expect("parses");
         c.validate().expect("no sweep without the arena");
+        // The setting by name; the boolean of earlier versions still means off / kept.
+        for (text, mode) in [
+            ("\"off\"", OrtArena::Off),
+            ("\"per-run\"", OrtArena::PerRun),
+            ("\"kept\"", OrtArena::Kept),
+            ("true", OrtArena::Kept),
+        ] {
+            let c = Config::from_toml(&format!("[pushdown]\nort_arena = {text}")).expect("parses");
+            assert_eq!(c.pushdown.ort_arena, mode, "{text}");
+        }
+        let c = Config::from_toml("[pushdown]\nort_arena = \"per-run\"\nmax_batch = 33").expect("parses");
+        c.validate().expect("no sweep when the arena is given back");
+        Config::from_toml("[pushdown]\nort_arena = \"always\"").expect_err("unknown mode");
     }
 
     #[test]

@@ -57,10 +57,13 @@ enum ModelsCommand {
     },
 }
 
-/// Restarts the process once with glibc's mmap threshold fixed (`memory::MALLOC_TUNABLE`), unless
-/// it is already set. Without it, glibc raises the threshold after large frees and keeps
-/// inference buffers of up to 32 MiB in its heaps: resident memory then stays near the highest
-/// burst instead of following what the memory governor has reserved (docs/adr/0005).
+/// Restarts the process once with glibc's mmap threshold fixed and huge pages advised for large
+/// mappings (`memory::MALLOC_TUNABLE`), unless a threshold is already set: the operator's
+/// settings are then kept as they are, and a restarted process sees its own threshold. Without the
+/// threshold, glibc raises it after large frees and keeps inference buffers of up to 32 MiB in its
+/// heaps: resident memory then stays near the highest burst instead of following what the memory
+/// governor has reserved (docs/adr/0005); without huge pages every run faults its larger tensors
+/// in 4 KiB at a time (docs/adr/0012).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn with_allocator_tunables() {
     use std::os::unix::process::CommandExt;

@@ -8,8 +8,10 @@
 //! tensor exposed, on a deterministic probe input (the outputs must be identical), and measures the
 //! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
 //! By default sessions run without ONNX Runtime's arena, so memory a run used is returned after
-//! it and the governor's accounting matches what the process holds; with `pushdown.ort_arena` a
-//! session keeps its run buffers and the memory model is measured on what stays ([`memory`]).
+//! it and the governor's accounting matches what the process holds; with `pushdown.ort_arena =
+//! "per-run"` runs allocate from the arena and give it back at their end (the same accounting);
+//! with `"kept"` a session keeps its arena between runs and the memory model is measured on what
+//! stays ([`memory`]).
 //!
 //! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the
 //! session (its state is unknown) and builds a fresh one; a worker that cannot rebuild exits, and
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::Instant;
 
-use ort::session::Session;
+use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::Tensor as OrtTensor;
 use tokio::sync::oneshot;
 
@@ -33,6 +35,7 @@ use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
+use crate::config::OrtArena;
 use crate::metrics::{Metrics, ModelSplit, ModelSplitStage};
 
 /// Settings of one engine.
@@ -47,8 +50,8 @@ pub struct EngineConfig {
     pub intra_threads: usize,
     /// Worker threads (each owning a session) per (model, split), sharing one queue.
     pub workers: usize,
-    /// Sessions keep ONNX Runtime's CPU arena and memory patterns (`pushdown.ort_arena`).
-    pub ort_arena: bool,
+    /// How sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`).
+    pub ort_arena: OrtArena,
 }
 
 struct Job {
@@ -274,45 +277,82 @@ impl Drop for Running {
 /// original model file).
 const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
 
-/// A session of `bytes` with `threads` intra-op threads. `arena` false (the default of
-/// `pushdown.ort_arena`): no arena, so each run allocates what it needs and frees it after, the
-/// memory model measures real footprints and idle sessions hold only their weights, at the price
-/// of fresh zero-filled pages for every tensor of every run. `arena` true: the session keeps its
-/// run buffers in ONNX Runtime's CPU arena, faster (docs/BENCHMARKS.md) and holding what its
-/// largest runs needed while it lives. Memory patterns stay off either way: a pattern is planned
-/// on the second run of each input shape and allocated as one more block, so an arena with them
-/// kept growing long after every batch size had run (up to 1.7x, ADR 0011), past any model
-/// measured at start.
+/// ONNX Runtime's run option that gives the CPU arena's free regions back at the end of a run.
+const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
+
+/// A session of one prefix, and how its runs use ONNX Runtime's CPU arena ([`OrtArena`]).
+///
+/// `Off`: each tensor of a run is its own allocation. `PerRun`: runs allocate from the arena, so
+/// tensors freed during a run are reused by later ones instead of each being a fresh zero-filled
+/// mapping, and each run ends by giving the arena's free regions back (run option
+/// `memory.enable_memory_arena_shrinkage`), so an idle session holds only its weights and a run's
+/// footprint is its peak, which the memory model measures (ADR 0012). `Kept`: the session keeps
+/// its arena between runs, holding what its largest runs needed while it lives (ADR 0011).
+/// In every mode the output is written into a buffer of ours, not the arena's: a region that still
+/// held the output when the run ended would not be given back. The first run learns the output's
+/// shape and lets ONNX Runtime allocate it. Memory patterns stay off in every mode: a pattern is
+/// planned on the second run of each input shape and allocated as one more block, so an arena
+/// with them kept growing long after every batch size had run (up to 1.7x, ADR 0011), past any
+/// model measured at start.
+#[derive(Debug)]
+pub(crate) struct Runner {
+    session: Session,
+    arena: OrtArena,
+    /// The output's shape without the batch dimension, once a run has shown it.
+    sample_output: Option<Vec<usize>>,
+}
+
+impl Runner {
+    /// Runs one batch of `shape` and returns the tensor named `output`.
+    pub(crate) fn run(
+        &mut self,
+        input_name: &str,
+        output: &str,
+        shape: &[usize],
+        data: Vec<f32>,
+    ) -> Result<Tensor, String> {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let value = OrtTensor::from_array((dims, data)).map_err(|e| e.to_string())?;
+        let mut selected = OutputSelector::no_default().with(output);
+        if let (Some(sample), Some(&batch)) = (&self.sample_output, shape.first()) {
+            let dims: Vec<i64> = std::iter::once(batch).chain(sample.iter().copied()).map(|d| d as i64).collect();
+            let len = batch * sample.iter().product::<usize>();
+            let buffer = OrtTensor::from_array((dims, vec![0f32; len])).map_err(|e| e.to_string())?;
+            selected = selected.preallocate(output, buffer);
+        }
+        let mut options = RunOptions::new().map_err(|e| e.to_string())?.with_outputs(selected);
+        if self.arena == OrtArena::PerRun {
+            options.set(ARENA_SHRINKAGE, "cpu:0").map_err(|e| e.to_string())?;
+        }
+        let outputs =
+            self.session.run_with_options(ort::inputs![input_name => value], &options).map_err(|e| e.to_string())?;
+        let (out_shape, values) = outputs[output].try_extract_tensor::<f32>().map_err(|e| e.to_string())?;
+        let out_shape: Vec<usize> = out_shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+        if self.sample_output.is_none() {
+            self.sample_output = Some(out_shape.iter().skip(1).copied().collect());
+        }
+        Ok(Tensor { shape: out_shape, data: values.to_vec() })
+    }
+}
+
+/// A [`Runner`] of `bytes` with `threads` intra-op threads (see there for `arena`).
 pub(crate) fn session(
     env: &ort::environment::Environment,
     bytes: &[u8],
     threads: usize,
-    arena: bool,
+    arena: OrtArena,
     model_dir: &std::path::Path,
-) -> Result<Session, String> {
+) -> Result<Runner, String> {
     let builder = Session::builder(env).map_err(|e| e.to_string())?;
     let builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
     let builder = builder
-        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena).build()])
+        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena != OrtArena::Off).build()])
         .map_err(|e| e.to_string())?;
     let builder = builder.with_memory_pattern(false).map_err(|e| e.to_string())?;
     let mut builder =
         builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
-    builder.commit_from_memory(bytes).map_err(|e| e.to_string())
-}
-
-pub(crate) fn run(
-    session: &mut Session,
-    input_name: &str,
-    output: &str,
-    shape: &[usize],
-    data: Vec<f32>,
-) -> Result<Tensor, String> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let value = OrtTensor::from_array((dims, data)).map_err(|e| e.to_string())?;
-    let outputs = session.run(ort::inputs![input_name => value]).map_err(|e| e.to_string())?;
-    let (out_shape, values) = outputs[output].try_extract_tensor::<f32>().map_err(|e| e.to_string())?;
-    Ok(Tensor { shape: out_shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect(), data: values.to_vec() })
+    let session = builder.commit_from_memory(bytes).map_err(|e| e.to_string())?;
+    Ok(Runner { session, arena, sample_output: None })
 }
 
 /// The once-per-engine check: prefix output == full model output at the split tensor.
@@ -320,15 +360,15 @@ fn check_prefix(
     env: &ort::environment::Environment,
     model: &Model,
     tensor: &str,
-    prefix_session: &mut Session,
+    prefix_session: &mut Runner,
 ) -> Result<(), String> {
     let exposed = prefix::expose(&model.bytes, &[tensor]).map_err(|e| e.to_string())?;
     // A one-off session: nothing to keep between runs.
-    let mut full = session(env, &exposed, 1, false, &model.dir)?;
+    let mut full = session(env, &exposed, 1, OrtArena::Off, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
     let name = &model.manifest.input;
-    let a = run(prefix_session, name, tensor, &shape, input.clone())?;
-    let b = run(&mut full, name, tensor, &shape, input)?;
+    let a = prefix_session.run(name, tensor, &shape, input.clone())?;
+    let b = full.run(name, tensor, &shape, input)?;
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
@@ -342,25 +382,29 @@ pub(crate) fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>)
 
 /// Creates the first session, checks the prefix, and measures the memory model (module docs of
 /// [`memory`]). Holds the process-wide probe lock throughout.
-fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
+fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let model = &s.model;
     let before = memory::resident_bytes();
     let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
-    let out = run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+    let out = session.run(&model.manifest.input, &s.tensor, &shape, input.clone())?;
+    if s.cfg.ort_arena == OrtArena::PerRun {
+        // Once more, into a buffer of ours: the warm-up's output region leaves the arena.
+        session.run(&model.manifest.input, &s.tensor, &shape, input)?;
+    }
     let input_bytes = 4 * model.manifest.input_shape.iter().product::<usize>() as u64;
     let output_bytes = 4 * out.data.len() as u64;
     let measured = before.zip(memory::resident_bytes()).filter(|_| memory::reset_peak());
     let memory = match measured {
-        Some((before, after)) if s.cfg.ort_arena => {
+        Some((before, after)) if s.cfg.ort_arena == OrtArena::Kept => {
             // Every batch size once, ascending: what the arena keeps at each (module docs of
             // memory). Batch 1 is the warm-up run above, which `after` was measured after.
             let mut retained = Vec::with_capacity(s.cfg.max_batch);
             retained.push(0);
             for batch in 2..=s.cfg.max_batch {
                 let (shape, input) = probe_input(model, batch);
-                run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+                session.run(&model.manifest.input, &s.tensor, &shape, input)?;
                 retained.push(memory::resident_bytes().unwrap_or(after).saturating_sub(after));
             }
             MemoryModel::from_retention(after.saturating_sub(before), &retained, input_bytes, output_bytes)
@@ -371,7 +415,7 @@ fn first_session(s: &Shared) -> Result<(Session, MemoryModel), String> {
                 let (shape, input) = probe_input(model, batch);
                 let base = memory::resident_bytes().unwrap_or(0);
                 let _ = memory::reset_peak();
-                run(&mut session, &model.manifest.input, &s.tensor, &shape, input)?;
+                session.run(&model.manifest.input, &s.tensor, &shape, input)?;
                 *peak = memory::peak_resident_bytes().unwrap_or(base).saturating_sub(base);
             }
             MemoryModel::from_probes(after.saturating_sub(before), peaks, input_bytes, output_bytes)
@@ -423,12 +467,12 @@ struct Shared {
 }
 
 /// A fresh session of the engine's prefix.
-fn session_for(s: &Shared) -> Result<Session, String> {
+fn session_for(s: &Shared) -> Result<Runner, String> {
     session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &s.model.dir)
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
-fn ready_session(s: &Shared, first: bool) -> Result<Session, PushdownError> {
+fn ready_session(s: &Shared, first: bool) -> Result<Runner, PushdownError> {
     if first {
         let result = first_session(s).map_err(PushdownError::Model).and_then(|(session, memory)| {
             // A refusal keeps its kind: `BudgetBusy` (503, other engines hold the budget) or
@@ -508,10 +552,10 @@ fn worker(shared: &Shared, first: bool) {
                 panic!("injected inference panic");
             }
             if shared.cfg.intra_threads <= 1 {
-                super::cpu_timed(|| run(&mut session, &model.manifest.input, tensor, &shape, data))
+                super::cpu_timed(|| session.run(&model.manifest.input, tensor, &shape, data))
             } else {
                 let started = Instant::now();
-                (run(&mut session, &model.manifest.input, tensor, &shape, data), started.elapsed())
+                (session.run(&model.manifest.input, tensor, &shape, data), started.elapsed())
             }
         }));
         let Ok((result, spent)) = guarded else {

@@ -1,15 +1,16 @@
 //! The memory model of a (model, split): fixed bytes (weights, session, run workspace) plus bytes
 //! per sample, measured once when its engine starts, by probe runs at two batch sizes.
 //!
-//! How it is measured (Linux): sessions run with ONNX Runtime's CPU arena and memory patterns off,
-//! so every run allocates what it needs and frees it afterwards, and the process's resident peak
+//! How it is measured (Linux): sessions run with ONNX Runtime's CPU arena and memory patterns off
+//! (or, with `pushdown.ort_arena = "per-run"`, give the arena back at the end of every run), so
+//! every run allocates what it needs and frees it afterwards, and the process's resident peak
 //! (`VmHWM`, reset through `/proc/self/clear_refs`) during a run is the run's true footprint.
 //! 1. resident bytes before and after creating the session and one warm-up run: the session's
 //!    fixed bytes (weights, pre-packed kernels);
 //! 2. peak minus resident before the run, at batch [`PROBE_BATCHES`]`.0` and `.1`: the slope is
 //!    the activation bytes per sample, the intercept the run's fixed workspace.
 //!
-//! With `pushdown.ort_arena` on, a session keeps what its runs allocated (ONNX Runtime's CPU
+//! With `pushdown.ort_arena = "kept"`, a session keeps what its runs allocated (ONNX Runtime's CPU
 //! arena, memory patterns off), so a probe's peak says nothing about what stays. The first session
 //! instead runs every batch size from 1 to `max_batch` once, ascending, and the model is fitted
 //! over what each run left resident ([`MemoryModel::from_retention`]): an upper bound on the
@@ -25,13 +26,18 @@
 
 use serde::Serialize;
 
-/// glibc tunable the binary runs with (`main.rs` restarts itself once to apply it, unless the
-/// environment already sets a threshold): blocks of 128 KiB and more are mapped and unmapped, so
-/// freed inference buffers leave the resident set at once. glibc's default raises this threshold
-/// after each large free (up to 32 MiB) and keeps such blocks in its heaps; in a 64-client burst
-/// that held 250-300 MiB more than was in use. Its cost, 12-53% of pushdown throughput in page
-/// faults, and why a larger threshold is not the fix yet: ADR 0009.
-pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072";
+/// glibc tunables the binary runs with (`main.rs` restarts itself once to apply them, unless the
+/// environment already sets a threshold: the operator's settings are then taken as they are).
+/// - `mmap_threshold`: blocks of 128 KiB and more are mapped and unmapped, so freed inference
+///   buffers leave the resident set at once. glibc's default raises this threshold after each
+///   large free (up to 32 MiB) and keeps such blocks in its heaps; in a 64-client burst that held
+///   250-300 MiB more than was in use. Its cost, 12-53% of pushdown throughput in page faults, and
+///   why a larger threshold is not the fix: ADR 0009.
+/// - `hugetlb=1`: mapped blocks of 2 MiB and more (a run's larger tensors) are advised
+///   (`MADV_HUGEPAGE`) to be backed by transparent huge pages where the kernel's setting is
+///   `madvise` or `always`, so they fault in 2 MiB at a time instead of 4 KiB: most of that
+///   page-fault cost goes, and the measured memory model does not change (ADR 0012).
+pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072:glibc.malloc.hugetlb=1";
 
 /// Batch sizes of the two probe runs.
 pub const PROBE_BATCHES: (usize, usize) = (1, 8);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use integration_tests::*;
 use tensorgate::Server;
-use tensorgate::config::{AliasConfig, Config, CredentialConfig};
+use tensorgate::config::{AliasConfig, Config, CredentialConfig, OrtArena};
 use tensorgate::pushdown::spec::Dtype;
 use tensorgate::pushdown::tensor::{Tensor, write_npy};
 use tensorgate::s3::credentials::SecretKey;
@@ -316,27 +316,35 @@ async fn idle_engines_are_evicted_and_their_memory_and_threads_returned() {
 }
 
 #[tokio::test]
-async fn sessions_that_keep_their_arena_give_the_same_bytes() {
+async fn every_arena_mode_gives_the_same_bytes() {
     // `pushdown.ort_arena` changes where run buffers live, never what is computed.
     let (dir_off, off) = gateway(|c| c.pushdown.cache.enabled = false).await;
-    let (dir_on, on) = gateway(|c| {
-        c.pushdown.cache.enabled = false;
-        c.pushdown.ort_arena = true;
-    })
-    .await;
+    let mut others = Vec::new();
+    for mode in [OrtArena::PerRun, OrtArena::Kept] {
+        others.push(
+            gateway(move |c| {
+                c.pushdown.cache.enabled = false;
+                c.pushdown.ort_arena = mode;
+            })
+            .await,
+        );
+    }
     for seed in 0..4 {
         let key = format!("arena-{seed}.npy");
         put_file(&dir_off, &key, &sample(seed));
-        put_file(&dir_on, &key, &sample(seed));
+        for (dir, _) in &others {
+            put_file(dir, &key, &sample(seed));
+        }
         for split in ["block1", "pool"] {
-            // Twice each: the second run reuses the arena the first one grew.
+            // Twice each: the second run reuses (kept) or regrows (per run) the arena of the first.
             for _ in 0..2 {
-                let (a, b) = (
-                    get(&off, &pushdown_path(&key, split), &[]).await,
-                    get(&on, &pushdown_path(&key, split), &[]).await,
-                );
-                assert_eq!((a.status, b.status), (200, 200), "{}", b.text());
-                assert_eq!(a.body, b.body, "{key} at {split}: the arena changed the output");
+                let a = get(&off, &pushdown_path(&key, split), &[]).await;
+                assert_eq!(a.status, 200, "{}", a.text());
+                for (mode, (_, server)) in [OrtArena::PerRun, OrtArena::Kept].iter().zip(&others) {
+                    let b = get(server, &pushdown_path(&key, split), &[]).await;
+                    assert_eq!(b.status, 200, "{mode:?}: {}", b.text());
+                    assert_eq!(a.body, b.body, "{key} at {split}: {mode:?} changed the output");
+                }
             }
         }
     }
