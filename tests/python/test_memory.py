@@ -160,30 +160,37 @@ def test_a_64_client_burst_stays_within_the_budget(tmp_path):
         assert metric(admin, "tensorgate_pushdown_admission_deferrals_total") > 0, "the budget never bit"
 
 
-def test_an_engine_that_keeps_its_arena_stays_within_its_reservation(tmp_path):
-    """With `pushdown.ort_arena`, sessions keep their run buffers: the engine's memory model is
-    measured on what stays (a sweep over every batch size), and after runs at batch sizes in any
-    order the process holds no more than the engine reserved. ResNet-50-thin is the model whose
-    arena grew most (with memory patterns, 2.5x a model measured at start: ADR 0011)."""
-    cfg = "[pushdown]\nort_arena = true\nworkers = 1\nmax_batch = 12\n" + NO_CACHE
+def held_after_every_batch_size(tmp_path, arena: str, seed: int, back: bool):
+    """Runs ResNet-50-thin `stage1` (the model whose arena grew most: ADR 0011) through an engine
+    of one worker at every batch size 1-12 in a seeded random order (`back`: then in reverse),
+    and returns what the process holds above its pre-engine size afterwards, and the engine's
+    `/v1/memory` entry."""
+    cfg = f"[pushdown]\nort_arena = \"{arena}\"\nworkers = 1\nmax_batch = 12\n" + NO_CACHE
     with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
-        rng = np.random.default_rng(3)
+        rng = np.random.default_rng(seed)
         sizes = [int(n) for n in rng.permutation(np.arange(1, 13))]
         for n in sizes:
             shard = npy_shard([rng.random((224, 224, 3), dtype=np.float32) for _ in range(n)])
-            s3.put_object(Bucket="demo", Key=f"arena/{n}.tar", Body=shard)
+            s3.put_object(Bucket="demo", Key=f"sizes/{n}.tar", Body=shard)
         signer = sigv4(s3)
         http = urllib3.PoolManager()
         headers = {"x-tensorgate-model": "resnet50-thin", "x-tensorgate-split": "stage1"}
         baseline = rss(pid, "VmRSS:")  # the process before the engine exists
-        for n in sizes + sizes[::-1]:
-            r = http.request("GET", presigned(signer, "demo", f"arena/{n}.tar"), headers=headers)
+        for n in sizes + (sizes[::-1] if back else []):
+            r = http.request("GET", presigned(signer, "demo", f"sizes/{n}.tar"), headers=headers)
             assert r.status == 200, r.data[:400]
             assert features(r.data).shape[0] == n
         held = rss(pid, "VmRSS:") - baseline
         with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
             report = json.load(resp)
-    engine = report["engines"][0]
+    return held, report["engines"][0]
+
+
+def test_an_engine_that_keeps_its_arena_stays_within_its_reservation(tmp_path):
+    """With `pushdown.ort_arena = "kept"`, sessions keep their run buffers: the engine's memory
+    model is measured on what stays (a sweep over every batch size), and after runs at batch sizes
+    in any order the process holds no more than the engine reserved."""
+    held, engine = held_after_every_batch_size(tmp_path, "kept", seed=3, back=True)
     m = engine["memory"]
     assert (m["method"], m["measured"], engine["batch_cap"]) == ("retention", True, 12)
     assert engine["reserved_bytes"] == m["fixed_bytes"] + 12 * m["activation_bytes_per_sample"]
@@ -199,27 +206,8 @@ def test_an_engine_that_gives_its_arena_back_holds_only_its_session(tmp_path):
     back at their end (ADR 0012): after batches of every size, the process holds the engine's
     session and no run buffers, and the engine's model is the peak-probe one. An arena that is
     kept, or whose last region still holds a run's output when the run ends (the output is written
-    into a buffer of the gateway's to avoid that), stays resident: 53-56 MiB here for
-    ResNet-50-thin `stage1` at batch 12, against 22 MiB."""
-    cfg = "[pushdown]\nort_arena = \"per-run\"\nworkers = 1\nmax_batch = 12\n" + NO_CACHE
-    with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
-        rng = np.random.default_rng(4)
-        sizes = [int(n) for n in rng.permutation(np.arange(1, 13))]
-        for n in sizes:
-            shard = npy_shard([rng.random((224, 224, 3), dtype=np.float32) for _ in range(n)])
-            s3.put_object(Bucket="demo", Key=f"shrink/{n}.tar", Body=shard)
-        signer = sigv4(s3)
-        http = urllib3.PoolManager()
-        headers = {"x-tensorgate-model": "resnet50-thin", "x-tensorgate-split": "stage1"}
-        baseline = rss(pid, "VmRSS:")  # the process before the engine exists
-        for n in sizes:
-            r = http.request("GET", presigned(signer, "demo", f"shrink/{n}.tar"), headers=headers)
-            assert r.status == 200, r.data[:400]
-            assert features(r.data).shape[0] == n
-        held = rss(pid, "VmRSS:") - baseline
-        with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
-            report = json.load(resp)
-    engine = report["engines"][0]
+    into a buffer of the gateway's to avoid that), stays resident: 53-56 MiB here, against 22 MiB."""
+    held, engine = held_after_every_batch_size(tmp_path, "per-run", seed=4, back=False)
     m = engine["memory"]
     assert (m["method"], m["measured"], engine["batch_cap"]) == ("peaks", True, 12)
     run12 = m["fixed_bytes"] + 12 * m["activation_bytes_per_sample"] - m["session_bytes"]
