@@ -276,8 +276,7 @@ impl Default for BackendConfig {
 /// are off in every mode; the memory budget's promise holds in every mode, because each engine
 /// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
 /// arena per run").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(from = "ArenaSetting")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OrtArena {
     /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
     /// session holds only its weights, and the engine reserves the least.
@@ -293,29 +292,28 @@ pub enum OrtArena {
     Kept,
 }
 
-/// `pushdown.ort_arena` as written: the boolean of earlier versions (`true` is `kept`) or a name.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ArenaSetting {
-    Flag(bool),
-    Name(ArenaName),
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "kebab-case")]
-enum ArenaName {
-    Off,
-    PerRun,
-    Kept,
-}
-
-impl From<ArenaSetting> for OrtArena {
-    fn from(s: ArenaSetting) -> Self {
-        match s {
-            ArenaSetting::Flag(false) | ArenaSetting::Name(ArenaName::Off) => Self::Off,
-            ArenaSetting::Name(ArenaName::PerRun) => Self::PerRun,
-            ArenaSetting::Flag(true) | ArenaSetting::Name(ArenaName::Kept) => Self::Kept,
+/// `pushdown.ort_arena` as written: a name, or the boolean of earlier versions (`true` is `kept`).
+impl<'de> Deserialize<'de> for OrtArena {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Setting;
+        impl serde::de::Visitor<'_> for Setting {
+            type Value = OrtArena;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#""off", "per-run", "kept", false or true"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, kept: bool) -> Result<OrtArena, E> {
+                Ok(if kept { OrtArena::Kept } else { OrtArena::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<OrtArena, E> {
+                match name {
+                    "off" => Ok(OrtArena::Off),
+                    "per-run" => Ok(OrtArena::PerRun),
+                    "kept" => Ok(OrtArena::Kept),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
+                }
+            }
         }
+        d.deserialize_any(Setting)
     }
 }
 
@@ -891,7 +889,8 @@ mod tests {
         }
         let c = Config::from_toml("[pushdown]\nort_arena = \"per-run\"\nmax_batch = 33").expect("parses");
         c.validate().expect("no sweep when the arena is given back");
-        Config::from_toml("[pushdown]\nort_arena = \"always\"").expect_err("unknown mode");
+        let e = Config::from_toml("[pushdown]\nort_arena = \"always\"").expect_err("unknown mode");
+        assert!(e.contains("per-run"), "{e}");
     }
 
     #[test]
