@@ -70,14 +70,32 @@ impl FsBackend {
                 .await
                 .is_ok_and(|m| m.is_dir())
         {
-            return Ok(no_such_key(&req.target, req.method == http::Method::HEAD));
+            let head = req.method == http::Method::HEAD;
+            return Ok(s3_error(
+                http::StatusCode::NOT_FOUND,
+                "NoSuchKey",
+                "The specified key does not exist.",
+                &req.target,
+                head,
+            ));
         }
         // A local directory has no ACLs: anonymous requests (allow_anonymous) may read only.
         if req.anonymous && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
             return Err(BackendError::AnonymousWrite);
         }
+        // A listing is asked of s3s-fs in the form it understands, and its answer put in the form
+        // the client asked for (`listing::Asked`).
+        let (query, asked) = match (&req.op, req.query.as_deref()) {
+            (S3Op::ListObjects | S3Op::ListObjectsV2, q) => match listing::Asked::parse(q.unwrap_or_default()) {
+                Ok((query, asked)) => (Some(query), Some(asked)),
+                Err(message) => {
+                    return Ok(s3_error(http::StatusCode::BAD_REQUEST, "InvalidArgument", message, &req.target, false));
+                }
+            },
+            (_, q) => (q.map(str::to_owned), None),
+        };
         let path = path_style_path(&req.target);
-        let uri = match &req.query {
+        let uri = match &query {
             Some(q) if !q.is_empty() => format!("{path}?{q}"),
             _ => path,
         };
@@ -106,8 +124,10 @@ impl FsBackend {
         if let Some(source) = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
             return Err(BackendError::SendBody { source });
         }
-        if matches!(req.op, S3Op::ListObjects | S3Op::ListObjectsV2) && resp.status().is_success() {
-            return self.complete_listing(&req.target, resp).await;
+        if let Some(asked) = asked
+            && resp.status().is_success()
+        {
+            return self.complete_listing(&req.target, resp, &asked).await;
         }
         Ok(resp)
     }
@@ -119,8 +139,14 @@ impl FsBackend {
 
     /// `s3s-fs` lists objects with key, size and time only; S3 clients expect every entry to carry
     /// its `ETag` and `StorageClass` too (CRT-based clients such as Mountpoint refuse listings
-    /// without them). Each entry's ETag is what a HEAD of it answers.
-    async fn complete_listing(&self, target: &Target, resp: Response<Body>) -> Result<Response<Body>, BackendError> {
+    /// without them). Each entry's ETag is what a HEAD of it answers. The names are then put in
+    /// the form the client asked for (`listing::Asked`).
+    async fn complete_listing(
+        &self,
+        target: &Target,
+        resp: Response<Body>,
+        asked: &listing::Asked,
+    ) -> Result<Response<Body>, BackendError> {
         let (mut parts, body) = resp.into_parts();
         let xml = http_body_util::Limited::new(body, MAX_LISTING_BYTES)
             .collect()
@@ -151,26 +177,21 @@ impl FsBackend {
                 etags.insert(key, etag);
             }
         }
-        let xml = listing::complete(&xml, &etags).map_err(|e| BackendError::Internal(e.into()))?;
+        let xml = listing::complete(&xml, &etags, asked).map_err(|e| BackendError::Internal(e.into()))?;
         parts.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(xml.len()));
         Ok(Response::from_parts(parts, Body::from(xml)))
     }
 }
 
-/// S3's answer for a key that holds no object.
-fn no_such_key(target: &Target, head: bool) -> Response<Body> {
+/// An S3 error answered as the store would (the backend's answer, passed through as such).
+fn s3_error(status: http::StatusCode, code: &str, message: &str, target: &Target, head: bool) -> Response<Body> {
     let body = if head {
         Body::empty()
     } else {
-        Body::from(crate::s3::xml::error_body(
-            "NoSuchKey",
-            "The specified key does not exist.",
-            &target.resource(),
-            "-",
-        ))
+        Body::from(crate::s3::xml::error_body(code, message, &target.resource(), "-"))
     };
     let mut resp = Response::new(body);
-    *resp.status_mut() = http::StatusCode::NOT_FOUND;
+    *resp.status_mut() = status;
     resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
     resp
 }
@@ -178,35 +199,101 @@ fn no_such_key(target: &Target, head: bool) -> Response<Body> {
 /// Largest listing body read back to complete it (1000 entries of 1 KiB keys, with room).
 const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
 
-/// Completing `ListObjects` / `ListObjectsV2` XML (pure).
+/// `ListObjects` / `ListObjectsV2` as S3 answers them, over what `s3s-fs` answers (pure).
+///
+/// `s3s-fs` 0.14 differs from S3 in five ways, each mended here: an empty `delimiter=` (which
+/// S3 treats as none; CRT-based clients always send it) rolls every key up into a one-character
+/// common prefix (and panics on a key whose next character is not ASCII); a delimiter of several
+/// characters ends common prefixes after its first one; `encoding-type=url` is echoed but the
+/// names are not encoded (boto3 always asks for it and decodes them, so keys with `+`, `%` or
+/// spaces came back wrong); a v1 `marker` is not echoed; entries lack `ETag` and `StorageClass`.
+/// Not answered as S3 does: `fetch-owner=true` (a directory has no owners, so entries carry no
+/// `Owner`), and delimiters that start with a non-ASCII character (refused, `400`).
 mod listing {
     use std::collections::HashMap;
 
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
     use quick_xml::events::{BytesText, Event};
     use quick_xml::{Reader, Writer};
+
+    /// What S3 leaves unencoded in a listing with `encoding-type=url`: the unreserved characters
+    /// and `/`. A space becomes `%20` (not `+`), which every SDK's decoder reads back as a space.
+    const LISTING_NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+
+    /// What a listing request asks for beyond what `s3s-fs` does itself.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub struct Asked {
+        /// `encoding-type=url`: names in the answer are URL-encoded.
+        pub encode: bool,
+        /// The delimiter's characters after its first (`s3s-fs` ends common prefixes after it).
+        pub delimiter_tail: String,
+        /// A ListObjects (v1) `marker`, which S3 echoes and `s3s-fs` does not.
+        pub marker: Option<String>,
+    }
+
+    impl Asked {
+        /// The query for `s3s-fs` (the client's, without an empty `delimiter`) and what its
+        /// answer must become; `Err` with S3's message for a parameter S3 refuses.
+        pub fn parse(query: &str) -> Result<(String, Self), &'static str> {
+            let (mut asked, mut v2) = (Self::default(), false);
+            let mut kept = Vec::new();
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let value = percent_decode_str(value).decode_utf8_lossy();
+                match &*percent_decode_str(name).decode_utf8_lossy() {
+                    "delimiter" if value.is_empty() => continue,
+                    // s3s-fs slices a key after the delimiter's first byte: one that is not a
+                    // whole character would panic there.
+                    "delimiter" if !value.starts_with(|c: char| c.is_ascii()) => {
+                        return Err("The fs backend takes only delimiters that start with an ASCII character");
+                    }
+                    "delimiter" => asked.delimiter_tail = value.chars().skip(1).collect(),
+                    "encoding-type" if value.is_empty() => continue,
+                    "encoding-type" if value == "url" => asked.encode = true,
+                    "encoding-type" => return Err("Invalid Encoding Method specified in Request"),
+                    "list-type" => v2 = value == "2",
+                    "marker" => asked.marker = Some(value.into_owned()),
+                    _ => {}
+                }
+                kept.push(pair);
+            }
+            if v2 {
+                asked.marker = None;
+            }
+            Ok((kept.join("&"), asked))
+        }
+
+        /// A name as the answer carries it: URL-encoded when the client asked for that.
+        fn name<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+            if self.encode { utf8_percent_encode(text, LISTING_NAME).into() } else { text.into() }
+        }
+    }
 
     /// The keys of `<Contents>` entries that have no `<ETag>`.
     pub fn keys_without_etag(xml: &[u8]) -> Result<Vec<String>, quick_xml::Error> {
         let mut missing = Vec::new();
-        rewrite(xml, &HashMap::new(), &mut missing)?;
+        rewrite(xml, &HashMap::new(), &Asked::default(), &mut missing)?;
         Ok(missing)
     }
 
     /// The same XML with `<ETag>` (from `etags`) and `<StorageClass>STANDARD</StorageClass>`
-    /// added to every `<Contents>` entry that lacks them.
-    pub fn complete(xml: &[u8], etags: &HashMap<String, String>) -> Result<Vec<u8>, quick_xml::Error> {
-        rewrite(xml, etags, &mut Vec::new())
+    /// added to every `<Contents>` entry that lacks them, common prefixes ending with the whole
+    /// delimiter, and names encoded when the client asked for it.
+    pub fn complete(xml: &[u8], etags: &HashMap<String, String>, asked: &Asked) -> Result<Vec<u8>, quick_xml::Error> {
+        rewrite(xml, etags, asked, &mut Vec::new())
     }
 
     /// One pass over the listing: completes the entries and records the keys without an ETag.
     fn rewrite(
         xml: &[u8],
         etags: &HashMap<String, String>,
+        asked: &Asked,
         missing: &mut Vec<String>,
     ) -> Result<Vec<u8>, quick_xml::Error> {
         let mut reader = Reader::from_reader(xml);
         let mut writer = Writer::new(Vec::with_capacity(xml.len() + etags.len() * 64));
         let (mut path, mut key, mut has_etag, mut has_class) = (Vec::<Vec<u8>>::new(), String::new(), false, false);
+        let mut has_marker = false;
         let mut buf = Vec::new();
         loop {
             let event = reader.read_event_into(&mut buf)?;
@@ -217,14 +304,30 @@ mod listing {
                         b"Contents" => (key, has_etag, has_class) = (String::new(), false, false),
                         b"ETag" => has_etag = true,
                         b"StorageClass" => has_class = true,
+                        b"Marker" if path.len() == 2 => has_marker = true,
                         _ => {}
                     }
                 }
-                Event::Text(t) if path.last().is_some_and(|n| n == b"Key") && in_contents(&path) => {
-                    key = t.unescape()?.into_owned();
+                Event::Text(t) => {
+                    let name = Name::of(&path);
+                    if name == Name::Key {
+                        key = t.unescape()?.into_owned();
+                    }
+                    if name != Name::Other {
+                        let mut text = t.unescape()?.into_owned();
+                        if name == Name::CommonPrefix {
+                            text.push_str(&asked.delimiter_tail);
+                        }
+                        writer.write_event(Event::Text(BytesText::new(&asked.name(&text))))?;
+                        buf.clear();
+                        continue;
+                    }
                 }
                 Event::End(e) => {
                     path.pop();
+                    if let Some(marker) = asked.marker.as_deref().filter(|_| path.is_empty() && !has_marker) {
+                        write_text(&mut writer, "Marker", &asked.name(marker))?;
+                    }
                     if e.local_name().as_ref() == b"Contents" {
                         match etags.get(&key) {
                             _ if has_etag => {}
@@ -245,8 +348,29 @@ mod listing {
         Ok(writer.into_inner())
     }
 
-    fn in_contents(path: &[Vec<u8>]) -> bool {
-        path.len() >= 2 && path[path.len() - 2] == b"Contents"
+    /// The elements of a listing whose text is a name (encoded with `encoding-type=url`).
+    #[derive(Debug, PartialEq, Eq, Clone, Copy)]
+    enum Name {
+        Key,
+        CommonPrefix,
+        /// `Prefix`, `Delimiter`, `StartAfter`, `Marker`, `NextMarker` of the result itself.
+        Echo,
+        Other,
+    }
+
+    impl Name {
+        fn of(path: &[Vec<u8>]) -> Self {
+            match path {
+                [_, parent, leaf] if parent == b"Contents" && leaf == b"Key" => Self::Key,
+                [_, parent, leaf] if parent == b"CommonPrefixes" && leaf == b"Prefix" => Self::CommonPrefix,
+                [_, leaf]
+                    if matches!(&leaf[..], b"Prefix" | b"Delimiter" | b"StartAfter" | b"Marker" | b"NextMarker") =>
+                {
+                    Self::Echo
+                }
+                _ => Self::Other,
+            }
+        }
     }
 
     fn write_text(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> Result<(), quick_xml::Error> {
@@ -263,7 +387,7 @@ mod listing {
             let xml = br#"<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name><Contents><Key>a&amp;b</Key><Size>3</Size></Contents><Contents><Key>c</Key><ETag>"x"</ETag><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"#;
             assert_eq!(keys_without_etag(xml).expect("xml"), vec!["a&b".to_owned()]);
             let etags = HashMap::from([("a&b".to_owned(), "\"d41d8cd98f00b204e9800998ecf8427e\"".to_owned())]);
-            let out = String::from_utf8(complete(xml, &etags).expect("xml")).expect("utf8");
+            let out = String::from_utf8(complete(xml, &etags, &Asked::default()).expect("xml")).expect("utf8");
             assert!(out.contains(r#"<Key>a&amp;b</Key><Size>3</Size><ETag>&quot;d41d8cd98f00b204e9800998ecf8427e&quot;</ETag><StorageClass>STANDARD</StorageClass></Contents>"#), "{out}");
             assert!(
                 out.contains(
@@ -271,6 +395,51 @@ mod listing {
                 ),
                 "{out}"
             );
+        }
+
+        #[test]
+        fn an_empty_delimiter_is_no_delimiter_and_encoding_is_checked() {
+            let (q, asked) = Asked::parse("list-type=2&delimiter=&max-keys=1000&prefix=d%2F").expect("valid");
+            assert_eq!(q, "list-type=2&max-keys=1000&prefix=d%2F");
+            assert_eq!(asked, Asked::default());
+            let (q, asked) = Asked::parse("delimiter&encoding-type=url&prefix=").expect("valid");
+            assert_eq!((q.as_str(), asked.encode), ("encoding-type=url&prefix=", true));
+            let (q, asked) = Asked::parse("delimiter=%2F%2A&encoding-type=").expect("valid");
+            assert_eq!((q.as_str(), asked.delimiter_tail.as_str(), asked.encode), ("delimiter=%2F%2A", "*", false));
+            assert_eq!(Asked::parse("").expect("valid"), (String::new(), Asked::default()));
+            assert!(Asked::parse("encoding-type=base64").is_err());
+            assert!(Asked::parse("delimiter=%C3%A9").is_err());
+            assert_eq!(Asked::parse("delimiter=-%C3%A9").expect("valid").1.delimiter_tail, "é");
+        }
+
+        #[test]
+        fn names_are_encoded_and_prefixes_end_with_the_whole_delimiter() {
+            let xml = br#"<ListBucketResult><Name>b k</Name><Prefix>d +/</Prefix><Delimiter>/*</Delimiter><Contents><Key>d +/a%b&amp;c</Key><Size>1</Size><ETag>"e"</ETag><StorageClass>STANDARD</StorageClass></Contents><CommonPrefixes><Prefix>d +/x/</Prefix></CommonPrefixes><EncodingType>url</EncodingType></ListBucketResult>"#;
+            let asked = Asked { encode: true, delimiter_tail: "*".to_owned(), marker: None };
+            let out = String::from_utf8(complete(xml, &HashMap::new(), &asked).expect("xml")).expect("utf8");
+            assert!(out.contains("<Name>b k</Name><Prefix>d%20%2B/</Prefix><Delimiter>/%2A</Delimiter>"), "{out}");
+            assert!(out.contains("<Key>d%20%2B/a%25b%26c</Key>"), "{out}");
+            assert!(out.contains("<CommonPrefixes><Prefix>d%20%2B/x/%2A</Prefix></CommonPrefixes>"), "{out}");
+            // Without encoding only the common prefixes change.
+            let plain = Asked { encode: false, delimiter_tail: "*".to_owned(), marker: None };
+            let out = String::from_utf8(complete(xml, &HashMap::new(), &plain).expect("xml")).expect("utf8");
+            assert!(out.contains("<Key>d +/a%b&amp;c</Key>") && out.contains("<Prefix>d +/x/*</Prefix>"), "{out}");
+        }
+
+        #[test]
+        fn a_v1_marker_is_echoed_once() {
+            let (_, asked) = Asked::parse("marker=d%2F2%20x&encoding-type=url").expect("valid");
+            assert_eq!(asked.marker.as_deref(), Some("d/2 x"));
+            assert_eq!(Asked::parse("list-type=2&marker=x").expect("valid").1.marker, None);
+            let xml = br#"<ListBucketResult><Name>b</Name><IsTruncated>false</IsTruncated></ListBucketResult>"#;
+            let out = String::from_utf8(complete(xml, &HashMap::new(), &asked).expect("xml")).expect("utf8");
+            assert!(
+                out.ends_with("<IsTruncated>false</IsTruncated><Marker>d/2%20x</Marker></ListBucketResult>"),
+                "{out}"
+            );
+            let echoed = br#"<ListBucketResult><Marker>d/2 x</Marker></ListBucketResult>"#;
+            let out = String::from_utf8(complete(echoed, &HashMap::new(), &asked).expect("xml")).expect("utf8");
+            assert_eq!(out.matches("<Marker>").count(), 1, "{out}");
         }
     }
 }
