@@ -67,11 +67,51 @@ def _where() -> tuple[int, int]:
     return 0, 1
 
 
-def _dist() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed when it is initialised, else (0, 1)."""
+def _dist() -> tuple[int, int] | None:
+    """(rank, world size) from torch.distributed when it is initialised in this process, else None.
+
+    A DataLoader worker started with `spawn` (or `forkserver`) has no process group even when its
+    parent has one: there this is None, and the datasets use what their parent saw (`_Ranked`)."""
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+    return None
+
+
+def _plain_state(self) -> dict:
+    """What a dataset pickles: its plain settings, never its process's client and threads."""
+    state = dict(self.__dict__)
+    state["_local"] = None
+    return state
+
+
+class _Ranked:
+    """Rank and world size resolved where they are true: given explicitly, or read from
+    `torch.distributed` in the process that builds the dataset or pickles it into its loader
+    workers (the trainer's process), and carried to the workers in the pickle. A worker never
+    reads them from its own, empty, process state (issue: every rank read the whole dataset)."""
+
+    def _init_ranks(self, rank: int | None, world_size: int | None) -> None:
+        self._rank, self._world = rank, world_size
+        #: (rank, world size) seen in torch.distributed by the building or pickling process.
+        self._dist_seen = _dist()
+
+    def _ranks_for_pickle(self, state: dict) -> dict:
+        """`state` with the ranks the pickling process sees (it is the trainer's, where
+        torch.distributed is initialised; the worker it is sent to is not)."""
+        seen = _dist()
+        if seen is not None:
+            state["_dist_seen"] = seen
+        return state
+
+    def rank_world(self) -> tuple[int, int]:
+        """(rank, world size): explicit, else torch.distributed here, else what the process that
+        built or pickled the dataset saw, else (0, 1)."""
+        r, w = _dist() or self._dist_seen or (0, 1)
+        rank = self._rank if self._rank is not None else r
+        world = self._world if self._world is not None else w
+        if not 0 <= rank < world:
+            raise ValueError("rank must be in [0, world_size)")
+        return rank, world
 
 
 @dataclass(frozen=True)
@@ -169,7 +209,7 @@ class _Buffer:
             yield self.items.pop()
 
 
-class ShardDataset(_IterBase):
+class ShardDataset(_IterBase, _Ranked):
     """An iterable dataset of pushdown features over WebDataset shards (module docs).
 
     - `source`: a `Client` or `Endpoint` (only its plain settings are kept).
@@ -183,7 +223,8 @@ class ShardDataset(_IterBase):
     - `shuffle` (shard order per epoch, seeded by `seed` and `set_epoch`), `shuffle_buffer`
       (samples; 0 keeps the order).
     - `counts` / `index`: sample counts per shard (module docs: equal batches per rank).
-    - `rank` / `world_size`: default from `torch.distributed`.
+    - `rank` / `world_size`: default from `torch.distributed` in the process that builds the
+      dataset or pickles it into its loader workers (`_Ranked`).
     - `drop_last`: equal per-rank sample counts by dropping (True) or padding (False); in
       pre-batched mode it also drops each worker's last partial batch.
     - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `train_secs_per_batch`,
@@ -202,7 +243,7 @@ class ShardDataset(_IterBase):
         self.keys = list(keys) if keys is not None else None
         self.batch_size, self.shuffle, self.seed, self.shuffle_buffer = batch_size, shuffle, seed, shuffle_buffer
         self.counts, self.index = (dict(counts) if counts is not None else None), index
-        self._rank, self._world = rank, world_size
+        self._init_ranks(rank, world_size)
         self.drop_last = drop_last
         self.prefetch, self.storage_batch = prefetch, storage_batch
         self.local_cache_bytes, self.suffix_threads = local_cache_bytes, suffix_threads
@@ -211,7 +252,10 @@ class ShardDataset(_IterBase):
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
         if self.tensors == "torch" and torch is None:
             raise ImportError("tensors='torch' needs torch installed")
-        self.epoch = 0
+        #: The epoch, shared with the loader workers: a shared-memory tensor with torch, so that
+        #: `set_epoch` reaches workers started once (`persistent_workers=True`), which keep the
+        #: copy of the dataset they were started with; a plain int without torch.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_() if torch is not None else 0
         #: Names this job's plan (split="auto"): one plan per job, whatever the workers' lifetimes.
         self.job = uuid.uuid4().hex
         self._resume: dict | None = None
@@ -221,9 +265,7 @@ class ShardDataset(_IterBase):
     # --- pickling: plain settings only ------------------------------------------------------
 
     def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_local"] = None
-        return state
+        return self._ranks_for_pickle(_plain_state(self))
 
     def _process(self):
         if self._local is None or self._local[0] != os.getpid():
@@ -236,19 +278,21 @@ class ShardDataset(_IterBase):
 
     # --- the epoch's work --------------------------------------------------------------------
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if torch is not None and isinstance(self._epoch, torch.Tensor):
+            self._epoch.fill_(int(value))
+        else:
+            self._epoch = int(value)
+
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its shard permutation and shuffle seed). Call it before each epoch,
-        on every rank, as with `DistributedSampler` (with `persistent_workers=True`, the workers
-        keep the epoch they were started with)."""
+        on every rank, as with `DistributedSampler`; it reaches persistent loader workers too."""
         self.epoch = epoch
-
-    def rank_world(self) -> tuple[int, int]:
-        r, w = _dist()
-        rank = self._rank if self._rank is not None else r
-        world = self._world if self._world is not None else w
-        if not 0 <= rank < world:
-            raise ValueError("rank must be in [0, world_size)")
-        return rank, world
 
     def _shards(self) -> tuple[list[str], dict[str, int] | None]:
         cache = self._process()[2]
@@ -365,20 +409,21 @@ class ShardDataset(_IterBase):
     # --- iterating ---------------------------------------------------------------------------
 
     def __iter__(self):
-        slices = self.slices()
+        epoch = self.epoch  # read once: the trainer may select the next one while this one drains
+        slices = self.slices(epoch)
         resume, self._resume = self._resume, None
-        if resume and resume["epoch"] != self.epoch:  # another epoch was selected since
+        if resume and resume["epoch"] != epoch:  # another epoch was selected since
             resume = None
         taken = resume["taken"] if resume else 0
         yielded = resume["yielded"] if resume else 0
         rank, _ = self.rank_world()
-        buf = _Buffer(self.shuffle_buffer, [self.seed, self.epoch, rank, _where()[0]]) if self.shuffle_buffer else None
+        buf = _Buffer(self.shuffle_buffer, [self.seed, epoch, rank, _where()[0]]) if self.shuffle_buffer else None
         if buf and resume:
             buf.rng.bit_generator.state = resume["rng"]
             buf.items = self._restore_buffer(slices, resume["buffer"])
 
         def save(done=False):
-            self._state = {"version": STATE_VERSION, "epoch": self.epoch, "taken": taken, "yielded": yielded,
+            self._state = {"version": STATE_VERSION, "epoch": epoch, "taken": taken, "yielded": yielded,
                            "done": done, "buffer": [list(ref) for ref, _ in buf.items] if buf else [],
                            "rng": buf.rng.bit_generator.state if buf else None}
 
@@ -457,7 +502,7 @@ class ObjectDataset(_MapBase):
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
         self._local = None
 
-    __getstate__ = ShardDataset.__getstate__
+    __getstate__ = _plain_state
     _process = ShardDataset._process
     client = ShardDataset.client
 
@@ -518,7 +563,7 @@ class MemberDataset(_MapBase):
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
         self._local = None
 
-    __getstate__ = ShardDataset.__getstate__
+    __getstate__ = _plain_state
     _process = ShardDataset._process
     client = ShardDataset.client
     _runner = ObjectDataset._runner

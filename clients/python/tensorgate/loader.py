@@ -29,8 +29,9 @@ class ShardLoader:
       (profile, then ask the gateway's planner; re-plan when the measured bandwidth moves by more
       than `replan_threshold`, or every `replan_every` shards). While it profiles, shard 0 is
       already requested at the split with the fewest bytes, so the storage node does not wait.
-    - `rank`/`world_size`: data-parallel sharding; inside a PyTorch DataLoader worker, shards are
-      further split across workers.
+    - `rank`/`world_size`: data-parallel sharding (default: from `torch.distributed` when it is
+      initialised where the loader is built, else 0 of 1); inside a PyTorch DataLoader worker,
+      shards are further split across workers.
     - `prefetch`: shards requested ahead of the one being consumed (in parallel, order kept).
     - `storage_batch`: asked of the gateway (`x-tensorgate-batch`); it may lower it.
     - `overlap=False` fetches each shard only when the previous one has been consumed (the
@@ -49,11 +50,18 @@ class ShardLoader:
     """
 
     def __init__(self, client, bucket: str, prefix: str, model: str, split: str, batch_size: int, *,
-                 rank: int = 0, world_size: int = 1, prefetch: int = 4, storage_batch: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, prefetch: int = 4, storage_batch: int | None = None,
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
                  history: int = HISTORY):
+        from .data import _dist
+
+        #: The ranks given (`torch()` passes these on, so its dataset resolves the rest itself).
+        self._given = (rank, world_size)
+        seen = _dist() or (0, 1)
+        rank = seen[0] if rank is None else rank
+        world_size = seen[1] if world_size is None else world_size
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         self.client, self.bucket, self.prefix, self.model = client, bucket, prefix, model
@@ -277,8 +285,8 @@ class ShardLoader:
         from .data import ShardDataset
 
         return ShardDataset(self.client, self.bucket, self.model, self.requested_split, prefix=self.prefix,
-                            keys=self.keys, batch_size=self.batch_size, rank=self.rank,
-                            world_size=self.world_size, drop_last=self.drop_last, prefetch=self.prefetch,
+                            keys=self.keys, batch_size=self.batch_size, rank=self._given[0],
+                            world_size=self._given[1], drop_last=self.drop_last, prefetch=self.prefetch,
                             storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
                             suffix_threads=self.suffix_threads)
 
