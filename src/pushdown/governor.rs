@@ -382,6 +382,21 @@ impl Drop for EngineHold {
     }
 }
 
+impl Held {
+    /// Gives back what this hold reserved beyond `bytes` (a source held at its bound while it was
+    /// read, now that its size is known).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes >= self.bytes {
+            return;
+        }
+        let g = &self.governor;
+        let mut s = g.lock();
+        s.held = s.held.saturating_sub(self.bytes - bytes);
+        self.bytes = bytes;
+        g.reallot(&mut s);
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let g = &self.governor;
@@ -526,5 +541,21 @@ mod tests {
         let (s, _out) = fixed.open("a", (60, 1000), Some(4), 10).await.expect("not enforced");
         let slots: Vec<Slot> = futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
         assert_eq!((slots.len(), fixed.reserved()), (4, 1240), "the comparison mode overshoots by design");
+    }
+
+    #[tokio::test]
+    async fn a_hold_shrunk_to_what_arrived_frees_the_rest_for_waiters() {
+        let g = governor(100, true, 5_000);
+        let mut bound = g.hold(90).await.expect("a source held at its bound");
+        let g2 = g.clone();
+        let waiter = tokio::spawn(async move { g2.hold(50).await.map(|h| (h, g2.reserved())) });
+        tokio::task::yield_now().await;
+        bound.shrink_to(20);
+        let (_other, reserved) = waiter.await.expect("joined").expect("the freed bytes admit the waiter");
+        assert_eq!(reserved, 70);
+        bound.shrink_to(40); // never grows
+        assert_eq!(g.reserved(), 70);
+        drop(bound);
+        assert_eq!(g.reserved(), 50);
     }
 }

@@ -159,13 +159,14 @@ impl Serving<'_> {
         }
         let limit = pd.max_object_bytes();
         // The object counts against the pushdown memory budget from now until the response is sent.
+        // A source without a length (a chunked answer from a store or a peer) is held at the most
+        // it may be (`max_object_bytes`) while it is read, then at what arrived.
         let declared = resp
             .headers()
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .unwrap_or(0)
-            .min(limit);
-        let object_hold = pd.governor().hold(declared).await?;
+            .map_or(limit, |n| n.min(limit));
+        let mut object_hold = pd.governor().hold(declared).await?;
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
         let source_last_modified =
             resp.headers().get(http::header::LAST_MODIFIED).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -182,6 +183,7 @@ impl Serving<'_> {
         };
         let fetch = fetch_start.elapsed();
         let source_bytes = object.len();
+        object_hold.shrink_to(source_bytes as u64);
         let mut out = pd.compute(&spec, object, tenant).await?;
         let mut reservation = std::mem::take(&mut out.reservation);
         reservation.push(object_hold);

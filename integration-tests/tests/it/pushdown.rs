@@ -349,3 +349,88 @@ async fn every_arena_mode_gives_the_same_bytes() {
         }
     }
 }
+
+/// A store that answers every request with `body` in chunked framing (no `Content-Length`), as a
+/// store or a cluster peer may; yields its endpoint.
+async fn chunked_store(body: Bytes) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let mut out = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nETag: \"chunked-1\"\r\n\
+                    Last-Modified: Thu, 03 Dec 2026 12:00:00 GMT\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                    .to_vec();
+                for part in body.chunks(1000) {
+                    out.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+                    out.extend_from_slice(part);
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\n\r\n");
+                let _ = conn.write_all(&out).await;
+            });
+        }
+    });
+    (endpoint, task)
+}
+
+#[tokio::test]
+async fn a_source_without_a_length_is_held_at_its_bound_while_read() {
+    // The budget cannot hold a source at the default bound (64 MiB): refused with the budget's
+    // error before any byte of it is read, and nothing stays reserved.
+    let (endpoint, store) = chunked_store(sample(7)).await;
+    let pushdown = |cfg: &mut Config, max_object_bytes: u64| {
+        cfg.pushdown.models_dir = repo_root().join("models");
+        cfg.pushdown.ort_library = Some(ort_library());
+        cfg.pushdown.memory_budget = 48 * 1024 * 1024;
+        cfg.pushdown.max_object_bytes = max_object_bytes;
+    };
+    let mut cfg = s3_config(&endpoint);
+    pushdown(&mut cfg, tensorgate::pushdown::DEFAULT_MAX_OBJECT_BYTES);
+    let server = Server::start(&cfg).await.expect("gateway");
+    let r = get(&server, &pushdown_path("a.npy", "pool"), &[]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("EntityTooLarge"), "{}", r.text());
+    assert_eq!(admin_json(&server, "/v1/memory").await["reserved_bytes"], 0);
+    server.shutdown().await;
+
+    // With a bound the budget holds, the same source is read, computed and answered as from a
+    // store that sends its length, and the hold returns once the answer is sent.
+    let mut cfg = s3_config(&endpoint);
+    pushdown(&mut cfg, 1024 * 1024);
+    let server = Server::start(&cfg).await.expect("gateway");
+    let chunked = get(&server, &pushdown_path("a.npy", "pool"), &[]).await;
+    assert_eq!(chunked.status, 200, "{}", chunked.text());
+    let (dir, with_length) = gateway(|_| {}).await;
+    put_file(&dir, "a.npy", &sample(7));
+    let want = get(&with_length, &pushdown_path("a.npy", "pool"), &[]).await;
+    assert_eq!(chunked.body, want.body);
+    // The request's holds ride its response body, released just after its last byte: wait for
+    // that state (bounded), then only the engine is reserved.
+    let mut memory = serde_json::Value::Null;
+    for _ in 0..200 {
+        memory = admin_json(&server, "/v1/memory").await;
+        let engines: u64 =
+            memory["engines"].as_array().map_or(0, |e| e.iter().filter_map(|e| e["reserved_bytes"].as_u64()).sum());
+        if memory["reserved_bytes"].as_u64() == Some(engines) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let engines: u64 =
+        memory["engines"].as_array().map_or(0, |e| e.iter().filter_map(|e| e["reserved_bytes"].as_u64()).sum());
+    assert!(engines > 0 && memory["reserved_bytes"].as_u64() == Some(engines), "{memory}");
+    with_length.shutdown().await;
+    server.shutdown().await;
+    store.abort();
+}
