@@ -8,7 +8,7 @@
 # The tiny CNN fixture is committed (models/fixtures/make_tiny_cnn.py regenerates it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pip ] || scripts/setup.sh >/dev/null
+.venv/bin/python -c "import onnx" 2>/dev/null || scripts/setup.sh >/dev/null  # a serve-only venv (scripts/run.sh) lacks onnx
 WHEELS=.tmp/wheels
 mkdir -p "$WHEELS"
 

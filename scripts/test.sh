@@ -11,7 +11,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
+# Per-phase wall times, printed as each phase ends and together at exit (CI's log shows where its
+# minutes go, failed runs included).
+timings=() current="" last=$(date +%s)
+phase() {
+  local now; now=$(date +%s)
+  if [ -n "$current" ]; then
+    timings+=("$(printf '%6d s  %s' $((now - last)) "$current")")
+    echo "   ($current: $((now - last)) s)"
+  fi
+  current=$1 last=$now
+  [ -z "$1" ] || echo "== $1"
+}
+
 cleanup() {
+  phase ""
+  printf '== phase times (scripts/test.sh)\n'; printf '%s\n' "${timings[@]}"
   for p in 18433 18533 18633; do SEAWEED_PORT=$p scripts/seaweedfs.sh stop >/dev/null 2>&1 || true; done
   RGW_PORT=19533 scripts/ceph-rgw.sh stop >/dev/null 2>&1 || true
   SWIFT_PORT=19633 scripts/swift.sh stop >/dev/null 2>&1 || true
@@ -21,25 +36,25 @@ trap cleanup EXIT
 # The edge tests hold 2,000 connections from both ends in one process.
 ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
-echo "== setup"
+phase "setup"
 scripts/setup.sh
 
-echo "== fmt, clippy"
+phase "fmt, clippy"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== config check"
+phase "config check"
 cargo run --quiet --locked -- check-config config/example.toml
 
-echo "== rust tests (unit + end-to-end against SeaweedFS)"
+phase "rust tests (unit + end-to-end against SeaweedFS)"
 if command -v cargo-nextest >/dev/null; then
   cargo nextest run --workspace --locked --no-fail-fast
 else
   cargo test --workspace --locked --no-fail-fast
 fi
 
-echo "== python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
+phase "python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
 cargo build --quiet --locked --bin tensorgate
 scripts/models.sh
 .venv/bin/python -m pytest -q tests/python
@@ -48,7 +63,7 @@ scripts/models.sh
 # (SeaweedFS accepts requests that RGW and AWS refuse). The suites above ran everything on
 # SeaweedFS; here the passthrough and auth end-to-end tests and the real-client tests run again.
 for store in ceph-rgw swift; do
-  echo "== store: $store (passthrough and auth end-to-end tests, real clients)"
+  phase "store: $store (passthrough and auth end-to-end tests, real clients)"
   case $store in
     ceph-rgw) RGW_PORT=19533 scripts/ceph-rgw.sh start ;;
     swift) SWIFT_PORT=19633 scripts/swift.sh start ;;
@@ -61,8 +76,8 @@ for store in ceph-rgw swift; do
   TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
 done
 
-echo "== store: fs (the embedded backend; real clients)"
+phase "store: fs (the embedded backend; real clients)"
 TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_clients.py
 
-echo "== fuzz smoke (AFL++ through cargo-afl; scripts/fuzz.sh)"
+phase "fuzz smoke (AFL++ through cargo-afl; scripts/fuzz.sh)"
 scripts/fuzz.sh smoke "${FUZZ_SECONDS:-12}"
