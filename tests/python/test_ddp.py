@@ -9,12 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 
 import numpy as np
 import pytest
 
 from conftest import ROOT, free_port, metric, run_gateway
+from test_pushdown import tar_of
 
 from tensorgate import Client
 from tensorgate.wds import write_index
@@ -34,14 +34,8 @@ def png(rng) -> bytes:
 
 
 def shard(samples: list[tuple[str, bytes, int]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for key, image, label in samples:
-            for name, data in ((f"{key}.png", image), (f"{key}.cls", str(label).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return tar_of([m for key, image, label in samples
+                   for m in ((f"{key}.png", image), (f"{key}.cls", str(label).encode()))])
 
 
 @pytest.fixture(scope="module")
