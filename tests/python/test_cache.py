@@ -137,15 +137,20 @@ def test_out_of_band_writes_are_caught_by_revalidation(seaweed, tmp_path):
         assert h["x-tensorgate-cache"] == "miss"
         assert metric(admin, 'tensorgate_cache_revalidations_total{outcome="changed"}') == 1
 
-    with run_gateway(tmp_path, "[pushdown.cache]\nrevalidate_after_ms = 1500\n", seaweed=seaweed) as (_, _, s3, _):
+    # A window no run of this test outlasts (10 minutes): within it, the documented staleness.
+    with run_gateway(tmp_path, "[pushdown.cache]\nrevalidate_after_ms = 600000\n", seaweed=seaweed) as (_, _, s3, _):
         get(s3, b, "x.npy")
         direct.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(3)))
         body, h = get(s3, b, "x.npy")
-        np.testing.assert_array_equal(features(body), ref(2))  # within the window: documented staleness
+        np.testing.assert_array_equal(features(body), ref(2))
         assert h["x-tensorgate-cache"] == "hit"
-        time.sleep(1.6)
+    # A window every run outlasts (1 ms, and 20 ms pass): past it, the store is asked again.
+    with run_gateway(tmp_path, "[pushdown.cache]\nrevalidate_after_ms = 1\n", seaweed=seaweed) as (_, _, s3, _):
+        get(s3, b, "x.npy")
+        direct.put_object(Bucket=b, Key="x.npy", Body=npy_bytes(sample(4)))
+        time.sleep(0.02)
         body, h = get(s3, b, "x.npy")
-        np.testing.assert_array_equal(features(body), ref(3))
+        np.testing.assert_array_equal(features(body), ref(4))
         assert h["x-tensorgate-cache"] == "miss"
 
 

@@ -128,7 +128,8 @@ def rss(pid: int, field: str) -> int:
 
 def test_a_64_client_burst_stays_within_the_budget(tmp_path):
     budget = 384 << 20
-    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_wait_ms = 60000\n" + NO_CACHE
+    # A wait bound no run reaches (10 minutes): every client must be served, however slow the machine.
+    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_wait_ms = 600000\n" + NO_CACHE
     with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
         rng = np.random.default_rng(2)
         shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(4)])
@@ -146,7 +147,7 @@ def test_a_64_client_burst_stays_within_the_budget(tmp_path):
         peak = rss(pid, "VmHWM:")
         statuses = [r.status for r in responses]
         assert all(s == 200 or (s == 503 and r.headers.get("retry-after")) for s, r in zip(statuses, responses)), statuses
-        assert statuses.count(200) == 64, statuses  # a 60 s bound: nobody should have to give up
+        assert statuses.count(200) == 64, statuses  # nobody had to give up
         with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
             report = json.load(resp)
         engine = report["engines"][0]

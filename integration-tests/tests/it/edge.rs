@@ -35,26 +35,21 @@ async fn heads_that_never_finish_are_closed_after_the_header_timeout_while_clien
         s.write_all(b"GET /bkt/x HTTP/1.1\r\nHost: 127.0.0.1\r\nx-amz-date: 2").await.expect("half a head");
         silent.push(s);
     }
-    let opened = Instant::now();
-    // A normal client is served throughout.
-    let mut served = 0;
-    while opened.elapsed() < Duration::from_secs(3) {
+    // A normal client is served while they are open.
+    for served in 0..20 {
         let key = format!("k{served}");
         c.put_object().bucket("bkt").key(&key).body(ByteStream::from_static(b"x")).send().await.expect("put");
         let got = c.get_object().bucket("bkt").key(&key).send().await.expect("get");
         assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), b"x");
-        served += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(served > 5, "served {served}");
-    // Every silent connection is closed by the gateway within the timeout (plus scheduling slack).
+    // Every silent connection is then closed by the gateway, for the header timeout (its metric);
+    // the 60 s bound on each read only keeps a broken gateway from hanging the test.
     let closed = futures_util::future::join_all(silent.into_iter().map(|mut s| async move {
         let mut buf = [0u8; 256];
-        matches!(tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+        matches!(tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
     }))
     .await;
     assert_eq!(closed.iter().filter(|c| **c).count(), 2000);
-    assert!(opened.elapsed() < Duration::from_secs(12), "closed after {:?}", opened.elapsed());
     assert!(metric(&server, "tensorgate_connections_closed_total{reason=\"header_timeout\"}").await >= 2000.0);
     server.shutdown().await;
 }
@@ -74,8 +69,10 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
     // Kept alive, then idle: closed by the gateway once the timer for the next head runs out.
     let idle = Instant::now();
     let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await.expect("closed").expect("read");
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut rest)).await.expect("closed").expect("read");
+    // Not before the timer ran out (a lower bound: a loaded machine only makes it later), and for it.
     assert!(idle.elapsed() >= Duration::from_millis(900), "closed after {:?}", idle.elapsed());
+    assert_eq!(metric(&server, "tensorgate_connections_closed_total{reason=\"header_timeout\"}").await, 1.0);
     server.shutdown().await;
 }
 
@@ -168,13 +165,11 @@ async fn a_body_that_stops_coming_gets_request_timeout() {
     let mut s = TcpStream::connect(server.s3_addr).await.expect("connect");
     s.write_all(head.as_bytes()).await.expect("head");
     s.write_all(&[1u8; 1000]).await.expect("some of the body");
-    let started = Instant::now();
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await.expect("answered");
+    let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut answer)).await.expect("answered");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}"); // the stall timeout's answer
     let missing = c.head_object().bucket("bkt").key("partial").send().await;
     assert!(missing.is_err(), "a cut upload stores nothing");
     server.shutdown().await;
@@ -204,7 +199,6 @@ async fn a_silent_store_costs_a_request_its_deadline_and_a_full_backend_sheds_at
     cfg.backend.permit_timeout_ms = 300;
     let server = Server::start(&cfg).await.expect("gateway");
     let h = host(&server);
-    let started = Instant::now();
     let (first, second) = tokio::join!(signed_get(server.s3_addr, &h, "/bkt/a"), async {
         // The first request holds the one backend slot while the store stays silent.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -215,7 +209,6 @@ async fn a_silent_store_costs_a_request_its_deadline_and_a_full_backend_sheds_at
     assert!(first.text().contains("request_timeout_secs"), "{}", first.text());
     assert_eq!(second.status, 503, "{}", second.text());
     assert!(second.text().contains("<Code>SlowDown</Code>"), "{}", second.text());
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(metric(&server, "tensorgate_request_timeouts_total").await >= 1.0);
     server.shutdown().await;
 }
