@@ -24,7 +24,7 @@ use crate::backend::s3::{S3Backend, S3BackendConfig};
 use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
 use crate::cluster::{Cluster, Member};
 use crate::metrics::Metrics;
-use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec};
+use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec, remove_trigger_headers, without_trigger_params};
 use crate::s3::credentials::SecretKey;
 use crate::s3::route::S3Op;
 use crate::s3::route::Target;
@@ -108,7 +108,7 @@ impl Routing {
             op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
             method: parts.method.clone(),
             target: Target { bucket: Some(bucket.to_owned()), key: Some(key.to_owned()), virtual_host: false },
-            query: forwarded_query(parts.uri.query()).and_then(|q| without_pushdown_params(&q)),
+            query: forwarded_query(parts.uri.query()).and_then(|q| without_trigger_params(&q)),
             headers: hop_headers(&parts.headers, spec, tenant),
             body: Body::empty(),
             payload: ForwardPayload::Empty,
@@ -167,10 +167,7 @@ impl Routing {
 /// The client's conditional and range headers, the resolved pushdown fields, and the tenant.
 fn hop_headers(client: &HeaderMap, spec: &PushdownSpec, tenant: &str) -> HeaderMap {
     let mut h = forwarded_headers(client);
-    let stale: Vec<HeaderName> = h.keys().filter(|n| n.as_str().starts_with(HEADER_PREFIX)).cloned().collect();
-    for n in stale {
-        h.remove(n);
-    }
+    remove_trigger_headers(&mut h);
     h.remove(&PEER_TENANT);
     for (k, v) in spec.fields() {
         if let (Ok(name), Ok(value)) = (format!("{HEADER_PREFIX}{k}").parse::<HeaderName>(), HeaderValue::from_str(&v))
@@ -182,17 +179,4 @@ fn hop_headers(client: &HeaderMap, spec: &PushdownSpec, tenant: &str) -> HeaderM
         h.insert(PEER_TENANT, v);
     }
     h
-}
-
-/// A forwarded query without its `tensorgate-*` trigger parameters (the hop carries them as
-/// headers).
-fn without_pushdown_params(q: &str) -> Option<String> {
-    let kept: Vec<&str> = q
-        .split('&')
-        .filter(|p| {
-            !crate::s3::sigv4::uri_decode(p.split('=').next().unwrap_or_default())
-                .starts_with(crate::pushdown::spec::QUERY_PREFIX)
-        })
-        .collect();
-    (!kept.is_empty()).then(|| kept.join("&"))
 }

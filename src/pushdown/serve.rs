@@ -77,14 +77,12 @@ impl Serving<'_> {
         pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let (model, split) = pd.resolve(&spec)?;
         let mut headers = crate::backend::forwarded_headers(&parts.headers);
-        let names: Vec<http::HeaderName> = headers.keys().filter(|k| is_output_scoped(k.as_str())).cloned().collect();
-        for name in names {
+        pushdown_spec::remove_trigger_headers(&mut headers);
+        for name in OUTPUT_SCOPED {
             headers.remove(name);
         }
-        let query = crate::backend::forwarded_query(parts.uri.query()).and_then(|q| {
-            let kept: Vec<&str> = q.split('&').filter(|p| !p.starts_with(pushdown_spec::QUERY_PREFIX)).collect();
-            (!kept.is_empty()).then(|| kept.join("&"))
-        });
+        let query =
+            crate::backend::forwarded_query(parts.uri.query()).and_then(|q| pushdown_spec::without_trigger_params(&q));
         let key = CacheKey {
             object: ObjectId {
                 bucket: target.bucket.clone().unwrap_or_default(),
@@ -324,11 +322,15 @@ fn none_match(headers: &HeaderMap, etag: &str) -> bool {
         .any(|t| t.trim() == "*" || bare(t) == bare(etag))
 }
 
-/// Headers that apply to the pushdown output, not to the source object: not forwarded.
-fn is_output_scoped(name: &str) -> bool {
-    name.starts_with(pushdown_spec::HEADER_PREFIX)
-        || matches!(name, "range" | "if-match" | "if-none-match" | "if-modified-since" | "if-unmodified-since")
-}
+/// Headers beside the triggers that apply to the pushdown output, not to the source object: not
+/// forwarded.
+const OUTPUT_SCOPED: [http::HeaderName; 5] = [
+    http::header::RANGE,
+    http::header::IF_MATCH,
+    http::header::IF_NONE_MATCH,
+    http::header::IF_MODIFIED_SINCE,
+    http::header::IF_UNMODIFIED_SINCE,
+];
 
 /// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
 fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {

@@ -61,6 +61,29 @@ pub struct PushdownSpec {
     pub batch: Option<usize>,
 }
 
+/// `query` without its trigger parameters, their names read as [`parse`] reads them (percent-
+/// decoded); `None` when nothing is left. What a pushdown forwards to the store or a peer.
+#[must_use]
+pub fn without_trigger_params(query: &str) -> Option<String> {
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            !p.is_empty()
+                && !crate::s3::sigv4::uri_decode(p.split('=').next().unwrap_or_default()).starts_with(QUERY_PREFIX)
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
+}
+
+/// Removes the trigger headers (`x-tensorgate-*`), which name the output, not the source object.
+pub fn remove_trigger_headers(headers: &mut HeaderMap) {
+    let names: Vec<http::HeaderName> =
+        headers.keys().filter(|n| n.as_str().starts_with(HEADER_PREFIX)).cloned().collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
 /// Reads the spec from headers, then query parameters (a field may come from either, not both).
 /// `Ok(None)`: not a pushdown request.
 ///
@@ -177,6 +200,17 @@ mod tests {
             parse(&h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-batch", "256")]), None);
         assert_eq!(b.expect("ok").expect("spec").batch, Some(256));
         assert_eq!(parse(&HeaderMap::new(), Some("list-type=2")).expect("ok"), None);
+    }
+
+    #[test]
+    fn triggers_are_removed_by_their_decoded_names() {
+        let q = "tensorgate-model=m&versionId=1&tensorgate%2Dsplit=s&tensorgate%2dformat=tar&&partNumber=2";
+        assert!(parse(&HeaderMap::new(), Some(q)).expect("parsed").is_some());
+        assert_eq!(without_trigger_params(q).as_deref(), Some("versionId=1&partNumber=2"));
+        assert_eq!(without_trigger_params("tensorgate-model=m&tensorgate-split=s"), None);
+        let mut headers = h(&[("x-tensorgate-model", "m"), ("x-amz-date", "d"), ("X-Tensorgate-Split", "s")]);
+        remove_trigger_headers(&mut headers);
+        assert_eq!(headers.keys().map(http::HeaderName::as_str).collect::<Vec<_>>(), ["x-amz-date"]);
     }
 
     #[test]
