@@ -109,6 +109,16 @@ def route_seeds() -> None:
     write("route", "tagging", b"127.0.0.1\n/b/k\ntagging&versionId=2\nDELETE\n")
 
 
+def fs_listing_seeds() -> None:
+    listing = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name><Prefix>d/</Prefix>'
+               b'<Delimiter>/*</Delimiter><Contents><Key>d/a b+c%&amp;\xc3\xa9</Key><Size>3</Size></Contents>'
+               b'<CommonPrefixes><Prefix>d/x/</Prefix></CommonPrefixes><EncodingType>url</EncodingType>'
+               b'<IsTruncated>false</IsTruncated></ListBucketResult>')
+    write("fs_listing", "v2-encoded", b"list-type=2&delimiter=%2F%2A&encoding-type=url&prefix=d%2F\n" + listing)
+    write("fs_listing", "crt-empty-delimiter", b"list-type=2&delimiter=&max-keys=1000&prefix=d%2F\n" + listing)
+    write("fs_listing", "v1-marker", b"marker=d%2F2%20x&encoding-type=url\n" + listing)
+
+
 def spec_seeds() -> None:
     write("spec", "headers", request("GET", "/b/k", {"x-tensorgate-model": "tiny-cnn", "x-tensorgate-split": "pool",
                                                       "x-tensorgate-format": "safetensors", "x-tensorgate-dtype": "bf16"}))
@@ -220,7 +230,7 @@ def post_form_seeds() -> None:
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
     for make in [sigv4_seeds, chunked_seeds, route_seeds, spec_seeds, image_seeds, shard_seeds, npy_seeds,
-                 disk_entry_seeds, prefix_seeds, post_form_seeds]:
+                 disk_entry_seeds, prefix_seeds, post_form_seeds, fs_listing_seeds]:
         make()
     for d in sorted(OUT.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds, {sum(f.stat().st_size for f in d.iterdir())} bytes")

@@ -209,7 +209,7 @@ const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
 /// spaces came back wrong); a v1 `marker` is not echoed; entries lack `ETag` and `StorageClass`.
 /// Not answered as S3 does: `fetch-owner=true` (a directory has no owners, so entries carry no
 /// `Owner`), and delimiters that start with a non-ASCII character (refused, `400`).
-mod listing {
+pub mod listing {
     use std::collections::HashMap;
 
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
