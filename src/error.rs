@@ -152,7 +152,9 @@ impl GatewayError {
                 | PushdownError::UnknownModel { .. }
                 | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
-                PushdownError::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
+                PushdownError::Overloaded | PushdownError::TooManyPlans { .. } => {
+                    S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg)
+                }
                 PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
                 PushdownError::BudgetBusy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
                 PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } => {

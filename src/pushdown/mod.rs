@@ -66,6 +66,9 @@ pub enum PushdownError {
     /// evicted after `pushdown.engine_idle_secs`, so a retry can succeed.
     #[error("needs {needed} bytes of pushdown.memory_budget, {free} are free beside the running engines; retry later")]
     BudgetBusy { needed: u64, free: u64 },
+    /// The plans table is full (`planning::MAX_PLANS`): a new (tenant, model) cannot be planned.
+    #[error("the gateway holds its most plans ({max}); a new tenant or model cannot be planned now")]
+    TooManyPlans { max: usize },
     #[error("cannot use the object as model input: {0}")]
     BadInput(String),
     #[error("unsupported pushdown input: {0}")]

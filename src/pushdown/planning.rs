@@ -12,6 +12,15 @@ pub const INPUT: &str = "input";
 /// Samples per timing run when measuring a split (after one warm-up run of the same size).
 const MEASURE_BATCH: usize = 4;
 
+/// Most (tenant, model) plans kept, and so most tenant labels of `tensorgate_pushdown_plans_total`:
+/// the plan API names its tenant itself, so without a bound any caller could grow the table and
+/// the metric without end. Far above what a node serves (tenants x models); a new key past it is
+/// refused (`503`), existing tenants re-plan as before.
+pub const MAX_PLANS: usize = 4096;
+
+/// Longest tenant name a plan is kept under: AWS access key ids are at most 128 characters.
+pub const MAX_TENANT_BYTES: usize = 128;
+
 /// A split's measured prefix cost.
 #[derive(Debug, Clone)]
 pub struct SplitCost {
@@ -119,9 +128,22 @@ impl Pushdown {
         let storage = self.storage_profile(model, tenant).await?;
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
-        let key = (tenant.unwrap_or_default().to_owned(), model.to_owned());
-        self.cfg.metrics.plans.get_or_create(&crate::metrics::TenantLabel { tenant: key.0.clone() }).inc();
-        self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, plan.clone());
+        let tenant = tenant.unwrap_or_default();
+        if tenant.len() > MAX_TENANT_BYTES {
+            return Err(PushdownError::InvalidArgument {
+                field: "tenant".into(),
+                message: format!("is longer than {MAX_TENANT_BYTES} bytes"),
+            });
+        }
+        let key = (tenant.to_owned(), model.to_owned());
+        {
+            let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !plans.contains_key(&key) && plans.len() >= MAX_PLANS {
+                return Err(PushdownError::TooManyPlans { max: MAX_PLANS });
+            }
+            plans.insert(key.clone(), plan.clone());
+        }
+        self.cfg.metrics.plans.get_or_create(&crate::metrics::TenantLabel { tenant: key.0 }).inc();
         Ok((plan, storage))
     }
 

@@ -234,12 +234,7 @@ async fn split_auto_follows_each_tenants_own_plan() {
     // No plan yet: the manifest's freeze split.
     assert_eq!(header(&get(&server, &auto, &[]).await, "x-tensorgate-split"), "block2");
     // Another tenant plans for a network so fast that nothing is pushed down.
-    let fast: tensorgate::planner::ClientProfile = serde_json::from_value(serde_json::json!({
-        "batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
-        "bandwidth_bytes_per_sec": 1e12,
-        "compute_secs_per_sample": {"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9},
-    }))
-    .expect("profile");
+    let fast = fast_network();
     let pd = server.gateway.pushdown().expect("pushdown").clone();
     let (plan, _) = pd.plan(MODEL, &fast, Some("other-tenant")).await.expect("plan");
     assert_eq!(plan.chosen, "none");
@@ -250,6 +245,37 @@ async fn split_auto_follows_each_tenants_own_plan() {
     let raw_bytes = get(&server, &auto, &[]).await;
     assert_eq!(raw_bytes.status, 200);
     assert_eq!(raw_bytes.body, sample(7));
+    server.shutdown().await;
+}
+
+/// A client profile on a network so fast that the planner pushes nothing down.
+fn fast_network() -> tensorgate::planner::ClientProfile {
+    serde_json::from_value(serde_json::json!({
+        "batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
+        "bandwidth_bytes_per_sec": 1e12,
+        "compute_secs_per_sample": {"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9},
+    }))
+    .expect("profile")
+}
+
+#[tokio::test]
+async fn the_plans_table_and_its_tenant_names_are_bounded() {
+    use tensorgate::pushdown::PushdownError;
+    use tensorgate::pushdown::planning::{MAX_PLANS, MAX_TENANT_BYTES};
+    let (_dir, server) = gateway(|_| {}).await;
+    let pd = server.gateway.pushdown().expect("pushdown").clone();
+    let fast = fast_network();
+    for t in 0..MAX_PLANS {
+        pd.plan(MODEL, &fast, Some(&format!("tenant-{t}"))).await.expect("room for it");
+    }
+    let full = pd.plan(MODEL, &fast, Some("one-more")).await;
+    assert!(matches!(full, Err(PushdownError::TooManyPlans { .. })), "{full:?}");
+    pd.plan(MODEL, &fast, Some("tenant-0")).await.expect("a tenant with a plan re-plans");
+    let long = pd.plan(MODEL, &fast, Some(&"k".repeat(MAX_TENANT_BYTES + 1))).await;
+    assert!(matches!(long, Err(PushdownError::InvalidArgument { .. })), "{long:?}");
+    let text = http_get(&format!("http://{}/metrics", server.admin_addr)).await;
+    let labels = text.lines().filter(|l| l.starts_with("tensorgate_pushdown_plans_total{")).count();
+    assert_eq!(labels, MAX_PLANS, "one metric label per kept plan's tenant");
     server.shutdown().await;
 }
 
