@@ -57,11 +57,12 @@ def manifest(model):
     return tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
 
 
-def jpegs():
+def jpegs(n=N_IMAGES, first_seed=1000):
+    """`n` synthetic 500x375 photos as JPEGs (quality 92), seeded from `first_seed` on."""
     out = []
-    for i in range(N_IMAGES):
+    for i in range(n):
         buf = io.BytesIO()
-        synthetic_photo(500, 375, seed=1000 + i).save(buf, format="JPEG", quality=92)
+        synthetic_photo(500, 375, seed=first_seed + i).save(buf, format="JPEG", quality=92)
         out.append(buf.getvalue())
     return out
 

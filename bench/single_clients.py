@@ -17,11 +17,9 @@ Run: .venv/bin/python bench/single_clients.py   (after scripts/setup.sh, scripts
 """
 
 import concurrent.futures as cf
-import io
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -35,7 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from conftest import free_port, ort_library, wait_ready  # noqa: E402
 from pinning import GATEWAY_CPUS, cpu_seconds, describe, pin_gateway, pin_rest  # noqa: E402
-from test_pushdown import synthetic_photo  # noqa: E402
+from pushdown import jpegs  # noqa: E402
+from test_pushdown import tar_of  # noqa: E402
 
 BINARY = Path(os.environ.get("TENSORGATE_BIN", ROOT / "target/release/tensorgate"))
 CLIENTS = int(os.environ.get("CLIENTS", "16"))
@@ -43,25 +42,6 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 N, SHARD = 64, 16
 MODELS = {"resnet18": "pool", "pp-lcnet": "pool", "resnet50-thin": "pool"}
 MODELS = {m: s for m, s in MODELS.items() if m in os.environ.get("BENCH_MODELS", ",".join(MODELS)).split(",")}
-
-
-def jpegs() -> list[bytes]:
-    out = []
-    for i in range(N):
-        buf = io.BytesIO()
-        synthetic_photo(500, 375, seed=3000 + i).save(buf, format="JPEG", quality=92)
-        out.append(buf.getvalue())
-    return out
-
-
-def shard(images: list[tuple[str, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for key, data in images:
-            info = tarfile.TarInfo(f"{key}.jpg")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def batch_stats(admin: str) -> tuple[float, float]:
@@ -74,7 +54,7 @@ def batch_stats(admin: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    images = jpegs()
+    images = jpegs(N, first_seed=3000)
     tmp = Path(tempfile.mkdtemp())
     port, admin_port = free_port(), free_port()
     admin = f"http://127.0.0.1:{admin_port}"
@@ -97,8 +77,8 @@ def main() -> None:
         for i, data in enumerate(images):
             s3.put_object(Bucket="bench", Key=f"img/{i}.jpg", Body=data)
         for s in range(N // SHARD):
-            members = [(f"{i:04d}", images[i]) for i in range(s * SHARD, (s + 1) * SHARD)]
-            s3.put_object(Bucket="bench", Key=f"shard/{s}.tar", Body=shard(members))
+            members = [(f"{i:04d}.jpg", images[i]) for i in range(s * SHARD, (s + 1) * SHARD)]
+            s3.put_object(Bucket="bench", Key=f"shard/{s}.tar", Body=tar_of(members))
 
         def url(key: str, model: str, split: str) -> str:
             return (s3.generate_presigned_url("get_object", Params={"Bucket": "bench", "Key": key}, ExpiresIn=3600)
