@@ -308,20 +308,18 @@ pub mod listing {
                         _ => {}
                     }
                 }
-                Event::Text(t) => {
+                Event::Text(t) if Name::of(&path) != Name::Other => {
                     let name = Name::of(&path);
+                    let mut text = t.unescape()?.into_owned();
+                    if name == Name::CommonPrefix {
+                        text.push_str(&asked.delimiter_tail);
+                    }
+                    writer.write_event(Event::Text(BytesText::new(&asked.name(&text))))?;
                     if name == Name::Key {
-                        key = t.unescape()?.into_owned();
+                        key = text;
                     }
-                    if name != Name::Other {
-                        let mut text = t.unescape()?.into_owned();
-                        if name == Name::CommonPrefix {
-                            text.push_str(&asked.delimiter_tail);
-                        }
-                        writer.write_event(Event::Text(BytesText::new(&asked.name(&text))))?;
-                        buf.clear();
-                        continue;
-                    }
+                    buf.clear();
+                    continue;
                 }
                 Event::End(e) => {
                     path.pop();
