@@ -3,7 +3,11 @@
 #   scripts/seaweedfs.sh start   # prints the endpoint; data under .tmp/seaweedfs
 #   scripts/seaweedfs.sh stop
 # Env: SEAWEED_PORT (S3 port, default 18333; it also uses the next 4 ports and port+10000..+10004),
-#      SEAWEED_ACCESS_KEY / SEAWEED_SECRET_KEY (default seaweed-ak / seaweed-sk),
+#      SEAWEED_ACCESS_KEY / SEAWEED_SECRET_KEY (default seaweed-ak / seaweed-sk): identity
+#        "tensorgate", Admin of every bucket;
+#      SEAWEED_ALT_ACCESS_KEY / SEAWEED_ALT_SECRET_KEY (default seaweed-alt-ak / seaweed-alt-sk):
+#        identity "alt", a second user confined to buckets named alt-* (it sees none of the
+#        first user's buckets: the multi-user tests and s3-tests' alt user),
 #      SEAWEED_KEEP=1 (start on the data of the last run instead of wiping it: a restart after a
 #        crash, as bench/soak.py does).
 set -euo pipefail
@@ -11,6 +15,8 @@ cd "$(dirname "$0")/.."
 PORT=${SEAWEED_PORT:-18333}
 AK=${SEAWEED_ACCESS_KEY:-seaweed-ak}
 SK=${SEAWEED_SECRET_KEY:-seaweed-sk}
+ALT_AK=${SEAWEED_ALT_ACCESS_KEY:-seaweed-alt-ak}
+ALT_SK=${SEAWEED_ALT_SECRET_KEY:-seaweed-alt-sk}
 DIR=.tmp/seaweedfs-$PORT
 WEED=.venv/bin/weed
 mkdir -p .tmp
@@ -27,7 +33,9 @@ case "${1:-start}" in
     mkdir -p "$DIR/data"
     cat > "$DIR/s3.json" <<JSON
 {"identities":[{"name":"tensorgate","credentials":[{"accessKey":"$AK","secretKey":"$SK"}],
- "actions":["Admin","Read","List","Tagging","Write"]}]}
+ "actions":["Admin","Read","List","Tagging","Write"]},
+ {"name":"alt","credentials":[{"accessKey":"$ALT_AK","secretKey":"$ALT_SK"}],
+ "actions":["Admin:alt-*","Read:alt-*","List:alt-*","Tagging:alt-*","Write:alt-*"]}]}
 JSON
     nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
       -s3.config="$DIR/s3.json" -s3.port="$PORT" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \

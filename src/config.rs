@@ -217,6 +217,23 @@ pub struct CredentialConfig {
     pub secret_key_file: Option<PathBuf>,
 }
 
+/// Who authenticates clients (`backend.identity`; ADR 0013).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityMode {
+    /// Transparent for an `s3` backend configured without a store key and without client
+    /// credentials (the store has its own users and the gateway holds nobody's secret);
+    /// terminating otherwise.
+    #[default]
+    Auto,
+    /// The store authenticates and authorises every request: each is forwarded as the client
+    /// signed it, and pushdowns read their source with the caller's own request.
+    Transparent,
+    /// The gateway authenticates clients (`[[credentials]]`) and signs store requests with the
+    /// store's key (`backend.access_key`).
+    Terminating,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -229,6 +246,8 @@ pub enum BackendKind {
 #[serde(deny_unknown_fields, default)]
 pub struct BackendConfig {
     pub kind: BackendKind,
+    /// Who authenticates clients: see [`IdentityMode`].
+    pub identity: IdentityMode,
     pub root: PathBuf,
     pub endpoint: Option<String>,
     pub region: String,
@@ -254,6 +273,7 @@ impl Default for BackendConfig {
         let retry = RetryPolicy::default();
         Self {
             kind: BackendKind::Fs,
+            identity: IdentityMode::Auto,
             root: PathBuf::from("tensorgate-data"),
             endpoint: None,
             region: "us-east-1".into(),
@@ -545,6 +565,9 @@ pub struct Overrides {
     /// Backend kind.
     #[arg(long, env = "TENSORGATE_BACKEND")]
     pub backend: Option<BackendKind>,
+    /// Who authenticates clients: auto, transparent (the store) or terminating (the gateway).
+    #[arg(long, env = "TENSORGATE_BACKEND_IDENTITY")]
+    pub backend_identity: Option<IdentityMode>,
     /// Directory served by the fs backend.
     #[arg(long, env = "TENSORGATE_BACKEND_ROOT")]
     pub backend_root: Option<PathBuf>,
@@ -625,6 +648,7 @@ impl Config {
         set(&mut self.admin_listen, &o.admin_listen);
         set(&mut self.allow_anonymous, &o.allow_anonymous);
         set(&mut self.backend.kind, &o.backend);
+        set(&mut self.backend.identity, &o.backend_identity);
         set(&mut self.backend.root, &o.backend_root);
         set(&mut self.backend.region, &o.backend_region);
         set(&mut self.backend.trailing_checksums, &o.backend_trailing_checksums);
@@ -771,10 +795,59 @@ impl Config {
             if uri.authority().is_none() {
                 return Err(invalid("backend.endpoint", "missing host"));
             }
-            if b.access_key.as_deref().is_none_or(str::is_empty) {
-                return Err(invalid("backend.access_key", "required for the s3 backend"));
+            if self.transparent() {
+                self.validate_transparent(&uri)?;
+            } else if b.access_key.as_deref().is_none_or(str::is_empty) {
+                return Err(invalid(
+                    "backend.access_key",
+                    "required for the s3 backend in terminating identity mode (backend.identity)",
+                ));
             }
-            read_secret(b.secret_key.as_ref(), b.secret_key_file.as_deref(), "backend.secret_key")?;
+            if b.access_key.is_some() {
+                read_secret(b.secret_key.as_ref(), b.secret_key_file.as_deref(), "backend.secret_key")?;
+            }
+        } else if b.identity == IdentityMode::Transparent {
+            return Err(invalid("backend.identity", "transparent needs the s3 backend (a store with its own users)"));
+        }
+        Ok(())
+    }
+
+    /// Whether the store, not the gateway, authenticates clients (`backend.identity`, resolved).
+    #[must_use]
+    pub fn transparent(&self) -> bool {
+        self.backend.kind == BackendKind::S3
+            && match self.backend.identity {
+                IdentityMode::Transparent => true,
+                IdentityMode::Terminating => false,
+                IdentityMode::Auto => self.backend.access_key.is_none() && self.credentials.is_empty(),
+            }
+    }
+
+    /// What transparent mode cannot combine with (each named, with the reason).
+    fn validate_transparent(&self, endpoint: &http::Uri) -> Result<(), ConfigError> {
+        if !self.credentials.is_empty() {
+            return Err(invalid(
+                "credentials",
+                "transparent identity mode holds no client secrets: the store authenticates (remove [[credentials]] or set backend.identity = \"terminating\")",
+            ));
+        }
+        if endpoint.path() != "/" && !endpoint.path().is_empty() {
+            return Err(invalid(
+                "backend.endpoint",
+                "a path prefix would change the request target the client signed (transparent identity mode)",
+            ));
+        }
+        if !self.pushdown.aliases.is_empty() {
+            return Err(invalid(
+                "pushdown.aliases",
+                "an alias bucket is not a bucket of the store, so a request signed for it cannot be forwarded as signed (transparent identity mode)",
+            ));
+        }
+        if self.cluster.is_some() {
+            return Err(invalid(
+                "cluster",
+                "routing pushdowns between members in transparent identity mode is not built yet (docs/adr/0013)",
+            ));
         }
         Ok(())
     }
@@ -786,6 +859,10 @@ impl Config {
     /// A credential without a readable secret, or no way to authenticate on a non-loopback address.
     pub fn credential_store(&self) -> Result<CredentialStore, ConfigError> {
         let mut store = CredentialStore::default();
+        if self.transparent() {
+            // The store authenticates: the gateway holds no client secret, no development key.
+            return Ok(store);
+        }
         for c in &self.credentials {
             if c.access_key.is_empty() {
                 return Err(invalid("credentials.access_key", "must not be empty"));
@@ -822,12 +899,22 @@ impl Config {
         }
     }
 
-    /// The backend secret (validated before).
+    /// The store's key, when one is configured (validated before).
     ///
     /// # Errors
     /// Missing or unreadable secret.
-    pub fn backend_secret(&self) -> Result<SecretKey, ConfigError> {
-        read_secret(self.backend.secret_key.as_ref(), self.backend.secret_key_file.as_deref(), "backend.secret_key")
+    pub fn backend_key(&self) -> Result<Option<(String, SecretKey)>, ConfigError> {
+        match &self.backend.access_key {
+            Some(k) if !k.is_empty() => {
+                let secret = read_secret(
+                    self.backend.secret_key.as_ref(),
+                    self.backend.secret_key_file.as_deref(),
+                    "backend.secret_key",
+                )?;
+                Ok(Some((k.clone(), secret)))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The backend retry policy.

@@ -141,7 +141,7 @@ impl GatewayError {
                 BackendError::UnsignableHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 BackendError::UnsafeKey => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
                 BackendError::AnonymousWrite => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
-                BackendError::Internal(_) => S3ErrorSpec::new(
+                BackendError::Internal(_) | BackendError::NoStoreKey => S3ErrorSpec::new(
                     S::INTERNAL_SERVER_ERROR,
                     "InternalError",
                     "we encountered an internal error; please try again",
@@ -157,7 +157,7 @@ impl GatewayError {
                 }
                 PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
                 PushdownError::BudgetBusy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
-                PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } => {
+                PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } | PushdownError::WholeReadFirst => {
                     S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
                 }
                 PushdownError::Unsupported(_) => S3ErrorSpec::new(S::UNSUPPORTED_MEDIA_TYPE, "InvalidRequest", msg),

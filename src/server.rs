@@ -80,8 +80,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                     S3BackendConfig {
                         endpoint,
                         region: b.region.clone(),
-                        access_key: b.access_key.clone().unwrap_or_default(),
-                        secret_key: config.backend_secret()?,
+                        key: config.backend_key()?,
                         connect_timeout: Duration::from_millis(b.connect_timeout_ms),
                         response_timeout: Duration::from_secs(b.response_timeout_secs),
                         max_concurrency: b.max_concurrency,
@@ -119,6 +118,7 @@ impl Server {
             max_in_flight: config.max_in_flight,
             stall_timeout: Duration::from_secs(config.edge.stall_timeout_secs),
             request_timeout: Duration::from_secs(config.edge.request_timeout_secs),
+            transparent: config.transparent(),
             aliases: config
                 .pushdown
                 .aliases

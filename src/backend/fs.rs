@@ -80,7 +80,7 @@ impl FsBackend {
             ));
         }
         // A local directory has no ACLs: anonymous requests (allow_anonymous) may read only.
-        if req.anonymous && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
+        if req.authority.store_decides() && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
             return Err(BackendError::AnonymousWrite);
         }
         // A listing is asked of s3s-fs in the form it understands, and its answer put in the form

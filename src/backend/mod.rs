@@ -11,6 +11,7 @@ pub mod s3;
 use http::{HeaderMap, Method, Response};
 
 use crate::body::{Body, BodyError, find_body_error};
+use crate::s3::authority::Authority;
 use crate::s3::headers::{CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::{uri_decode, uri_encode};
@@ -27,9 +28,10 @@ pub struct ForwardRequest {
     pub headers: HeaderMap,
     pub body: Body,
     pub payload: ForwardPayload,
-    /// An anonymous request (`allow_anonymous`): forwarded unsigned, so the store's own ACLs and
-    /// policies decide. The store's key never signs a request nobody authenticated.
-    pub anonymous: bool,
+    /// What the request carries to the store: the store's key only for a caller the gateway
+    /// authenticated; unsigned for an anonymous one; the caller's own signature in transparent
+    /// mode (`crate::s3::authority`).
+    pub authority: Authority,
     /// The client sent `Expect: 100-continue`: the store is asked the same, and the body is held
     /// until it answers `100 Continue` (so a store that refuses the request answers before the
     /// client sends its body, as it would without the gateway).
@@ -73,6 +75,8 @@ pub enum BackendError {
     UnsafeKey,
     #[error("the fs backend serves anonymous requests read-only")]
     AnonymousWrite,
+    #[error("a request the gateway authenticated needs the store's key, and none is configured")]
+    NoStoreKey,
     #[error("internal backend error")]
     Internal(#[source] crate::body::BoxError),
 }

@@ -24,6 +24,7 @@ use super::retry::RetryPolicy;
 use super::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
 use crate::body::{Body, Metered};
 use crate::metrics::UpstreamMetrics;
+use crate::s3::authority::Authority;
 use crate::s3::credentials::SecretKey;
 use crate::s3::sigv4::EMPTY_SHA256;
 
@@ -33,8 +34,9 @@ pub struct S3BackendConfig {
     /// `http://host:port[/prefix]`.
     pub endpoint: Uri,
     pub region: String,
-    pub access_key: String,
-    pub secret_key: SecretKey,
+    /// The store's key, which signs requests the gateway authenticated (terminating mode).
+    /// `None` in transparent mode without one: nothing is then ever signed by the gateway.
+    pub key: Option<(String, SecretKey)>,
     pub connect_timeout: Duration,
     /// Time to response headers for body-less requests. Requests with a body have none: the
     /// backend answers only after the whole upload, which may legitimately take minutes.
@@ -85,6 +87,10 @@ impl S3Backend {
     fn url(&self, req: &ForwardRequest) -> String {
         let base = self.cfg.endpoint.to_string();
         let base = base.trim_end_matches('/');
+        if let Authority::Caller(sent) = &req.authority {
+            // The request target as the client signed it (the endpoint has no path: config).
+            return format!("{base}{}", sent.path_and_query());
+        }
         let path = path_style_path(&req.target);
         match &req.query {
             Some(q) if !q.is_empty() => format!("{base}{path}?{q}"),
@@ -99,36 +105,42 @@ impl S3Backend {
             .body(body)
             .map_err(|e| BackendError::Internal(e.into()))?;
         *out.headers_mut() = req.headers.clone();
-        let authority = out.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
-        out.headers_mut().insert(
-            http::header::HOST,
-            HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?,
-        );
+        let caller = matches!(req.authority, Authority::Caller(_));
+        if !caller || !out.headers().contains_key(http::header::HOST) {
+            // A caller's own signature covers the Host it sent, so that one is kept (ADR 0013).
+            let authority = out.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+            out.headers_mut().insert(
+                http::header::HOST,
+                HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?,
+            );
+        }
         if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
             out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
         if req.expect_continue {
             out.headers_mut().insert(http::header::EXPECT, HeaderValue::from_static("100-continue"));
         }
-        if req.anonymous {
+        match &req.authority {
+            // The caller's request as signed: the store authenticates it.
+            Authority::Caller(_) => {}
             // The store sees the request as the client sent it: unsigned (only the framing of a
             // passed-through aws-chunked body must still be named).
-            if req.payload == ForwardPayload::UnsignedTrailer {
-                out.headers_mut().insert(
-                    crate::s3::headers::X_AMZ_CONTENT_SHA256,
-                    HeaderValue::from_static("STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
-                );
+            Authority::Anonymous => {
+                if req.payload == ForwardPayload::UnsignedTrailer {
+                    out.headers_mut().insert(
+                        crate::s3::headers::X_AMZ_CONTENT_SHA256,
+                        HeaderValue::from_static("STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                    );
+                }
             }
-        } else {
-            self.sign(&mut out, &req.payload)?;
+            Authority::Gateway(_) => self.sign(&mut out, &req.payload)?,
         }
         Ok(out)
     }
 
     fn sign(&self, req: &mut Request<Body>, payload: &ForwardPayload) -> Result<(), BackendError> {
-        let identity =
-            Credentials::new(&self.cfg.access_key, self.cfg.secret_key.expose(), None, None, "tensorgate-backend")
-                .into();
+        let (access_key, secret) = self.cfg.key.as_ref().ok_or(BackendError::NoStoreKey)?;
+        let identity = Credentials::new(access_key, secret.expose(), None, None, "tensorgate-backend").into();
         let mut settings = SigningSettings::default();
         settings.percent_encoding_mode = PercentEncodingMode::Single;
         settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;

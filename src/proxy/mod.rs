@@ -5,6 +5,7 @@
 pub mod admit;
 pub mod owner;
 mod post_object;
+mod transparent;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use crate::s3::credentials::CredentialStore;
 use crate::s3::headers::{self, HOP_BY_HOP};
 use crate::s3::route::{self, S3Op, Target};
 use crate::s3::sigv4::chunked;
-use crate::s3::sigv4::verify::{self, Identity, Payload, Verified};
+use crate::s3::sigv4::verify::{self, Payload, Verified};
 
 /// Largest body of a non-data operation (tagging, multi-delete, multipart completion, bucket
 /// configuration) that the gateway reads whole to verify before forwarding. S3 caps these XML
@@ -57,6 +58,9 @@ pub struct FrontConfig {
     pub request_timeout: Duration,
     /// Alias buckets: reading `bucket/key` from one is a pushdown GET of `target/key`.
     pub aliases: HashMap<String, AliasBucket>,
+    /// Transparent identity mode: the store authenticates every request, forwarded as signed
+    /// (`transparent.rs`; ADR 0013).
+    pub transparent: bool,
 }
 
 /// A bucket name that stands for (real bucket, model, split, format, dtype), for loaders that
@@ -241,6 +245,9 @@ impl Gateway {
         target: Target,
         op: S3Op,
     ) -> Result<(Response<Body>, String), GatewayError> {
+        if self.cfg.transparent {
+            return self.forward_as_sent(req, target, op).await;
+        }
         if op == S3Op::PostObject {
             if target.bucket.as_ref().is_some_and(|b| self.cfg.aliases.contains_key(b)) {
                 return Err(GatewayError::AliasReadOnly);
@@ -249,7 +256,7 @@ impl Gateway {
             return self.post_object(req, target).await;
         }
         let (parts, body) = req.into_parts();
-        let Verified { identity, payload, .. } = verify::verify(
+        let Verified { identity, authority, payload, .. } = verify::verify(
             &parts.method,
             &parts.uri,
             target.bucket.as_deref().filter(|_| target.virtual_host),
@@ -309,13 +316,13 @@ impl Gateway {
             // a peer is served here).
             let routing = self.routing.as_ref().filter(|_| !via_peer);
             let forwarded = match routing {
-                Some(r) => r.forward(&parts, &target, &spec, identity.name()).await,
+                Some(r) => r.forward(&parts, &target, &spec, identity.name(), &authority).await,
                 None => None,
             };
             let mut resp = match forwarded {
                 Some(resp) => resp,
                 None => {
-                    let mut resp = serving.get(&parts, target, spec, &identity).await?;
+                    let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
                     if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
                         resp.headers_mut().insert(owner::COMPUTED_BY, v);
                     }
@@ -397,7 +404,7 @@ impl Gateway {
             headers,
             body,
             payload: fwd_payload,
-            anonymous: identity == Identity::Anonymous,
+            authority,
             expect_continue: parts
                 .headers
                 .get(http::header::EXPECT)

@@ -25,6 +25,7 @@ use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarde
 use crate::cluster::{Cluster, Member};
 use crate::metrics::Metrics;
 use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec, remove_trigger_headers, without_trigger_params};
+use crate::s3::authority::Authority;
 use crate::s3::credentials::SecretKey;
 use crate::s3::route::S3Op;
 use crate::s3::route::Target;
@@ -96,8 +97,14 @@ impl Routing {
         target: &Target,
         spec: &PushdownSpec,
         tenant: &str,
+        authority: &Authority,
     ) -> Option<Response<Body>> {
         self.secret.as_ref()?;
+        // The hop is signed by the cluster credential only for a caller the gateway authenticated
+        // (the type says so); an anonymous pushdown is computed where it arrives.
+        if !matches!(authority, Authority::Gateway(_)) {
+            return None;
+        }
         let (bucket, key) = (target.bucket.as_deref()?, target.key.as_deref()?);
         let owner = self.cluster.owner(bucket, key)?;
         if owner.id == self.node_id() {
@@ -112,7 +119,7 @@ impl Routing {
             headers: hop_headers(&parts.headers, spec, tenant),
             body: Body::empty(),
             payload: ForwardPayload::Empty,
-            anonymous: false,
+            authority: authority.clone(),
             expect_continue: false,
         };
         let label = crate::metrics::PeerLabel { peer: owner.id.clone() };
@@ -147,8 +154,7 @@ impl Routing {
         let cfg = S3BackendConfig {
             endpoint: owner.s3.parse().ok()?,
             region: self.region.clone(),
-            access_key: self.access_key.clone(),
-            secret_key: self.secret.clone()?,
+            key: Some((self.access_key.clone(), self.secret.clone()?)),
             connect_timeout: PEER_CONNECT_TIMEOUT,
             response_timeout: self.response_timeout,
             max_concurrency: PEER_MAX_CONCURRENCY,

@@ -19,7 +19,6 @@ use crate::s3::form::{self, FormError};
 use crate::s3::post_policy::{self, PostError, PostForm, SuccessAction};
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::uri_encode_path;
-use crate::s3::sigv4::verify::Identity;
 
 /// Most bytes of a form read before its file part. S3 limits the policy to 20 KiB; the other
 /// fields (key, metadata, signature) are small, and this bounds what a client can make the
@@ -91,7 +90,7 @@ impl Gateway {
             headers,
             body,
             payload,
-            anonymous: auth.identity == Identity::Anonymous,
+            authority: auth.authority.clone(),
             expect_continue: false,
         };
         let sent = self.backend.send(fwd).await;

@@ -69,6 +69,12 @@ pub enum PushdownError {
     /// The plans table is full (`planning::MAX_PLANS`): a new (tenant, model) cannot be planned.
     #[error("the gateway holds its most plans ({max}); a new tenant or model cannot be planned now")]
     TooManyPlans { max: usize },
+    /// Transparent identity mode: a caller's signed HEAD or Range reads only part of the source,
+    /// and the gateway holds no key to read the rest, so an output not yet cached cannot be made.
+    #[error(
+        "in transparent identity mode a pushdown output is first computed from the caller's own GET of the whole object: send a GET without Range once (HEAD and Range are then answered from the cache)"
+    )]
+    WholeReadFirst,
     #[error("cannot use the object as model input: {0}")]
     BadInput(String),
     #[error("unsupported pushdown input: {0}")]

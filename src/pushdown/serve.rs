@@ -18,6 +18,7 @@ use crate::body::{Body, Holding};
 use crate::cache::{CacheKey, Cached, Entry, Lookup, ObjectId, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::s3::authority::Authority;
 use crate::s3::headers;
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::verify::Identity;
@@ -68,21 +69,35 @@ impl Serving<'_> {
         target: Target,
         spec: PushdownSpec,
         identity: &Identity,
+        authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
         let tenant = identity.name();
-        // An anonymous reader may read an object only if the store says so on this request, so
-        // its output is never served from the cache without asking (unsigned) first.
-        let anonymous = *identity == Identity::Anonymous;
+        // When the store decides who may read (an anonymous reader; any caller in transparent
+        // mode), an output is never served from the cache before the store said yes on this
+        // request.
+        let ask_store = authority.store_decides();
+        // Transparent mode: the source is read with the caller's own signed request.
+        let as_caller = matches!(authority, Authority::Caller(_));
         let pd = self.pushdown.ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
         pd.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let (model, split) = pd.resolve(&spec)?;
-        let mut headers = crate::backend::forwarded_headers(&parts.headers);
-        pushdown_spec::remove_trigger_headers(&mut headers);
-        for name in OUTPUT_SCOPED {
-            headers.remove(name);
-        }
         let query =
             crate::backend::forwarded_query(parts.uri.query()).and_then(|q| pushdown_spec::without_trigger_params(&q));
+        let mut headers = if as_caller {
+            // As signed: the store ignores the triggers, and checks the signature over all of it.
+            let mut h = parts.headers.clone();
+            for name in headers::HOP_BY_HOP {
+                h.remove(*name);
+            }
+            h
+        } else {
+            let mut h = crate::backend::forwarded_headers(&parts.headers);
+            pushdown_spec::remove_trigger_headers(&mut h);
+            for name in OUTPUT_SCOPED {
+                h.remove(name);
+            }
+            h
+        };
         let key = CacheKey {
             object: ObjectId {
                 bucket: target.bucket.clone().unwrap_or_default(),
@@ -96,10 +111,12 @@ impl Serving<'_> {
         let cache = self.cache.filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
 
         let mut revalidating = None;
+        // Whether the gateway added the `If-None-Match` (a caller's own one refers to the output).
+        let mut asked_unchanged = false;
         let (mut _flight, mut generation) = (None, 0);
         if let Some(cache) = cache {
             if let Lookup::Fresh(e, tier) = cache.lookup(&key).await
-                && !anonymous
+                && !ask_store
             {
                 return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
             }
@@ -107,12 +124,16 @@ impl Serving<'_> {
             _flight = Some(cache.flight(&key).await);
             generation = cache.generation(&key.object);
             match cache.lookup(&key).await {
-                Lookup::Fresh(e, tier) if !anonymous => {
+                Lookup::Fresh(e, tier) if !ask_store => {
                     return served_from(cache, parts, &key, &e, CacheStatus::Hit(tier));
                 }
                 Lookup::Fresh(e, tier) | Lookup::Stale(e, tier) => {
-                    if let Ok(v) = HeaderValue::from_str(&e.data.source_etag) {
+                    // Unsigned and outside the caller's signature: every store accepts it there.
+                    if !headers.contains_key(http::header::IF_NONE_MATCH)
+                        && let Ok(v) = HeaderValue::from_str(&e.data.source_etag)
+                    {
                         headers.insert(http::header::IF_NONE_MATCH, v);
+                        asked_unchanged = true;
                     }
                     revalidating = Some((e, tier));
                 }
@@ -129,20 +150,23 @@ impl Serving<'_> {
             headers,
             body: Body::empty(),
             payload: ForwardPayload::Empty,
-            anonymous,
+            authority: authority.clone(),
             expect_continue: false,
         };
         let resp = self.backend.send(fwd).await?;
         let source_etag =
             resp.headers().get(http::header::ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         if let (Some(cache), Some((entry, tier))) = (cache, revalidating) {
-            let outcome = if resp.status() == http::StatusCode::NOT_MODIFIED
+            let outcome = if (resp.status() == http::StatusCode::NOT_MODIFIED && asked_unchanged)
                 || (resp.status().is_success() && source_etag == entry.data.source_etag)
             {
                 cache.validated(&entry, generation);
                 "unchanged"
             } else if resp.status().is_success() {
                 "changed"
+            } else if as_caller {
+                // This caller's refusal says nothing of the object: the entry stays for others.
+                "refused"
             } else {
                 "gone"
             };
@@ -150,10 +174,16 @@ impl Serving<'_> {
             if outcome == "unchanged" {
                 return served_from(cache, parts, &key, &entry, CacheStatus::Revalidated(tier));
             }
-            cache.remove(&key).await;
+            if outcome != "refused" {
+                cache.remove(&key).await;
+            }
         }
         if !resp.status().is_success() {
             return Ok(if parts.method == Method::HEAD { resp.map(|_| Body::empty()) } else { resp });
+        }
+        if as_caller && (parts.method == Method::HEAD || resp.status() == http::StatusCode::PARTIAL_CONTENT) {
+            // The caller's signed HEAD or Range read the store's answer, not the whole source.
+            return Err(PushdownError::WholeReadFirst.into());
         }
         let limit = pd.max_object_bytes();
         // The object counts against the pushdown memory budget from now until the response is sent.

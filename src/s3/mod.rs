@@ -1,5 +1,6 @@
 //! The S3 protocol: routing, SigV4, credentials, header names and XML error bodies. Pure: no IO.
 
+pub mod authority;
 pub mod checksum;
 pub mod credentials;
 pub mod form;

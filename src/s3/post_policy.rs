@@ -40,6 +40,7 @@ use subtle::ConstantTimeEq;
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime, format_description::BorrowedFormatItem, macros::format_description};
 
+use super::authority::{Authenticated, Authority};
 use super::credentials::CredentialStore;
 use super::sigv2;
 use super::sigv4::verify::Identity;
@@ -176,6 +177,8 @@ pub enum SuccessAction {
 pub struct Authorized {
     /// Who signed the policy, or [`Identity::Anonymous`] for an unsigned form.
     pub identity: Identity,
+    /// What the store request may carry: the store's key only for a verified signer.
+    pub authority: Authority,
     /// The object key, with `${filename}` replaced by the file part's name.
     pub key: String,
     /// `(min, max)` bytes from the policy's `content-length-range`; check with [`check_length`].
@@ -225,7 +228,11 @@ pub fn authorize(
         let inputs = Inputs { form, bucket, raw_key, key: &key };
         check_conditions(&policy.conditions, &inputs)?
     };
-    Ok(Authorized { identity, key, content_length_range, success: success_action(form) })
+    let authority = match identity {
+        Identity::Anonymous => Authority::Anonymous,
+        _ => Authority::Gateway(Authenticated::new()),
+    };
+    Ok(Authorized { identity, authority, key, content_length_range, success: success_action(form) })
 }
 
 /// Checks the file's length against the policy's `content-length-range` (inclusive bounds).
@@ -790,6 +797,7 @@ mod tests {
             ok,
             Authorized {
                 identity: Identity::AccessKey(AWS_AK.to_owned()),
+                authority: Authority::Gateway(Authenticated::new()),
                 key: "user/user1/MyPhoto.jpg".to_owned(),
                 content_length_range: None,
                 success: SuccessAction::Redirect(AWS_REDIRECT.to_owned()),

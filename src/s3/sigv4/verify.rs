@@ -14,6 +14,7 @@ use super::{
     ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature, signing_key,
     string_to_sign,
 };
+use crate::s3::authority::{Authenticated, Authority};
 use crate::s3::credentials::CredentialStore;
 use crate::s3::{headers, sigv2};
 
@@ -31,6 +32,9 @@ pub enum Identity {
     Anonymous,
     /// A verified access key.
     AccessKey(String),
+    /// The access key a request names, not verified by the gateway (transparent identity mode):
+    /// a claim until the store accepts the request.
+    Claimed(String),
 }
 
 impl Identity {
@@ -39,7 +43,7 @@ impl Identity {
     pub fn name(&self) -> &str {
         match self {
             Self::Anonymous => "anonymous",
-            Self::AccessKey(k) => k,
+            Self::AccessKey(k) | Self::Claimed(k) => k,
         }
     }
 }
@@ -59,6 +63,8 @@ pub enum Payload {
 #[derive(Debug, Clone)]
 pub struct Verified {
     pub identity: Identity,
+    /// What the store request may carry: the store's key only for an authenticated caller.
+    pub authority: Authority,
     pub payload: Payload,
     /// Whether the credentials came in the query (presigned URL).
     pub presigned: bool,
@@ -145,7 +151,12 @@ pub fn verify(
     // never sign them; credentials in the URL belong to the request the preflight asks about. They
     // read nothing but the bucket's CORS rules, which the store applies.
     if method == Method::OPTIONS {
-        return Ok(Verified { identity: Identity::Anonymous, payload: Payload::Unsigned, presigned: false });
+        return Ok(Verified {
+            identity: Identity::Anonymous,
+            authority: Authority::Anonymous,
+            payload: Payload::Unsigned,
+            presigned: false,
+        });
     }
     let presigned = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("X-Amz-Signature=")));
     if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
@@ -166,7 +177,12 @@ pub fn verify(
             Some(v) => payload_mode(v.as_bytes(), headers, None)?,
             None => Payload::Unsigned,
         };
-        return Ok(Verified { identity: Identity::Anonymous, payload, presigned: false });
+        return Ok(Verified {
+            identity: Identity::Anonymous,
+            authority: Authority::Anonymous,
+            payload,
+            presigned: false,
+        });
     }
     Err(AuthError::AnonymousDenied)
 }
@@ -235,7 +251,12 @@ fn verify_header(
         matching_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key, sig)?;
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
-    Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: false })
+    Ok(Verified {
+        authority: Authority::Gateway(Authenticated::new()),
+        identity: Identity::AccessKey(cs.access_key.to_owned()),
+        payload,
+        presigned: false,
+    })
 }
 
 /// The decoded value of query parameter `name`.
@@ -272,7 +293,12 @@ fn verify_v2_header(
     let expected =
         sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, date_line, &resource));
     check(&expected, sig)?;
-    Ok(Verified { identity: Identity::AccessKey(access_key.to_owned()), payload: Payload::Unsigned, presigned: false })
+    Ok(Verified {
+        authority: Authority::Gateway(Authenticated::new()),
+        identity: Identity::AccessKey(access_key.to_owned()),
+        payload: Payload::Unsigned,
+        presigned: false,
+    })
 }
 
 fn verify_v2_presigned(
@@ -297,7 +323,12 @@ fn verify_v2_presigned(
     let expected =
         sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, &expires, &resource));
     check(&expected, &sig)?;
-    Ok(Verified { identity: Identity::AccessKey(access_key), payload: Payload::Unsigned, presigned: true })
+    Ok(Verified {
+        authority: Authority::Gateway(Authenticated::new()),
+        identity: Identity::AccessKey(access_key),
+        payload: Payload::Unsigned,
+        presigned: true,
+    })
 }
 
 fn verify_presigned(
@@ -359,7 +390,12 @@ fn verify_presigned(
         Payload::Chunked(_) => return Err(AuthError::NotImplemented("aws-chunked bodies with presigned URLs")),
         p => p,
     };
-    Ok(Verified { identity: Identity::AccessKey(cs.access_key.to_owned()), payload, presigned: true })
+    Ok(Verified {
+        authority: Authority::Gateway(Authenticated::new()),
+        identity: Identity::AccessKey(cs.access_key.to_owned()),
+        payload,
+        presigned: true,
+    })
 }
 
 /// Computes the expected signature and compares it with `sent`, returning it on a match.

@@ -1,0 +1,106 @@
+//! Transparent identity mode (`backend.identity`, ADR 0013): the store authenticates and
+//! authorises every request. Nothing is verified or re-signed here: each request travels as the
+//! client signed it (method, request target, Host, headers, body and its framing), and a pushdown
+//! reads its source with that same request, so the store decides for this caller on every request,
+//! cached outputs included (`crate::pushdown::serve`). The access key a request names is a claim
+//! (`Identity::Claimed`) until the store accepted the request.
+
+use http::{HeaderValue, Request, Response};
+
+use super::{Gateway, check_declared, content_length, written_scope};
+use crate::backend::{ForwardPayload, ForwardRequest};
+use crate::body::{Body, Guarded, Metered};
+use crate::error::GatewayError;
+use crate::pushdown::serve::Serving;
+use crate::pushdown::spec as pushdown_spec;
+use crate::s3::authority::{Authority, claimed_access_key};
+use crate::s3::headers::{self, HOP_BY_HOP};
+use crate::s3::route::{S3Op, Target};
+use crate::s3::sigv4::verify::Identity;
+
+impl Gateway {
+    /// Forwards a request as sent, or serves it as a pushdown whose source read is the caller's
+    /// own request.
+    pub(super) async fn forward_as_sent(
+        &self,
+        req: Request<Body>,
+        target: Target,
+        op: S3Op,
+    ) -> Result<(Response<Body>, String), GatewayError> {
+        let (parts, body) = req.into_parts();
+        let identity =
+            claimed_access_key(&parts.headers, parts.uri.query()).map_or(Identity::Anonymous, Identity::Claimed);
+        let authority = Authority::caller(&parts);
+        let mut planned_none = false;
+        if matches!(op, S3Op::GetObject | S3Op::HeadObject)
+            && let Some(spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
+        {
+            let serving = Serving {
+                pushdown: self.pushdown.as_deref(),
+                cache: self.cache.as_deref(),
+                backend: &self.backend,
+                metrics: &self.metrics,
+            };
+            match serving.resolve_auto(spec, &identity)? {
+                Some((spec, plan)) => {
+                    let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
+                    if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
+                        resp.headers_mut().insert("x-tensorgate-plan", v);
+                    }
+                    return Ok((resp, identity.name().to_owned()));
+                }
+                None => planned_none = true,
+            }
+        }
+        let mut headers = parts.headers.clone();
+        for h in HOP_BY_HOP {
+            headers.remove(*h);
+        }
+        let declared = content_length(&parts.headers)?;
+        let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        // The store checks the payload (hash, chunk signatures, checksums); the gateway bounds its
+        // size: the decoded length a streaming upload declares, and twice that for its framing.
+        let decoded = parts
+            .headers
+            .get(headers::X_AMZ_DECODED_CONTENT_LENGTH)
+            .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()))
+            .map(|n| n.ok_or(GatewayError::InvalidHeader(headers::X_AMZ_DECODED_CONTENT_LENGTH)))
+            .transpose()?;
+        let limit = self.cfg.max_body_bytes;
+        check_declared(decoded.or(declared), limit)?;
+        let framed = if decoded.is_some() { limit.saturating_mul(2) } else { limit };
+        let (body, payload) = if has_body {
+            let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+            (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
+        } else {
+            (Body::empty(), ForwardPayload::Empty)
+        };
+        let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
+        let fwd = ForwardRequest {
+            op,
+            method: parts.method,
+            target,
+            query: None,
+            headers,
+            body,
+            payload,
+            authority,
+            expect_continue: parts
+                .headers
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
+        };
+        let result = self.backend.send(fwd).await;
+        if let Some((cache, (bucket, key))) = written {
+            match key {
+                Some(k) => cache.object_written(&bucket, &k),
+                None => cache.bucket_written(&bucket),
+            }
+        }
+        let mut resp = result?;
+        if planned_none {
+            resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));
+        }
+        Ok((resp, identity.name().to_owned()))
+    }
+}

@@ -1,0 +1,124 @@
+//! Who a request to the store acts for, as a type the compiler checks.
+//!
+//! The store's key signs a request only when it carries [`Authority::Gateway`], and that variant
+//! needs an [`Authenticated`] proof, which only this module's parent (`crate::s3`: request
+//! signatures, POST policies) can make. So no code path can send the store's key on a request that
+//! nobody authenticated: an anonymous request travels unsigned, and in transparent identity mode
+//! the caller's own signed request travels unchanged for the store to authenticate (ADR 0013).
+
+/// Proof that the gateway itself verified who sent a request (a SigV4 or SigV2 signature, or a
+/// POST policy, against a secret it holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authenticated(());
+
+impl Authenticated {
+    /// Made only where a signature was checked.
+    pub(in crate::s3) const fn new() -> Self {
+        Self(())
+    }
+}
+
+/// What a store request may carry as its credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authority {
+    /// The gateway verified the caller (terminating mode): the store's key signs.
+    Gateway(Authenticated),
+    /// No signature at all: forwarded unsigned, so the store's ACLs and policies decide.
+    Anonymous,
+    /// Transparent mode: the caller's request travels as signed (its method, request target, Host,
+    /// signed headers and body), and the store authenticates and authorises it.
+    Caller(CallerRequest),
+}
+
+impl Authority {
+    /// The caller's own request, forwarded as sent.
+    #[must_use]
+    pub fn caller(parts: &http::request::Parts) -> Self {
+        let path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        Self::Caller(CallerRequest { path_and_query })
+    }
+
+    /// Whether the store, not the gateway, decides who this is (anonymous or transparent): a
+    /// cached output is then never served without asking the store on this request.
+    #[must_use]
+    pub fn store_decides(&self) -> bool {
+        !matches!(self, Self::Gateway(_))
+    }
+}
+
+/// The request target exactly as the client sent (and signed) it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerRequest {
+    path_and_query: String,
+}
+
+impl CallerRequest {
+    #[must_use]
+    pub fn path_and_query(&self) -> &str {
+        &self.path_and_query
+    }
+}
+
+/// The access key a request names, read without checking its signature (transparent mode): a
+/// claim until the store accepts the request. SigV4 and SigV2, in headers or the query.
+#[must_use]
+pub fn claimed_access_key(headers: &http::HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(rest) = auth.strip_prefix("AWS4-HMAC-SHA256") {
+            let cred = rest.split(',').find_map(|p| p.trim().strip_prefix("Credential="))?;
+            return cred.split('/').next().filter(|k| !k.is_empty()).map(str::to_owned);
+        }
+        if let Some(rest) = auth.strip_prefix("AWS ") {
+            return rest.rsplit_once(':').map(|(k, _)| k.to_owned()).filter(|k| !k.is_empty());
+        }
+        return None;
+    }
+    let query = query?;
+    query.split('&').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        let v = crate::s3::sigv4::uri_decode(v);
+        match k {
+            "X-Amz-Credential" => v.split('/').next().filter(|k| !k.is_empty()).map(str::to_owned),
+            "AWSAccessKeyId" => Some(v).filter(|k| !k.is_empty()),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_auth(v: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::AUTHORIZATION, v.parse().expect("value"));
+        h
+    }
+
+    #[test]
+    fn claims_are_read_from_every_signature_form() {
+        let v4 =
+            "AWS4-HMAC-SHA256 Credential=AKID/20261203/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00";
+        assert_eq!(claimed_access_key(&with_auth(v4), None).as_deref(), Some("AKID"));
+        assert_eq!(claimed_access_key(&with_auth("AWS test:tester:c2ln"), None).as_deref(), Some("test:tester"));
+        assert_eq!(claimed_access_key(&with_auth("Bearer x"), Some("AWSAccessKeyId=A")), None);
+        let q = "x=1&X-Amz-Credential=test%3Atester%2F20261203%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=0";
+        assert_eq!(claimed_access_key(&http::HeaderMap::new(), Some(q)).as_deref(), Some("test:tester"));
+        assert_eq!(
+            claimed_access_key(&http::HeaderMap::new(), Some("AWSAccessKeyId=K&Signature=s")).as_deref(),
+            Some("K")
+        );
+        assert_eq!(claimed_access_key(&http::HeaderMap::new(), Some("list-type=2")), None);
+        assert_eq!(claimed_access_key(&with_auth("AWS4-HMAC-SHA256 Credential=/x"), None), None);
+    }
+
+    #[test]
+    fn only_the_gateway_variant_lets_the_gateway_decide() {
+        assert!(!Authority::Gateway(Authenticated::new()).store_decides());
+        assert!(Authority::Anonymous.store_decides());
+        let (parts, ()) = http::Request::get("/b/k?tensorgate-model=m").body(()).expect("request").into_parts();
+        let caller = Authority::caller(&parts);
+        assert!(caller.store_decides());
+        assert!(matches!(&caller, Authority::Caller(c) if c.path_and_query() == "/b/k?tensorgate-model=m"));
+    }
+}
