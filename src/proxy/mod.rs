@@ -411,14 +411,7 @@ impl Gateway {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
         };
         let result = self.backend.send(fwd).await;
-        // After the backend answered (or failed: the write may still have landed), so any output
-        // computed from the old bytes carries an older generation (see `crate::cache`).
-        if let Some((cache, (bucket, key))) = written {
-            match key {
-                Some(k) => cache.object_written(&bucket, &k),
-                None => cache.bucket_written(&bucket),
-            }
-        }
+        invalidate_after(written, &result);
         let mut resp = result?;
         if planned_none {
             // `split=auto` whose plan is no pushdown: the plain object, marked so that a client
@@ -529,6 +522,25 @@ fn decoded_headers(headers: &mut HeaderMap) {
     strip_aws_chunked(headers);
     if !headers.keys().any(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type") {
         headers.remove(headers::X_AMZ_SDK_CHECKSUM_ALGORITHM);
+    }
+}
+
+/// After a write's answer: a write that may have landed (the store said yes, or the answer was
+/// lost) bumps the cache generation of what it may have changed, so any output computed from the
+/// old bytes carries an older generation (see `crate::cache`). A refused write (`4xx`) changed
+/// nothing, so it cannot evict anyone's cached outputs.
+fn invalidate_after(
+    written: Option<(Arc<TensorCache>, (String, Option<String>))>,
+    result: &Result<Response<Body>, crate::backend::BackendError>,
+) {
+    if matches!(result, Ok(r) if r.status().is_client_error()) {
+        return;
+    }
+    if let Some((cache, (bucket, key))) = written {
+        match key {
+            Some(k) => cache.object_written(&bucket, &k),
+            None => cache.bucket_written(&bucket),
+        }
     }
 }
 

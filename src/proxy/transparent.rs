@@ -7,7 +7,7 @@
 
 use http::{HeaderValue, Request, Response};
 
-use super::{Gateway, check_declared, content_length, written_scope};
+use super::{Gateway, check_declared, content_length, invalidate_after, written_scope};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;
@@ -91,12 +91,7 @@ impl Gateway {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
         };
         let result = self.backend.send(fwd).await;
-        if let Some((cache, (bucket, key))) = written {
-            match key {
-                Some(k) => cache.object_written(&bucket, &k),
-                None => cache.bucket_written(&bucket),
-            }
-        }
+        invalidate_after(written, &result);
         let mut resp = result?;
         if planned_none {
             resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));

@@ -144,7 +144,8 @@ impl Serving<'_> {
         let fetch_start = Instant::now();
         let fwd = ForwardRequest {
             op: S3Op::GetObject,
-            method: Method::GET,
+            // The caller signed its own method; the gateway reads the source with a GET.
+            method: if as_caller { parts.method.clone() } else { Method::GET },
             target,
             query,
             headers,

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # container test compares the image with the same binary outside it).
 BINARY = Path(os.environ.get("TENSORGATE_BIN") or ROOT / "target" / "debug" / "tensorgate")
 SEAWEED_PORT = 18633
-CLIENT_AK, CLIENT_SK = "py-access-key", "py-secret-key"
 
 
 def ort_library() -> str:
@@ -125,21 +124,28 @@ def seaweed() -> str:
 
 
 # The store the client tests run against (TENSORGATE_TEST_STORE: seaweedfs, ceph-rgw or swift):
-# (script, port variable, port, access key, secret key), the scripts' defaults.
+# (script, port variable, port, access key, secret key, second user's access key and secret key),
+# the scripts' defaults.
 STORES = {
-    "seaweedfs": ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, "seaweed-ak", "seaweed-sk"),
-    "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 19533, "rgw-ak", "rgw-sk"),
-    "swift": ("swift.sh", "SWIFT_PORT", 19633, "test:tester", "testing"),
+    "seaweedfs": ("seaweedfs.sh", "SEAWEED_PORT", SEAWEED_PORT, "seaweed-ak", "seaweed-sk", "seaweed-alt-ak", "seaweed-alt-sk"),
+    "ceph-rgw": ("ceph-rgw.sh", "RGW_PORT", 19533, "rgw-ak", "rgw-sk", "rgw-alt-ak", "rgw-alt-sk"),
+    "swift": ("swift.sh", "SWIFT_PORT", 19633, "test:tester", "testing", "test2:tester2", "testing2"),
     # The embedded backend: a local directory served in-process (no store process, no keys).
-    "fs": (None, None, None, None, None),
+    "fs": (None, None, None, None, None, None, None),
 }
 STORE_KIND = os.environ.get("TENSORGATE_TEST_STORE", "seaweedfs")
+# Who authenticates in the client tests (TENSORGATE_TEST_IDENTITY): "terminating", the gateway
+# with its own client key; "transparent", the store, with the store's own user keys.
+IDENTITY = os.environ.get("TENSORGATE_TEST_IDENTITY", "terminating")
+TRANSPARENT = IDENTITY == "transparent"
+# The keys the client tests sign with: the gateway's client key, or the store's user's own.
+CLIENT_AK, CLIENT_SK = STORES[STORE_KIND][3:5] if TRANSPARENT else ("py-access-key", "py-secret-key")
 
 
 @pytest.fixture(scope="session")
 def store(request) -> dict:
     """The store behind the session's gateway: kind, endpoint and its own keys."""
-    script, var, port, ak, sk = STORES[STORE_KIND]
+    script, var, port, ak, sk, alt_ak, alt_sk = STORES[STORE_KIND]
     if STORE_KIND == "fs":
         endpoint = None
     elif STORE_KIND == "seaweedfs":
@@ -148,7 +154,8 @@ def store(request) -> dict:
         env = dict(os.environ, **{var: str(port)})
         out = subprocess.run([str(ROOT / "scripts" / script), "start"], env=env, check=True, capture_output=True, text=True)
         endpoint = out.stdout.strip().splitlines()[-1]
-    return {"kind": STORE_KIND, "endpoint": endpoint, "access_key": ak, "secret_key": sk}
+    return {"kind": STORE_KIND, "endpoint": endpoint, "access_key": ak, "secret_key": sk, "alt_access_key": alt_ak,
+            "alt_secret_key": alt_sk}
 
 
 @pytest.fixture(scope="session")
@@ -158,7 +165,10 @@ def gateway(store, tmp_path_factory):
     gwdir = tmp_path_factory.mktemp("gw")
     log = gwdir / "gateway.log"
     config = gwdir / "tensorgate.toml"
+    # Alias buckets are not buckets of the store: a request signed for one cannot reach the store
+    # as signed, so transparent mode has none (ADR 0013).
     config.write_text(
+        "" if TRANSPARENT else
         '[[pushdown.aliases]]\nbucket = "alias-tiny-pool"\ntarget = "alias-target"\nmodel = "tiny-cnn"\nsplit = "pool"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
@@ -166,13 +176,15 @@ def gateway(store, tmp_path_factory):
         TENSORGATE_CONFIG=str(config),
         TENSORGATE_LISTEN=f"127.0.0.1:{port}",
         TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
-        TENSORGATE_ACCESS_KEY=CLIENT_AK,
-        TENSORGATE_SECRET_KEY=CLIENT_SK,
         TENSORGATE_LOG="debug",
         TENSORGATE_MODELS_DIR=str(ROOT / "models"),
         ORT_DYLIB_PATH=ort_library(),
     )
-    if store["endpoint"]:
+    if TRANSPARENT:
+        # No client key, no store key: the store's users sign, the store decides.
+        env.update(TENSORGATE_BACKEND_ENDPOINT=store["endpoint"], TENSORGATE_BACKEND_IDENTITY="transparent")
+    elif store["endpoint"]:
+        env.update(TENSORGATE_ACCESS_KEY=CLIENT_AK, TENSORGATE_SECRET_KEY=CLIENT_SK)
         env.update(
             TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
             TENSORGATE_BACKEND_ACCESS_KEY=store["access_key"],
@@ -180,6 +192,7 @@ def gateway(store, tmp_path_factory):
             TENSORGATE_BACKEND_TRAILING_CHECKSUMS=str(store["kind"] == "seaweedfs").lower(),
         )
     else:
+        env.update(TENSORGATE_ACCESS_KEY=CLIENT_AK, TENSORGATE_SECRET_KEY=CLIENT_SK)
         env.update(TENSORGATE_BACKEND_ROOT=str(gwdir / "data"))
     with open(log, "w") as f:
         proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=f, stderr=subprocess.STDOUT)

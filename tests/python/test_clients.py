@@ -3,6 +3,7 @@ TENSORGATE_TEST_STORE=ceph-rgw or swift for the others): nothing but the endpoin
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import urllib.error
@@ -14,7 +15,7 @@ import botocore.exceptions
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from conftest import BINARY, CLIENT_AK, CLIENT_SK, ROOT, STORE_KIND, free_port, wait_ready
+from conftest import BINARY, CLIENT_AK, CLIENT_SK, ROOT, STORE_KIND, TRANSPARENT, free_port, wait_ready
 
 AWS = str(ROOT / ".venv" / "bin" / "aws")
 
@@ -206,22 +207,31 @@ def test_presigned_post_form_upload(s3, bucket, store):
     assert got["ContentType"] == "text/plain"
     assert got["Metadata"] == {"origin": "form"}
 
-    # A field the policy does not cover is refused; a file over the policy's range too.
-    fields = dict(post["fields"], success_action_status="201")
-    r = requests.post(post["url"], data=fields, files={"file": ("x.txt", b"x")}, timeout=30)
-    assert r.status_code == 403 and "AccessDenied" in r.text, r.text
-    big = requests.post(post["url"], data=post["fields"], files={"file": ("big.txt", b"y" * (1024 * 1024 + 1))}, timeout=60)
-    assert big.status_code == 400 and "EntityTooLarge" in big.text, big.text
-    tampered = dict(post["fields"], **{"x-amz-meta-origin": "elsewhere"})
-    r = requests.post(post["url"], data=tampered, files={"file": ("evil.txt", b"evil")}, timeout=30)
-    assert r.status_code == 403, r.text
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="uploads/").get("Contents", [])]
-    assert keys == ["uploads/note.txt"]
+    def refused(data, files, status, code):
+        """A form the policy does not allow. Terminating mode: the gateway checks the policy and
+        answers `status`/`code`. Transparent mode: the store decides, so the gateway's answer is
+        the store's own answer to the same form sent to it directly (stores differ here)."""
+        r = requests.post(post_url, data=data, files=files, timeout=60)
+        if not TRANSPARENT:
+            assert r.status_code == status and code in r.text, r.text
+            return
+        direct = requests.post(f"{store['endpoint']}/{bucket}", data=data, files=files, timeout=60)
+        error = lambda t: re.search(r"<Code>([^<]*)</Code>", t).group(1) if "<Code>" in t else None
+        assert (r.status_code, error(r.text)) == (direct.status_code, error(direct.text)), (r.text, direct.text)
 
-    # Form fields before the file are bounded (64 KiB): a huge one is refused before anything else.
-    huge = dict(post["fields"], **{"x-ignore-padding": "p" * (100 * 1024)})
-    r = requests.post(post["url"], data=huge, files={"file": ("h.txt", b"h")}, timeout=30)
-    assert r.status_code == 400 and "MaxPostPreDataLengthExceeded" in r.text, r.text
+    post_url = post["url"]
+    # A field the policy does not cover is refused; a file over the policy's range too.
+    refused(dict(post["fields"], success_action_status="201"), {"file": ("x.txt", b"x")}, 403, "AccessDenied")
+    refused(post["fields"], {"file": ("big.txt", b"y" * (1024 * 1024 + 1))}, 400, "EntityTooLarge")
+    tampered = dict(post["fields"], **{"x-amz-meta-origin": "elsewhere"})
+    refused(tampered, {"file": ("evil.txt", b"evil")}, 403, "AccessDenied")
+    if not TRANSPARENT:
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="uploads/").get("Contents", [])]
+        assert keys == ["uploads/note.txt"]
+        # Form fields before the file are bounded (64 KiB): a huge one is refused before anything else.
+        huge = dict(post["fields"], **{"x-ignore-padding": "p" * (100 * 1024)})
+        r = requests.post(post["url"], data=huge, files={"file": ("h.txt", b"h")}, timeout=30)
+        assert r.status_code == 400 and "MaxPostPreDataLengthExceeded" in r.text, r.text
 
     # success_action_status 201 answers S3's XML document.
     post201 = s3.generate_presigned_post(
@@ -343,6 +353,7 @@ def _key_and_bytes(reader):
     return reader.key, reader.read()
 
 
+@pytest.mark.skipif(TRANSPARENT, reason="alias buckets need terminating identity mode (ADR 0013)")
 def test_crt_based_pytorch_loader_lists_and_reads_plain_and_alias_buckets(gateway, s3, monkeypatch):
     """s3torchconnector, the AWS CRT-based PyTorch loader (its listings send an empty `delimiter=`),
     pointed at the gateway: it lists and reads a plain bucket byte for byte, and an alias bucket

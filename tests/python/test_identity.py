@@ -1,0 +1,227 @@
+"""Tenants as themselves (transparent identity mode, ADR 0013): the gateway holds no client secret
+and no store key; the store's own users sign, and the store decides every request, pushdowns and
+cached features included. Runs against the store TENSORGATE_TEST_STORE names (SeaweedFS by
+default; scripts/test.sh runs it on Ceph RGW and Swift too), each with two users made by its
+script: A (the main user) and B (the second user, who owns none of A's buckets)."""
+
+import io
+import itertools
+import os
+import subprocess
+import urllib.error
+import urllib.request
+
+import boto3
+import botocore.exceptions
+import numpy as np
+import pytest
+from botocore.config import Config
+
+from conftest import BINARY, ROOT, STORE_KIND, free_port, metric, ort_library, wait_ready
+from test_pushdown import MODELS, npy_bytes, pushdown_get, reference, rel_l2
+
+pytestmark = pytest.mark.skipif(STORE_KIND == "fs", reason="the embedded backend has no users of its own")
+
+MODEL, SPLIT = "tiny-cnn", "pool"
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def gateway_t(store, tmp_path_factory):
+    """A gateway in transparent mode in front of the store: no client key, no store key."""
+    port, admin_port = free_port(), free_port()
+    log = tmp_path_factory.mktemp("gw-transparent") / "gateway.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_"))}
+    env.update(
+        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
+        TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
+        TENSORGATE_LOG="debug",
+        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+        ORT_DYLIB_PATH=ort_library(),
+    )
+    with open(log, "w") as f:
+        proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=f, stderr=subprocess.STDOUT)
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        wait_ready(admin, proc)
+        yield f"http://127.0.0.1:{port}", admin, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def client(endpoint: str, ak: str, sk: str):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak, aws_secret_access_key=sk,
+                        region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+
+@pytest.fixture()
+def users(gateway_t, store):
+    """(A through the gateway, B through the gateway, A direct, B direct)."""
+    a, b = (store["access_key"], store["secret_key"]), (store["alt_access_key"], store["alt_secret_key"])
+    return (client(gateway_t[0], *a), client(gateway_t[0], *b), client(store["endpoint"], *a),
+            client(store["endpoint"], *b))
+
+
+def answer(call):
+    """(status, S3 error code) of a boto3 call; (200, None) when it succeeded."""
+    try:
+        r = call()
+        if "Body" in r:
+            r["Body"].read()
+        return r["ResponseMetadata"]["HTTPStatusCode"], None
+    except botocore.exceptions.ClientError as e:
+        return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"].get("Code")
+
+
+def cache_state(resp) -> str | None:
+    return resp["ResponseMetadata"]["HTTPHeaders"].get("x-tensorgate-cache")
+
+
+def private_sample(a, seed: int):
+    """A private bucket of A's with one sample; returns (bucket, key, input array)."""
+    bucket = f"idn-{os.getpid()}-{next(_names)}"
+    a.create_bucket(Bucket=bucket)
+    x = np.random.default_rng(seed).random(MODELS[MODEL][1], dtype=np.float32)
+    a.put_object(Bucket=bucket, Key="x.npy", Body=npy_bytes(x))
+    return bucket, "x.npy", x
+
+
+def test_store_keys_push_down_and_the_output_is_the_reference(users, gateway_t):
+    a, _, _, _ = users
+    bucket, key, x = private_sample(a, 1)
+    first = pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)
+    body = first["Body"].read()
+    y = np.load(io.BytesIO(body))
+    assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+    assert cache_state(first) == "miss"
+    # Cached, and served only after the store said yes to this caller on this request.
+    again = pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)
+    assert cache_state(again) == "revalidated"
+    assert again["Body"].read() == body
+
+
+def test_another_user_gets_what_the_store_answers_never_a_cached_feature(users, gateway_t):
+    """B is refused A's private object, its listing, an overwrite and its features, even right
+    after A's pushdown cached them; each answer through the gateway is the store's own answer to B
+    directly. B's refusals do not evict A's cached features."""
+    a, b, a_direct, b_direct = users
+    _, admin, _ = gateway_t
+    bucket, key, x = private_sample(a, 2)
+    assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "miss"
+    refused_before = metric(admin, 'tensorgate_cache_revalidations_total{outcome="refused"}')
+
+    calls = {
+        "get": lambda c: c.get_object(Bucket=bucket, Key=key),
+        "head": lambda c: c.head_object(Bucket=bucket, Key=key),
+        "list": lambda c: c.list_objects_v2(Bucket=bucket),
+        "put": lambda c: c.put_object(Bucket=bucket, Key=key, Body=b"overwritten by B"),
+        "delete": lambda c: c.delete_object(Bucket=bucket, Key="other"),
+    }
+    for name, call in calls.items():
+        through, direct = answer(lambda: call(b)), answer(lambda: call(b_direct))
+        assert through == direct, name
+        assert through[0] in (403, 404), (name, through)
+
+    # B's pushdowns: header triggers, query triggers in a presigned URL, HEAD, a Range.
+    direct = answer(lambda: b_direct.get_object(Bucket=bucket, Key=key))
+    for _ in range(2):
+        assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == direct
+    from tensorgate.client import Client
+
+    url = Client(gateway_t[0], b._request_signer._credentials.access_key,
+                 b._request_signer._credentials.secret_key).presign(bucket, key, MODEL, SPLIT)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url)
+    assert e.value.code == direct[0]
+    assert "x-tensorgate-cache" not in e.value.headers
+
+    # Nothing of A's changed, and A's cached features are still served (after the store's yes).
+    assert a_direct.get_object(Bucket=bucket, Key=key)["Body"].read() == npy_bytes(x)
+    assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "revalidated"
+    assert metric(admin, 'tensorgate_cache_revalidations_total{outcome="refused"}') >= refused_before + 3
+
+
+def test_each_user_works_in_its_own_buckets(users):
+    """B's own bucket (named alt-* for SeaweedFS's scoped identity): B writes, reads and pushes
+    down with its own key, multipart upload included."""
+    _, b, _, b_direct = users
+    bucket = f"alt-idn-{os.getpid()}-{next(_names)}"
+    b.create_bucket(Bucket=bucket)
+    x = np.random.default_rng(3).random(MODELS[MODEL][1], dtype=np.float32)
+    b.put_object(Bucket=bucket, Key="x.npy", Body=npy_bytes(x))
+    got = pushdown_get(b, bucket, "x.npy", model=MODEL, split=SPLIT)
+    assert cache_state(got) == "miss"
+    y = np.load(io.BytesIO(got["Body"].read()))
+    assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+    big = os.urandom(11 * 1024 * 1024)
+    from boto3.s3.transfer import TransferConfig
+
+    cfg = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    b.upload_fileobj(io.BytesIO(big), bucket, "big.bin", Config=cfg)
+    assert b_direct.get_object(Bucket=bucket, Key="big.bin")["Body"].read() == big
+
+
+def test_a_wrong_secret_is_refused_by_the_store_even_for_cached_features(users, gateway_t, store):
+    a, _, _, _ = users
+    bucket, key, _ = private_sample(a, 4)
+    assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "miss"
+    forged = client(gateway_t[0], store["access_key"], "not-the-secret")
+    forged_direct = client(store["endpoint"], store["access_key"], "not-the-secret")
+    direct = answer(lambda: forged_direct.get_object(Bucket=bucket, Key=key))
+    assert direct[0] == 403
+    assert answer(lambda: pushdown_get(forged, bucket, key, model=MODEL, split=SPLIT)) == direct
+    assert answer(lambda: forged.get_object(Bucket=bucket, Key=key)) == direct
+
+
+def test_a_changed_or_deleted_source_is_seen_on_the_next_request(users):
+    a, _, a_direct, _ = users
+    bucket, key, _ = private_sample(a, 5)
+    assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "miss"
+    x2 = np.random.default_rng(6).random(MODELS[MODEL][1], dtype=np.float32)
+    a_direct.put_object(Bucket=bucket, Key=key, Body=npy_bytes(x2))  # behind the gateway's back
+    changed = pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)
+    assert cache_state(changed) == "miss"
+    y = np.load(io.BytesIO(changed["Body"].read()))
+    assert rel_l2(y, reference(MODEL, SPLIT, x2[None])[0]) <= 1e-5
+    a_direct.delete_object(Bucket=bucket, Key=key)
+    assert answer(lambda: pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == (404, "NoSuchKey")
+
+
+def test_head_and_range_are_served_once_the_output_is_cached(users):
+    """A signed HEAD or Range reads only part of the source with the caller's authority, so a cold
+    one is refused with a clear error; after a whole GET they are answered from the cache."""
+    a, _, _, _ = users
+    bucket, key, _ = private_sample(a, 7)
+
+    def head():
+        def add(request, **_):
+            request.headers["x-tensorgate-model"], request.headers["x-tensorgate-split"] = MODEL, SPLIT
+
+        a.meta.events.register_first("before-sign.s3.HeadObject", add)
+        try:
+            return a.head_object(Bucket=bucket, Key=key)
+        finally:
+            a.meta.events.unregister("before-sign.s3.HeadObject", add)
+
+    def ranged():
+        def add(request, **_):
+            request.headers["x-tensorgate-model"], request.headers["x-tensorgate-split"] = MODEL, SPLIT
+
+        a.meta.events.register_first("before-sign.s3.GetObject", add)
+        try:
+            return a.get_object(Bucket=bucket, Key=key, Range="bytes=0-9")
+        finally:
+            a.meta.events.unregister("before-sign.s3.GetObject", add)
+
+    assert answer(head) == (400, "400")  # a HEAD error has no body: botocore names the status
+    assert answer(ranged) == (400, "InvalidRequest")
+    whole = pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)
+    size = len(whole["Body"].read())
+    h = head()
+    assert h["ContentLength"] == size and cache_state(h) == "revalidated"
+    r = ranged()
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 206 and len(r["Body"].read()) == 10
+    assert cache_state(r) == "revalidated"
