@@ -69,11 +69,16 @@ impl Gateway {
         let limit = self.cfg.max_body_bytes;
         check_declared(decoded.or(declared), limit)?;
         let framed = if decoded.is_some() { limit.saturating_mul(2) } else { limit };
-        let (body, payload) = if has_body {
-            let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
-            (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
-        } else {
+        let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+        let (body, payload) = if !has_body {
             (Body::empty(), ForwardPayload::Empty)
+        } else if op == S3Op::DeleteObjects && decoded.is_none() && !headers.contains_key(headers::CONTENT_MD5) {
+            // Swift's s3api requires a Content-MD5 that boto3 >= 1.36 no longer sends: added
+            // beside the caller's signature (unsigned; the body is unchanged, small XML).
+            let data = http_body_util::BodyDataStream::new(Guarded::new(counted, limit, None));
+            self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None).await?
+        } else {
+            (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
         };
         let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
         let fwd = ForwardRequest {

@@ -201,6 +201,14 @@ def test_presigned_post_form_upload(s3, bucket, store):
         ExpiresIn=300,
     )
     r = requests.post(post["url"], data=post["fields"], files={"file": ("note.txt", b"posted from a form")}, timeout=30)
+    if TRANSPARENT and r.status_code != 204:
+        # The store decides POST forms in transparent mode; one without POST Object (Swift's
+        # s3api) answers through the gateway exactly as it answers directly.
+        direct = requests.post(f"{store['endpoint']}/{bucket}", data=post["fields"],
+                               files={"file": ("note.txt", b"posted from a form")}, timeout=30)
+        assert (r.status_code, r.text) == (direct.status_code, direct.text)
+        assert store["kind"] == "swift", r.text
+        return
     assert r.status_code == 204, r.text
     got = s3.get_object(Bucket=bucket, Key="uploads/note.txt")
     assert got["Body"].read() == b"posted from a form"

@@ -225,3 +225,37 @@ def test_head_and_range_are_served_once_the_output_is_cached(users):
     r = ranged()
     assert r["ResponseMetadata"]["HTTPStatusCode"] == 206 and len(r["Body"].read()) == 10
     assert cache_state(r) == "revalidated"
+
+
+# The second user's id in the store's ACL grants.
+ALT_GRANTEE = {"seaweedfs": "alt", "ceph-rgw": "alt", "swift": "test2:tester2"}
+
+
+def test_an_acl_grant_and_its_revocation_take_effect_on_the_next_request(users):
+    """A grants B read on one object, then revokes it. Through the gateway B gets exactly what the
+    store gives B directly at each step, features included: on a store that honours the grant
+    (Ceph RGW), B's pushdown is served (from A's cached features, after the store's yes) while the
+    grant stands and refused right after the revocation."""
+    a, b, a_direct, b_direct = users
+    bucket, key, _ = private_sample(a, 8)
+    assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "miss"
+    granted = answer(lambda: a.put_object_acl(Bucket=bucket, Key=key, GrantRead=f"id={ALT_GRANTEE[STORE_KIND]}",
+                                              GrantFullControl=f"id={store_user_id(a_direct)}"))
+    direct = answer(lambda: b_direct.get_object(Bucket=bucket, Key=key))
+    via = pushdown_get(b, bucket, key, model=MODEL, split=SPLIT) if direct[0] == 200 else None
+    if direct[0] == 200:
+        assert cache_state(via) == "revalidated"
+    else:
+        assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == direct
+    if STORE_KIND == "ceph-rgw":
+        assert granted[0] == 200 and direct[0] == 200, (granted, direct)
+    answer(lambda: a.put_object_acl(Bucket=bucket, Key=key, ACL="private"))  # Swift's s3api: NotImplemented
+    revoked = answer(lambda: b_direct.get_object(Bucket=bucket, Key=key))
+    assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == revoked
+    if STORE_KIND == "ceph-rgw":
+        assert revoked[0] == 403
+
+
+def store_user_id(c) -> str:
+    """The store's canonical id of a client's user (the bucket owner of its own buckets)."""
+    return c.list_buckets()["Owner"]["ID"]
