@@ -73,7 +73,14 @@ for store in ceph-rgw swift; do
   else
     TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth::
   fi
-  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
+  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py tests/python/test_identity.py
+done
+
+# Transparent identity mode (ADR 0013): the real-client tests again, signed with each store's own
+# user keys, the gateway holding none (test_identity.py ran per store above).
+for store in seaweedfs ceph-rgw swift; do
+  phase "transparent identity: $store (real clients with the store's own keys)"
+  TENSORGATE_TEST_IDENTITY=transparent TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
 done
 
 phase "store: fs (the embedded backend; real clients)"

@@ -981,6 +981,47 @@ mod tests {
     }
 
     #[test]
+    fn identity_mode_resolves_and_transparent_refuses_what_it_cannot_keep() {
+        let store = |extra: &str| {
+            let mut c =
+                Config::from_toml(&format!("[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\n{extra}"))
+                    .expect("toml");
+            c.apply(&Overrides::default());
+            c
+        };
+        // No store key and no client keys: the store has its own users.
+        let c = store("");
+        assert!(c.transparent());
+        c.validate().expect("valid");
+        assert!(c.credential_store().expect("store").get(DEV_ACCESS_KEY).is_none(), "no development key");
+        // A store key: terminating, as before.
+        let c = store("access_key = \"a\"\nsecret_key = \"s\"\n");
+        assert!(!c.transparent());
+        c.validate().expect("valid");
+        assert!(store("identity = \"transparent\"\naccess_key = \"a\"\nsecret_key = \"s\"\n").transparent());
+        let err = |c: Config| c.validate().expect_err("refused").to_string();
+        assert!(err(store("identity = \"terminating\"\n")).contains("backend.access_key"));
+        let mut c = store("identity = \"transparent\"\n");
+        c.credentials.push(CredentialConfig { access_key: "k".into(), secret_key: None, secret_key_file: None });
+        assert!(err(c).contains("credentials"));
+        let mut c = store("");
+        c.backend.endpoint = Some("http://127.0.0.1:8333/prefix".into());
+        assert!(err(c).contains("backend.endpoint"));
+        let mut c = store("");
+        c.pushdown.aliases.push(AliasConfig {
+            bucket: "a".into(),
+            target: "t".into(),
+            model: "tiny-cnn".into(),
+            split: "pool".into(),
+            format: None,
+            dtype: None,
+        });
+        assert!(err(c).contains("cannot be forwarded as signed"));
+        let c = Config::from_toml("[backend]\nidentity = \"transparent\"\n").expect("toml");
+        assert!(err(c).contains("backend.identity"));
+    }
+
+    #[test]
     fn overrides_win_and_dev_key_only_on_loopback() {
         let c = Config::default();
         let store = c.credential_store().expect("dev key");

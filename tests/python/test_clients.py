@@ -341,7 +341,7 @@ def test_embedded_backend_lists_as_the_store_does(gateway, s3, tmp_path):
     attributes header): the fs backend answers what the store answers, page by page."""
     from conftest import run_gateway
 
-    name = f"listing-{STORE_KIND}"
+    name = f"listing-{STORE_KIND}-{os.getpid()}"
     with run_gateway(tmp_path) as (fs_endpoint, _, fs_s3, _):
         for client in (s3, fs_s3):
             client.create_bucket(Bucket=name)

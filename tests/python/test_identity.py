@@ -259,3 +259,33 @@ def test_an_acl_grant_and_its_revocation_take_effect_on_the_next_request(users):
 def store_user_id(c) -> str:
     """The store's canonical id of a client's user (the bucket owner of its own buckets)."""
     return c.list_buckets()["Owner"]["ID"]
+
+
+@pytest.mark.skipif(STORE_KIND != "seaweedfs", reason="the README's store is a SeaweedFS on 127.0.0.1:8333")
+def test_the_readme_transparent_example_runs_as_written():
+    """The README's one-line transparent gateway, verbatim, in front of a SeaweedFS at the address
+    it names: the store's own users read, write and push down with their own keys; the second
+    user is refused the first one's object."""
+    import re
+    import shlex
+
+    section = (ROOT / "README.md").read_text().split("## In front of an existing store")[1]
+    command = re.search(r"```sh\n(tensorgate serve[^\n]*)\n```", section).group(1)
+    env = dict(os.environ, SEAWEED_PORT="8333")
+    subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "start"], env=env, check=True, capture_output=True)
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_", "ORT_"))}
+    run_env["PATH"] = f"{BINARY.parent}:{run_env['PATH']}"
+    proc = subprocess.Popen(shlex.split(command), cwd=ROOT, env=run_env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_ready("http://127.0.0.1:9001", proc)
+        a = client("http://127.0.0.1:9000", "seaweed-ak", "seaweed-sk")
+        b = client("http://127.0.0.1:9000", "seaweed-alt-ak", "seaweed-alt-sk")
+        bucket, key, x = private_sample(a, 9)
+        y = np.load(io.BytesIO(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)["Body"].read()))
+        assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+        assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT))[0] == 403
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, check=False)
