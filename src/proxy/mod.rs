@@ -395,7 +395,7 @@ impl Gateway {
                 self.prepared_body(op, checked(data, header_checksum), decoded_length, &mut headers, None).await?
             }
         };
-        let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
+        let written = written_scope(op, &target);
         let fwd = ForwardRequest {
             op,
             method: parts.method,
@@ -411,7 +411,7 @@ impl Gateway {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
         };
         let result = self.backend.send(fwd).await;
-        invalidate_after(written, &result);
+        invalidate_after(self.cache.as_deref(), written, &result);
         let mut resp = result?;
         if planned_none {
             // `split=auto` whose plan is no pushdown: the plain object, marked so that a client
@@ -530,13 +530,14 @@ fn decoded_headers(headers: &mut HeaderMap) {
 /// old bytes carries an older generation (see `crate::cache`). A refused write (`4xx`) changed
 /// nothing, so it cannot evict anyone's cached outputs.
 fn invalidate_after(
-    written: Option<(Arc<TensorCache>, (String, Option<String>))>,
+    cache: Option<&TensorCache>,
+    written: Option<(String, Option<String>)>,
     result: &Result<Response<Body>, crate::backend::BackendError>,
 ) {
     if matches!(result, Ok(r) if r.status().is_client_error()) {
         return;
     }
-    if let Some((cache, (bucket, key))) = written {
+    if let (Some(cache), Some((bucket, key))) = (cache, written) {
         match key {
             Some(k) => cache.object_written(&bucket, &k),
             None => cache.bucket_written(&bucket),

@@ -80,7 +80,7 @@ impl Gateway {
         } else {
             (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
         };
-        let written = self.cache.as_ref().and_then(|c| written_scope(op, &target).map(|w| (c.clone(), w)));
+        let written = written_scope(op, &target);
         let fwd = ForwardRequest {
             op,
             method: parts.method,
@@ -96,7 +96,7 @@ impl Gateway {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
         };
         let result = self.backend.send(fwd).await;
-        invalidate_after(written, &result);
+        invalidate_after(self.cache.as_deref(), written, &result);
         let mut resp = result?;
         if planned_none {
             resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));
