@@ -163,6 +163,11 @@ impl Server {
             None => None,
         };
         let cluster = config.cluster.clone().map(crate::cluster::Cluster::new);
+        let prover = Arc::new(if config.transparent() {
+            admin::proof::Prover::Store(backend.clone())
+        } else {
+            admin::proof::Prover::Gateway(creds.clone())
+        });
         let mut gateway = Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache);
         if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
             let secret = config.cluster_secret()?;
@@ -199,6 +204,7 @@ impl Server {
             cache: gateway.cache().cloned(),
             cluster,
             metrics,
+            prover,
         });
         let admin_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(admin_listener, admin_app).await {

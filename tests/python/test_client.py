@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -148,8 +149,9 @@ def test_link_rate_counts_overlapping_transfers_once():
     assert link_rate([f(1, 1, 0)]) is None
 
 
-def post_plan(admin, model, profile):
-    req = urllib.request.Request(f"{admin}/v1/plan", data=json.dumps({"model": model, "profile": profile}).encode(),
+def post_plan(admin, model, profile, proof, **fields):
+    body = {"model": model, "profile": profile, "proof": proof, **fields}
+    req = urllib.request.Request(f"{admin}/v1/plan", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req) as r:
         return json.load(r)
@@ -161,7 +163,7 @@ def test_planner_picks_the_obvious_split_and_auto_follows_it(gw):
     base = {"batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
             "compute_secs_per_sample": {"none": 0.0001, "stem": 0.00005, "block1": 0.00002, "block2": 0.0}}
     # A very slow network: the split with the fewest bytes per sample wins.
-    slow = post_plan(admin, MODEL, dict(base, bandwidth_bytes_per_sec=1e4))
+    slow = post_plan(admin, MODEL, dict(base, bandwidth_bytes_per_sec=1e4), client.proof())
     sizes = {s["split"]: s["bytes_per_sample"] for s in slow["storage"]["splits"]}
     assert sizes.get(slow["plan"]["chosen"]) == min(sizes.values()), slow  # block1 and block2 tie
     assert {c["split"] for c in slow["plan"]["candidates"]} == {"none", "stem", "block1", "block2"}
@@ -170,10 +172,42 @@ def test_planner_picks_the_obvious_split_and_auto_follows_it(gw):
     assert got.plan and all("=" in part for part in got.plan.split(";"))
     # A very fast network and a compute tier far faster than the storage node: no pushdown.
     fast = post_plan(admin, MODEL, dict(base, bandwidth_bytes_per_sec=1e12,
-                                        compute_secs_per_sample={"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9}))
+                                        compute_secs_per_sample={"none": 1e-9, "stem": 1e-9, "block1": 1e-9, "block2": 1e-9}),
+                     client.proof())
     assert fast["plan"]["chosen"] == "none", fast
     raw = client.get("shards", "train/000.tar", MODEL, "auto")
     assert raw.split == "none" and raw.result.features.tobytes()[257:262] == b"ustar"  # the raw shard, marked
+
+
+def test_a_plan_needs_a_proof_and_changes_only_the_proven_tenants_split(gw):
+    """POST /v1/plan changes `split=auto` for the tenant whose key signed its proof, and for no
+    other; without a proof, with a forged one, naming another tenant or with a long-lived proof
+    it is refused and nothing changes."""
+    client, admin, _ = gw
+    profile = {"batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
+               "bandwidth_bytes_per_sec": 1e4,
+               "compute_secs_per_sample": {"none": 0.0001, "stem": 0.00005, "block1": 0.00002, "block2": 0.0}}
+
+    def refused(**fields):
+        try:
+            post_plan(admin, MODEL, profile, fields.pop("proof", None), **fields)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)["error"]
+        return 200, None
+
+    forged = Client(client.endpoint, "tensorgate-dev", "not-the-secret").proof()
+    assert refused() == (403, "AccessDenied")
+    assert refused(proof=forged) == (403, "AccessDenied")
+    assert refused(proof=client.proof(), tenant="someone-else") == (403, "AccessDenied")
+    assert refused(proof=client.proof(expires=3600)) == (400, "InvalidArgument")
+    assert refused(proof=client.proof()) == (200, None)
+
+    def plan_of(tenant):
+        with urllib.request.urlopen(f"{admin}/v1/plan?model={MODEL}&tenant={tenant}") as r:
+            return json.load(r)["plan"]
+
+    assert plan_of("tensorgate-dev") is not None
+    assert plan_of("someone-else") is None
 
 
 def test_the_loader_profiles_and_plans_by_itself(gw):

@@ -9,6 +9,7 @@ import itertools
 import os
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import boto3
@@ -289,3 +290,40 @@ def test_the_readme_transparent_example_runs_as_written():
         proc.terminate()
         proc.wait(timeout=30)
         subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, check=False)
+
+
+def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway_t, store):
+    """Transparent mode: the admin API holds no secret, so the store checks the proof (the
+    tenant's own presigned ListBuckets); A's plan changes A's `split=auto` and nobody else's."""
+    import json
+
+    from tensorgate.client import Client
+    from test_client import post_plan
+
+    endpoint, admin, _ = gateway_t
+    a = Client(endpoint, store["access_key"], store["secret_key"], admin=admin)
+    forged = Client(endpoint, store["access_key"], "not-the-secret")
+    b = Client(endpoint, store["alt_access_key"], store["alt_secret_key"])
+    profile = {"batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
+               "bandwidth_bytes_per_sec": 1e4,
+               "compute_secs_per_sample": {"none": 1e-4, "stem": 5e-5, "block2": 2e-5, "pool": 0.0}}
+
+    def status(proof, **fields):
+        try:
+            post_plan(admin, MODEL, profile, proof, **fields)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)["error"]
+        return 200, None
+
+    assert status(None) == (403, "AccessDenied")
+    assert status(forged.proof()) == (403, "AccessDenied")
+    assert status(b.proof(), tenant=store["access_key"]) == (403, "AccessDenied")
+    assert status(a.proof()) == (200, None)
+
+    def plan_of(tenant):
+        q = urllib.parse.urlencode({"model": MODEL, "tenant": tenant})
+        with urllib.request.urlopen(f"{admin}/v1/plan?{q}") as r:
+            return json.load(r)["plan"]
+
+    assert plan_of(store["access_key"]) is not None
+    assert plan_of(store["alt_access_key"]) is None

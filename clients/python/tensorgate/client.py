@@ -273,7 +273,14 @@ class Client:
 
     def plan(self, model: str, profile: dict) -> dict:
         """Asks the gateway's planner; returns {"plan": {"chosen", "candidates"}, "storage": ...}."""
-        return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile, "tenant": self.tenant}))
+        return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile, "tenant": self.tenant,
+                                                   "proof": self.proof()}))
+
+    def proof(self, expires: int = 300) -> str:
+        """A presigned `GET /` (ListBuckets) URL signed with this client's key: what the admin API
+        asks of a call that changes something (the gateway, or in transparent mode the store,
+        checks it; docs/planner.md)."""
+        return self.s3.generate_presigned_url("list_buckets", ExpiresIn=expires)
 
 
 def _fields(model: str | None, split: str | None, **optional) -> dict:

@@ -2,8 +2,11 @@
 //! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
 //! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/storage`, `/v1/plan` (JSON).
 //!
-//! The admin port carries no S3 credentials: bind it where only operators and the training
-//! cluster can reach it (it serves model graphs and accepts plans, never object data).
+//! Reads need no credential (bind the port where operators, Prometheus and the training cluster
+//! reach it; it serves model graphs and metrics, never object data). A change needs a proof of
+//! the tenant's access key ([`proof`]), and a tenant changes only its own plan.
+
+pub mod proof;
 
 use std::sync::Arc;
 
@@ -29,6 +32,8 @@ pub struct AdminState {
     /// The cluster this gateway is a member of (`[cluster]`).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub metrics: Metrics,
+    /// Checks who asks for a change (`POST /v1/plan`).
+    pub prover: Arc<proof::Prover>,
 }
 
 /// The admin router.
@@ -111,6 +116,15 @@ fn failure(e: crate::pushdown::PushdownError) -> Reply {
     json(spec.status, &serde_json::json!({ "error": spec.code, "message": spec.message }))
 }
 
+fn refused(e: &proof::ProofError) -> Reply {
+    let code = match e.status() {
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+        StatusCode::BAD_REQUEST => "InvalidArgument",
+        _ => "AccessDenied",
+    };
+    json(e.status(), &serde_json::json!({ "error": code, "message": e.to_string() }))
+}
+
 fn pushdown(s: &AdminState) -> Result<&Arc<Pushdown>, Reply> {
     s.pushdown.as_ref().ok_or_else(|| json(StatusCode::NOT_FOUND, &serde_json::json!({ "error": "pushdown disabled" })))
 }
@@ -174,12 +188,17 @@ async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q)
 struct PlanRequest {
     model: String,
     profile: crate::planner::ClientProfile,
-    /// The asking client's access key: its own open requests do not count as load.
+    /// The asking client's access key: its own open requests do not count as load. When given,
+    /// it must be the key the proof proves.
     #[serde(default)]
     tenant: Option<String>,
+    /// A presigned `GET /` URL signed with the tenant's key ([`proof`]).
+    #[serde(default)]
+    proof: Option<String>,
 }
 
-/// Plans a model for a client profile (and remembers it for `split=auto`).
+/// Plans a model for a client profile and remembers it for `split=auto` of the tenant the proof
+/// proves (and no other).
 async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
     let pd = match pushdown(&s) {
         Ok(p) => p,
@@ -194,7 +213,19 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
             );
         }
     };
-    match pd.plan(&req.model, &req.profile, req.tenant.as_deref()).await {
+    let proven = match req.proof.as_deref() {
+        None => Err(proof::ProofError::Missing),
+        Some(p) => s.prover.prove(p).await,
+    };
+    let tenant = match proven {
+        Ok(t) if req.tenant.as_ref().is_none_or(|named| *named == t) => t,
+        Ok(proven) => {
+            let named = req.tenant.unwrap_or_default();
+            return refused(&proof::ProofError::OtherTenant { proven, named });
+        }
+        Err(e) => return refused(&e),
+    };
+    match pd.plan(&req.model, &req.profile, Some(&tenant)).await {
         Ok((plan, storage)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": req.model, "plan": plan, "storage": storage }))
         }
