@@ -2,6 +2,7 @@
 //! parsed into one [`Config`] and validated once at start. Every key is documented in
 //! `config/example.toml`; `tensorgate check-config FILE` runs the same validation.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -209,12 +210,21 @@ impl EdgeSettings {
 }
 
 /// One client credential.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialConfig {
     pub access_key: String,
     pub secret_key: Option<SecretKey>,
     pub secret_key_file: Option<PathBuf>,
+    /// This client's own store credential (terminating mode, `s3` backend): its requests reach
+    /// the store as this user, so the store's ACLs, policies and logs tell tenants apart. Without
+    /// it, the shared `backend.access_key` signs.
+    #[serde(default)]
+    pub store_access_key: Option<String>,
+    #[serde(default)]
+    pub store_secret_key: Option<SecretKey>,
+    #[serde(default)]
+    pub store_secret_key_file: Option<PathBuf>,
 }
 
 /// Who authenticates clients (`backend.identity`; ADR 0013).
@@ -683,7 +693,7 @@ impl Config {
             self.credentials.push(CredentialConfig {
                 access_key: ak.clone(),
                 secret_key: o.secret_key.clone().map(SecretKey::new),
-                secret_key_file: None,
+                ..CredentialConfig::default()
             });
         }
     }
@@ -741,6 +751,7 @@ impl Config {
             return Err(invalid("domains", format!("{d:?} is not a host name")));
         }
         self.credential_store()?;
+        self.tenant_store_keys()?;
         let p = &self.pushdown;
         if p.queue_capacity == 0
             || p.max_batch == 0
@@ -797,10 +808,12 @@ impl Config {
             }
             if self.transparent() {
                 self.validate_transparent(&uri)?;
-            } else if b.access_key.as_deref().is_none_or(str::is_empty) {
+            } else if b.access_key.as_deref().is_none_or(str::is_empty)
+                && (self.credentials.is_empty() || self.credentials.iter().any(|c| c.store_access_key.is_none()))
+            {
                 return Err(invalid(
                     "backend.access_key",
-                    "required for the s3 backend in terminating identity mode (backend.identity)",
+                    "required for the s3 backend in terminating identity mode (backend.identity), unless every [[credentials]] entry has its own store_access_key",
                 ));
             }
             if b.access_key.is_some() {
@@ -897,6 +910,32 @@ impl Config {
             }
             _ => Ok(None),
         }
+    }
+
+    /// Each client credential's own store key (`store_access_key`), by client access key.
+    ///
+    /// # Errors
+    /// A store key without a readable secret, or one given for the `fs` backend.
+    pub fn tenant_store_keys(&self) -> Result<HashMap<String, (String, SecretKey)>, ConfigError> {
+        let mut out = HashMap::new();
+        for c in &self.credentials {
+            let Some(store_key) = &c.store_access_key else {
+                if c.store_secret_key.is_some() || c.store_secret_key_file.is_some() {
+                    return Err(invalid("credentials.store_access_key", "a store secret needs its store_access_key"));
+                }
+                continue;
+            };
+            if self.backend.kind != BackendKind::S3 || store_key.is_empty() {
+                return Err(invalid("credentials.store_access_key", "a non-empty store key, for the s3 backend only"));
+            }
+            let secret = read_secret(
+                c.store_secret_key.as_ref(),
+                c.store_secret_key_file.as_deref(),
+                "credentials.store_secret_key",
+            )?;
+            out.insert(c.access_key.clone(), (store_key.clone(), secret));
+        }
+        Ok(out)
     }
 
     /// The store's key, when one is configured (validated before).
@@ -1002,7 +1041,7 @@ mod tests {
         let err = |c: Config| c.validate().expect_err("refused").to_string();
         assert!(err(store("identity = \"terminating\"\n")).contains("backend.access_key"));
         let mut c = store("identity = \"transparent\"\n");
-        c.credentials.push(CredentialConfig { access_key: "k".into(), secret_key: None, secret_key_file: None });
+        c.credentials.push(CredentialConfig { access_key: "k".into(), ..CredentialConfig::default() });
         assert!(err(c).contains("credentials"));
         let mut c = store("");
         c.backend.endpoint = Some("http://127.0.0.1:8333/prefix".into());
@@ -1019,6 +1058,28 @@ mod tests {
         assert!(err(c).contains("cannot be forwarded as signed"));
         let c = Config::from_toml("[backend]\nidentity = \"transparent\"\n").expect("toml");
         assert!(err(c).contains("backend.identity"));
+    }
+
+    #[test]
+    fn a_store_key_per_client_replaces_the_shared_one_only_when_every_client_has_one() {
+        let base = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\n";
+        let own = "[[credentials]]\naccess_key = \"a\"\nsecret_key = \"as\"\nstore_access_key = \"sa\"\nstore_secret_key = \"ss\"\n";
+        let plain = "[[credentials]]\naccess_key = \"b\"\nsecret_key = \"bs\"\n";
+        let parse = |t: String| Config::from_toml(&t).expect("toml");
+        let c = parse(format!("{base}{own}"));
+        assert!(!c.transparent());
+        c.validate().expect("every client has its own store key");
+        assert_eq!(c.tenant_store_keys().expect("keys")["a"].0, "sa");
+        let err = parse(format!("{base}{own}{plain}")).validate().expect_err("b has no store key");
+        assert!(err.to_string().contains("backend.access_key"));
+        parse(format!("{base}access_key = \"k\"\nsecret_key = \"s\"\n{own}{plain}"))
+            .validate()
+            .expect("shared key for b");
+        let half = "[[credentials]]\naccess_key = \"c\"\nsecret_key = \"cs\"\nstore_secret_key = \"x\"\n";
+        let err = parse(format!("{base}access_key = \"k\"\nsecret_key = \"s\"\n{half}")).validate().expect_err("half");
+        assert!(err.to_string().contains("store_access_key"));
+        let err = parse(own.to_owned()).validate().expect_err("fs backend");
+        assert!(err.to_string().contains("store_access_key"));
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                         endpoint,
                         region: b.region.clone(),
                         key: config.backend_key()?,
+                        tenant_keys: config.tenant_store_keys()?,
                         connect_timeout: Duration::from_millis(b.connect_timeout_ms),
                         response_timeout: Duration::from_secs(b.response_timeout_secs),
                         max_concurrency: b.max_concurrency,

@@ -124,6 +124,16 @@ impl Backend {
         }
     }
 
+    /// Whether client credentials have store keys of their own (`[[credentials]]`
+    /// `store_access_key`): the store then tells callers apart, so it is asked for each one.
+    #[must_use]
+    pub fn has_tenant_keys(&self) -> bool {
+        match self {
+            Self::S3(b) => b.has_tenant_keys(),
+            Self::Fs(_) => false,
+        }
+    }
+
     /// Short name for logs.
     #[must_use]
     pub fn kind(&self) -> &'static str {

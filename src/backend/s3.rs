@@ -34,9 +34,13 @@ pub struct S3BackendConfig {
     /// `http://host:port[/prefix]`.
     pub endpoint: Uri,
     pub region: String,
-    /// The store's key, which signs requests the gateway authenticated (terminating mode).
-    /// `None` in transparent mode without one: nothing is then ever signed by the gateway.
+    /// The store's key, which signs requests the gateway authenticated (terminating mode) unless
+    /// their client credential has its own. `None` in transparent mode without one, or when every
+    /// client credential has its own store key.
     pub key: Option<(String, SecretKey)>,
+    /// Per client access key, the store key its requests are signed with (`[[credentials]]`
+    /// `store_access_key`): tenants stay distinct at the store.
+    pub tenant_keys: std::collections::HashMap<String, (String, SecretKey)>,
     pub connect_timeout: Duration,
     /// Time to response headers for body-less requests. Requests with a body have none: the
     /// backend answers only after the whole upload, which may legitimately take minutes.
@@ -77,6 +81,11 @@ impl S3Backend {
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
         let limit = Arc::new(Semaphore::new(cfg.max_concurrency));
         Ok(Self { cfg: Arc::new(cfg), client, limit, metrics })
+    }
+
+    #[must_use]
+    pub fn has_tenant_keys(&self) -> bool {
+        !self.cfg.tenant_keys.is_empty()
     }
 
     #[must_use]
@@ -133,13 +142,20 @@ impl S3Backend {
                     );
                 }
             }
-            Authority::Gateway(_) => self.sign(&mut out, &req.payload)?,
+            Authority::Gateway(proof) => {
+                let key = self.cfg.tenant_keys.get(proof.access_key()).or(self.cfg.key.as_ref());
+                self.sign(&mut out, &req.payload, key.ok_or(BackendError::NoStoreKey)?)?;
+            }
         }
         Ok(out)
     }
 
-    fn sign(&self, req: &mut Request<Body>, payload: &ForwardPayload) -> Result<(), BackendError> {
-        let (access_key, secret) = self.cfg.key.as_ref().ok_or(BackendError::NoStoreKey)?;
+    fn sign(
+        &self,
+        req: &mut Request<Body>,
+        payload: &ForwardPayload,
+        (access_key, secret): &(String, SecretKey),
+    ) -> Result<(), BackendError> {
         let identity = Credentials::new(access_key, secret.expose(), None, None, "tensorgate-backend").into();
         let mut settings = SigningSettings::default();
         settings.percent_encoding_mode = PercentEncodingMode::Single;

@@ -265,9 +265,9 @@ impl Gateway {
             self.cfg.allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
-        let (identity, via_peer) = match &self.routing {
-            Some(r) => r.acting_identity(identity, &parts.headers),
-            None => (identity, false),
+        let (identity, authority, via_peer) = match &self.routing {
+            Some(r) => r.acting_identity(identity, authority, &parts.headers),
+            None => (identity, authority, false),
         };
         let requested = pushdown_spec::parse(&parts.headers, parts.uri.query())?;
         let alias = target.bucket.as_ref().and_then(|b| self.cfg.aliases.get(b)).cloned();

@@ -72,19 +72,29 @@ impl Routing {
         self.cluster.node_id()
     }
 
-    /// The identity a request acts for: a hop signed by the cluster credential acts for the
-    /// tenant it names; any other request for whoever signed it (a client's `tensorgate-peer-*`
-    /// headers mean nothing).
+    /// The identity (and store authority) a request acts for: a hop signed by the cluster
+    /// credential acts for the tenant it names; any other request for whoever signed it (a
+    /// client's `tensorgate-peer-*` headers mean nothing).
     #[must_use]
-    pub fn acting_identity(&self, identity: Identity, headers: &HeaderMap) -> (Identity, bool) {
+    pub fn acting_identity(
+        &self,
+        identity: Identity,
+        authority: Authority,
+        headers: &HeaderMap,
+    ) -> (Identity, Authority, bool) {
         let peer = self.secret.is_some() && matches!(&identity, Identity::AccessKey(k) if *k == self.access_key);
+        let Authority::Gateway(proof) = authority.clone() else {
+            return (identity, authority, false);
+        };
         if !peer {
-            return (identity, false);
+            return (identity, authority, false);
         }
         match headers.get(&PEER_TENANT).and_then(|v| v.to_str().ok()) {
-            Some("anonymous") => (Identity::Anonymous, true),
-            Some(t) if !t.is_empty() => (Identity::AccessKey(t.to_owned()), true),
-            _ => (identity, true),
+            Some("anonymous") => (Identity::Anonymous, Authority::Anonymous, true),
+            Some(t) if !t.is_empty() => {
+                (Identity::AccessKey(t.to_owned()), Authority::Gateway(proof.acting_for(t)), true)
+            }
+            _ => (identity, authority, true),
         }
     }
 
@@ -155,6 +165,7 @@ impl Routing {
             endpoint: owner.s3.parse().ok()?,
             region: self.region.clone(),
             key: Some((self.access_key.clone(), self.secret.clone()?)),
+            tenant_keys: std::collections::HashMap::new(),
             connect_timeout: PEER_CONNECT_TIMEOUT,
             response_timeout: self.response_timeout,
             max_concurrency: PEER_MAX_CONCURRENCY,

@@ -73,9 +73,9 @@ impl Serving<'_> {
     ) -> Result<Response<Body>, GatewayError> {
         let tenant = identity.name();
         // When the store decides who may read (an anonymous reader; any caller in transparent
-        // mode), an output is never served from the cache before the store said yes on this
-        // request.
-        let ask_store = authority.store_decides();
+        // mode; every caller when clients have store keys of their own), an output is never
+        // served from the cache before the store said yes to this caller on this request.
+        let ask_store = authority.store_decides() || self.backend.has_tenant_keys();
         // Transparent mode: the source is read with the caller's own signed request.
         let as_caller = matches!(authority, Authority::Caller(_));
         let pd = self.pushdown.ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
@@ -165,7 +165,7 @@ impl Serving<'_> {
                 "unchanged"
             } else if resp.status().is_success() {
                 "changed"
-            } else if as_caller {
+            } else if ask_store {
                 // This caller's refusal says nothing of the object: the entry stays for others.
                 "refused"
             } else {

@@ -7,14 +7,31 @@
 //! the caller's own signed request travels unchanged for the store to authenticate (ADR 0013).
 
 /// Proof that the gateway itself verified who sent a request (a SigV4 or SigV2 signature, or a
-/// POST policy, against a secret it holds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Authenticated(());
+/// POST policy, against a secret it holds), naming the verified access key: the store request is
+/// signed with that credential's own store key when it has one (`[[credentials]]`
+/// `store_access_key`), else with the gateway's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    access_key: String,
+}
 
 impl Authenticated {
     /// Made only where a signature was checked.
-    pub(in crate::s3) const fn new() -> Self {
-        Self(())
+    pub(in crate::s3) fn new(access_key: &str) -> Self {
+        Self { access_key: access_key.to_owned() }
+    }
+
+    /// The verified access key.
+    #[must_use]
+    pub fn access_key(&self) -> &str {
+        &self.access_key
+    }
+
+    /// A cluster hop, authenticated by the cluster credential, acts for the tenant it names (the
+    /// member that forwarded it verified that tenant): the proof moves to that tenant.
+    #[must_use]
+    pub fn acting_for(self, tenant: &str) -> Self {
+        Self { access_key: tenant.to_owned() }
     }
 }
 
@@ -114,7 +131,7 @@ mod tests {
 
     #[test]
     fn only_the_gateway_variant_lets_the_gateway_decide() {
-        assert!(!Authority::Gateway(Authenticated::new()).store_decides());
+        assert!(!Authority::Gateway(Authenticated::new("AK")).store_decides());
         assert!(Authority::Anonymous.store_decides());
         let (parts, ()) = http::Request::get("/b/k?tensorgate-model=m").body(()).expect("request").into_parts();
         let caller = Authority::caller(&parts);

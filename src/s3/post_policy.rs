@@ -228,9 +228,9 @@ pub fn authorize(
         let inputs = Inputs { form, bucket, raw_key, key: &key };
         check_conditions(&policy.conditions, &inputs)?
     };
-    let authority = match identity {
+    let authority = match &identity {
         Identity::Anonymous => Authority::Anonymous,
-        _ => Authority::Gateway(Authenticated::new()),
+        Identity::AccessKey(k) | Identity::Claimed(k) => Authority::Gateway(Authenticated::new(k)),
     };
     Ok(Authorized { identity, authority, key, content_length_range, success: success_action(form) })
 }
@@ -797,7 +797,7 @@ mod tests {
             ok,
             Authorized {
                 identity: Identity::AccessKey(AWS_AK.to_owned()),
-                authority: Authority::Gateway(Authenticated::new()),
+                authority: Authority::Gateway(Authenticated::new(AWS_AK)),
                 key: "user/user1/MyPhoto.jpg".to_owned(),
                 content_length_range: None,
                 success: SuccessAction::Redirect(AWS_REDIRECT.to_owned()),

@@ -327,3 +327,42 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
 
     assert plan_of(store["access_key"]) is not None
     assert plan_of(store["alt_access_key"]) is None
+
+
+def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, tmp_path):
+    """Terminating mode, each `[[credentials]]` entry with its own store key and no shared one:
+    every request reaches the store as that client's store user, so the store keeps telling them
+    apart; cached features are served to a client only after the store said yes to its user."""
+    config = tmp_path / "tensorgate.toml"
+    config.write_text(
+        '[[credentials]]\naccess_key = "tenant-a"\nsecret_key = "tenant-a-secret"\n'
+        f'store_access_key = "{store["access_key"]}"\nstore_secret_key = "{store["secret_key"]}"\n'
+        '[[credentials]]\naccess_key = "tenant-b"\nsecret_key = "tenant-b-secret"\n'
+        f'store_access_key = "{store["alt_access_key"]}"\nstore_secret_key = "{store["alt_secret_key"]}"\n'
+    )
+    port, admin_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_"))}
+    env.update(TENSORGATE_CONFIG=str(config), TENSORGATE_LISTEN=f"127.0.0.1:{port}",
+               TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}", TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
+               TENSORGATE_MODELS_DIR=str(ROOT / "models"), ORT_DYLIB_PATH=ort_library())
+    with open(tmp_path / "gateway.log", "w") as log:
+        proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(f"http://127.0.0.1:{admin_port}", proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        a, b = client(endpoint, "tenant-a", "tenant-a-secret"), client(endpoint, "tenant-b", "tenant-b-secret")
+        b_direct = client(store["endpoint"], store["alt_access_key"], store["alt_secret_key"])
+        bucket, key, _ = private_sample(a, 10)
+        assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "miss"
+        direct = answer(lambda: b_direct.get_object(Bucket=bucket, Key=key))
+        assert direct[0] in (403, 404)
+        assert answer(lambda: b.get_object(Bucket=bucket, Key=key)) == direct
+        assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == direct
+        assert cache_state(pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)) == "revalidated"
+        own = f"alt-keys-{os.getpid()}"
+        b.create_bucket(Bucket=own)
+        b.put_object(Bucket=own, Key="k", Body=b"b's")
+        assert b_direct.get_object(Bucket=own, Key="k")["Body"].read() == b"b's"  # stored as B's
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

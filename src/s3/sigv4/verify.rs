@@ -252,7 +252,7 @@ fn verify_header(
     let signer = ChunkSigner { key, amz_date: amz_date.to_owned(), scope, seed_signature: expected };
     let payload = payload_mode(payload_hash.as_bytes(), headers, Some(signer))?;
     Ok(Verified {
-        authority: Authority::Gateway(Authenticated::new()),
+        authority: Authority::Gateway(Authenticated::new(cs.access_key)),
         identity: Identity::AccessKey(cs.access_key.to_owned()),
         payload,
         presigned: false,
@@ -294,7 +294,7 @@ fn verify_v2_header(
         sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, date_line, &resource));
     check(&expected, sig)?;
     Ok(Verified {
-        authority: Authority::Gateway(Authenticated::new()),
+        authority: Authority::Gateway(Authenticated::new(access_key)),
         identity: Identity::AccessKey(access_key.to_owned()),
         payload: Payload::Unsigned,
         presigned: false,
@@ -324,7 +324,7 @@ fn verify_v2_presigned(
         sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, &expires, &resource));
     check(&expected, &sig)?;
     Ok(Verified {
-        authority: Authority::Gateway(Authenticated::new()),
+        authority: Authority::Gateway(Authenticated::new(&access_key)),
         identity: Identity::AccessKey(access_key),
         payload: Payload::Unsigned,
         presigned: true,
@@ -391,7 +391,7 @@ fn verify_presigned(
         p => p,
     };
     Ok(Verified {
-        authority: Authority::Gateway(Authenticated::new()),
+        authority: Authority::Gateway(Authenticated::new(cs.access_key)),
         identity: Identity::AccessKey(cs.access_key.to_owned()),
         payload,
         presigned: true,
