@@ -856,12 +856,6 @@ impl Config {
                 "an alias bucket is not a bucket of the store, so a request signed for it cannot be forwarded as signed (transparent identity mode)",
             ));
         }
-        if self.cluster.is_some() {
-            return Err(invalid(
-                "cluster",
-                "routing pushdowns between members in transparent identity mode is not built yet (docs/adr/0013)",
-            ));
-        }
         Ok(())
     }
 

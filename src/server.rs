@@ -172,7 +172,7 @@ impl Server {
         let mut gateway = Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache);
         if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
             let secret = config.cluster_secret()?;
-            if secret.is_none() {
+            if secret.is_none() && !config.transparent() {
                 tracing::warn!("cluster: no cluster.secret_key; pushdowns are computed where they arrive");
             }
             gateway = gateway.with_routing(crate::proxy::owner::Routing::new(

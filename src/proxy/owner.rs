@@ -27,12 +27,19 @@ use crate::metrics::Metrics;
 use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec, remove_trigger_headers, without_trigger_params};
 use crate::s3::authority::Authority;
 use crate::s3::credentials::SecretKey;
+use crate::s3::headers::HOP_BY_HOP;
 use crate::s3::route::S3Op;
 use crate::s3::route::Target;
 use crate::s3::sigv4::verify::Identity;
 
 /// The header a hop names its tenant in (outside `x-tensorgate-*`, which are pushdown fields).
 pub const PEER_TENANT: HeaderName = HeaderName::from_static("tensorgate-peer-tenant");
+/// Transparent mode: the member a caller's request was forwarded from (unsigned; a client that
+/// sets it only makes the member it asked compute).
+pub const HOP: HeaderName = HeaderName::from_static("tensorgate-hop");
+/// Transparent mode: the split the forwarding member resolved `split=auto` to (unsigned; a client
+/// that sets it only chooses a split it could have asked for).
+pub const HOP_SPLIT: HeaderName = HeaderName::from_static("tensorgate-hop-split");
 /// Who computed a pushdown response (a member id).
 pub const COMPUTED_BY: HeaderName = HeaderName::from_static("x-tensorgate-computed-by");
 /// A peer that accepts no connection within this is treated as down for the request (the
@@ -115,16 +122,11 @@ impl Routing {
         if !matches!(authority, Authority::Gateway(_)) {
             return None;
         }
-        let (bucket, key) = (target.bucket.as_deref()?, target.key.as_deref()?);
-        let owner = self.cluster.owner(bucket, key)?;
-        if owner.id == self.node_id() {
-            return None;
-        }
-        let peer = self.peer(&owner)?;
+        let (owner, peer) = self.owner_elsewhere(target)?;
         let req = ForwardRequest {
             op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
             method: parts.method.clone(),
-            target: Target { bucket: Some(bucket.to_owned()), key: Some(key.to_owned()), virtual_host: false },
+            target: Target { bucket: target.bucket.clone(), key: target.key.clone(), virtual_host: false },
             query: forwarded_query(parts.uri.query()).and_then(|q| without_trigger_params(&q)),
             headers: hop_headers(&parts.headers, spec, tenant),
             body: Body::empty(),
@@ -132,6 +134,49 @@ impl Routing {
             authority: authority.clone(),
             expect_continue: false,
         };
+        self.relay(&owner, &peer, req).await
+    }
+
+    /// Transparent identity mode: the caller's own signed request goes to the owner unchanged
+    /// (no credential that could read every object travels between members), marked as a hop
+    /// ([`HOP`], unsigned) so the owner serves it instead of routing it again, with the split
+    /// `split=auto` resolved to here ([`HOP_SPLIT`]). The owner reads the source with the
+    /// caller's request, so the store decides there as it would here. `None`: serve it here.
+    pub async fn forward_as_sent(&self, parts: &Parts, target: &Target, split: &str) -> Option<Response<Body>> {
+        let (owner, peer) = self.owner_elsewhere(target)?;
+        let mut headers = parts.headers.clone();
+        for name in HOP_BY_HOP {
+            headers.remove(*name);
+        }
+        headers.insert(HOP, HeaderValue::from_str(self.node_id()).ok()?);
+        headers.insert(HOP_SPLIT, HeaderValue::from_str(split).ok()?);
+        let req = ForwardRequest {
+            op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
+            method: parts.method.clone(),
+            target: target.clone(),
+            query: None,
+            headers,
+            body: Body::empty(),
+            payload: ForwardPayload::Empty,
+            authority: Authority::caller(parts),
+            expect_continue: false,
+        };
+        self.relay(&owner, &peer, req).await
+    }
+
+    /// The object's owner and a client for it, when that is another member.
+    fn owner_elsewhere(&self, target: &Target) -> Option<(Member, S3Backend)> {
+        let (bucket, key) = (target.bucket.as_deref()?, target.key.as_deref()?);
+        let owner = self.cluster.owner(bucket, key)?;
+        if owner.id == self.node_id() {
+            return None;
+        }
+        let peer = self.peer(&owner)?;
+        Some((owner, peer))
+    }
+
+    /// Sends a hop and relays the owner's answer; `None` (serve here) when the owner failed.
+    async fn relay(&self, owner: &Member, peer: &S3Backend, req: ForwardRequest) -> Option<Response<Body>> {
         let label = crate::metrics::PeerLabel { peer: owner.id.clone() };
         match peer.send(req).await {
             Ok(mut resp) if !resp.status().is_server_error() => {
@@ -164,7 +209,8 @@ impl Routing {
         let cfg = S3BackendConfig {
             endpoint: owner.s3.parse().ok()?,
             region: self.region.clone(),
-            key: Some((self.access_key.clone(), self.secret.clone()?)),
+            // Without a hop secret, only callers' own requests travel (transparent mode).
+            key: self.secret.clone().map(|s| (self.access_key.clone(), s)),
             tenant_keys: std::collections::HashMap::new(),
             connect_timeout: PEER_CONNECT_TIMEOUT,
             response_timeout: self.response_timeout,

@@ -7,7 +7,7 @@
 
 use http::{HeaderValue, Request, Response};
 
-use super::{Gateway, check_declared, content_length, invalidate_after, written_scope};
+use super::{Gateway, check_declared, content_length, invalidate_after, owner, written_scope};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;
@@ -27,14 +27,21 @@ impl Gateway {
         target: Target,
         op: S3Op,
     ) -> Result<(Response<Body>, String), GatewayError> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let identity =
             claimed_access_key(&parts.headers, parts.uri.query()).map_or(Identity::Anonymous, Identity::Claimed);
         let authority = Authority::caller(&parts);
+        // A caller's request forwarded by another member (unsigned marks, taken off here): served
+        // here, never routed again, with the split the first member resolved.
+        let hop = parts.headers.remove(owner::HOP).is_some();
+        let hop_split = parts.headers.remove(owner::HOP_SPLIT).and_then(|v| v.to_str().ok().map(str::to_owned));
         let mut planned_none = false;
         if matches!(op, S3Op::GetObject | S3Op::HeadObject)
-            && let Some(spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
+            && let Some(mut spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
         {
+            if let Some(split) = hop_split.filter(|_| hop) {
+                spec.split = split;
+            }
             let serving = Serving {
                 pushdown: self.pushdown.as_deref(),
                 cache: self.cache.as_deref(),
@@ -43,7 +50,21 @@ impl Gateway {
             };
             match serving.resolve_auto(spec, &identity)? {
                 Some((spec, plan)) => {
-                    let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
+                    let routing = self.routing.as_ref().filter(|_| !hop);
+                    let forwarded = match routing {
+                        Some(r) => r.forward_as_sent(&parts, &target, &spec.split).await,
+                        None => None,
+                    };
+                    let mut resp = match forwarded {
+                        Some(resp) => resp,
+                        None => {
+                            let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
+                            if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
+                                resp.headers_mut().insert(owner::COMPUTED_BY, v);
+                            }
+                            resp
+                        }
+                    };
                     if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
                         resp.headers_mut().insert("x-tensorgate-plan", v);
                     }

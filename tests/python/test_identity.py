@@ -4,6 +4,7 @@ cached features included. Runs against the store TENSORGATE_TEST_STORE names (Se
 default; scripts/test.sh runs it on Ceph RGW and Swift too), each with two users made by its
 script: A (the main user) and B (the second user, who owns none of A's buckets)."""
 
+import contextlib
 import io
 import itertools
 import os
@@ -27,13 +28,17 @@ MODEL, SPLIT = "tiny-cnn", "pool"
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def gateway_t(store, tmp_path_factory):
-    """A gateway in transparent mode in front of the store: no client key, no store key."""
-    port, admin_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("gw-transparent") / "gateway.log"
+@contextlib.contextmanager
+def transparent_gateway(store, logdir, config: str = "", ports=None):
+    """A gateway in transparent mode in front of the store: no client key, no store key; yields
+    (S3 endpoint, admin endpoint, log path)."""
+    port, admin_port = ports or (free_port(), free_port())
+    log = logdir / f"gateway-{port}.log"
+    cfg = logdir / f"gateway-{port}.toml"
+    cfg.write_text(config)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_"))}
     env.update(
+        TENSORGATE_CONFIG=str(cfg),
         TENSORGATE_LISTEN=f"127.0.0.1:{port}",
         TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
         TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
@@ -50,6 +55,12 @@ def gateway_t(store, tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def gateway_t(store, tmp_path_factory):
+    with transparent_gateway(store, tmp_path_factory.mktemp("gw-transparent")) as gw:
+        yield gw
 
 
 def client(endpoint: str, ak: str, sk: str):
@@ -366,3 +377,36 @@ def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, t
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_transparent_cluster_routes_the_callers_own_request_to_the_owner(store, tmp_path, users):
+    """Three transparent members, no hop secret: a pushdown asked of any member is computed by
+    the object's owner, which reads the source with the caller's own request (so the store
+    decides there) and keeps the only cached copy; another user is refused at every member."""
+    from tensorgate.cluster import rank
+    from test_cluster import cluster_config, wait_states
+
+    a_any, _, _, b_direct = users
+    members = [{"id": f"t-{i}", "s3": f"http://127.0.0.1:{free_port()}", "admin": f"http://127.0.0.1:{free_port()}"}
+               for i in range(3)]
+    with contextlib.ExitStack() as stack:
+        for m in members:
+            ports = (int(m["s3"].rsplit(":", 1)[1]), int(m["admin"].rsplit(":", 1)[1]))
+            stack.enter_context(transparent_gateway(store, tmp_path, cluster_config(m["id"], members), ports))
+        wait_states([m["admin"] for m in members], ["ready"] * 3)
+        bucket, key, x = private_sample(a_any, 11)
+        owner = rank([m["id"] for m in members], bucket, key)[0]
+        states = []
+        for m in members:
+            a = client(m["s3"], store["access_key"], store["secret_key"])
+            got = pushdown_get(a, bucket, key, model=MODEL, split=SPLIT)
+            headers = got["ResponseMetadata"]["HTTPHeaders"]
+            assert headers["x-tensorgate-computed-by"] == owner
+            y = np.load(io.BytesIO(got["Body"].read()))
+            assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+            states.append(cache_state(got))
+        assert states == ["miss", "revalidated", "revalidated"]  # one copy, at the owner
+        direct = answer(lambda: b_direct.get_object(Bucket=bucket, Key=key))
+        for m in members:
+            b = client(m["s3"], store["alt_access_key"], store["alt_secret_key"])
+            assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == direct
