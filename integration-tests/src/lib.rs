@@ -146,6 +146,26 @@ pub fn store_config(store: &Store) -> Config {
     c
 }
 
+/// A gateway in transparent identity mode in front of `store`: no client key, no store key.
+#[must_use]
+pub fn transparent_config(store: &Store) -> Config {
+    let mut c = s3_config(&store.endpoint);
+    c.backend.access_key = None;
+    c.backend.secret_key = None;
+    c.credentials.clear();
+    c.backend.identity = tensorgate::config::IdentityMode::Transparent;
+    c
+}
+
+/// The store's address as a socket address (its endpoint is `http://127.0.0.1:PORT`).
+///
+/// # Panics
+/// On an endpoint that is not `http://IP:PORT`.
+#[must_use]
+pub fn store_addr(store: &Store) -> SocketAddr {
+    store.endpoint.trim_start_matches("http://").parse().expect("store endpoint is http://IP:PORT")
+}
+
 /// An SDK client that talks to the store directly, with the store's own key (to check what
 /// the store holds, bypassing the gateway).
 #[must_use]
@@ -192,7 +212,7 @@ fn base_config() -> Config {
     c.credentials = vec![CredentialConfig {
         access_key: CLIENT_AK.into(),
         secret_key: Some(SecretKey::new(CLIENT_SK.into())),
-        secret_key_file: None,
+        ..CredentialConfig::default()
     }];
     c.shutdown_grace_secs = 5;
     c.backend.retry_budget_secs = 2;

@@ -59,7 +59,8 @@ impl Gateway {
                         Some(resp) => resp,
                         None => {
                             let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
-                            if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
+                            if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok())
+                            {
                                 resp.headers_mut().insert(owner::COMPUTED_BY, v);
                             }
                             resp

@@ -7,3 +7,4 @@ mod faults;
 mod fs_backend;
 mod passthrough;
 mod pushdown;
+mod transparent;

@@ -225,7 +225,7 @@ async fn split_auto_follows_each_tenants_own_plan() {
         c.credentials.push(CredentialConfig {
             access_key: "other-tenant".into(),
             secret_key: Some(SecretKey::new("other-secret".into())),
-            secret_key_file: None,
+            ..CredentialConfig::default()
         });
     })
     .await;
