@@ -69,9 +69,9 @@ for store in ceph-rgw swift; do
     swift) SWIFT_PORT=19633 scripts/swift.sh start ;;
   esac
   if command -v cargo-nextest >/dev/null; then
-    TENSORGATE_IT_STORE=$store cargo nextest run -p integration-tests --locked --no-fail-fast -E 'test(/^(passthrough|auth)::/)'
+    TENSORGATE_IT_STORE=$store cargo nextest run -p integration-tests --locked --no-fail-fast -E 'test(/^(passthrough|auth|transparent)::/)'
   else
-    TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth::
+    TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth:: transparent::
   fi
   TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py tests/python/test_identity.py
 done

@@ -92,8 +92,20 @@ impl Gateway {
         check_declared(decoded.or(declared), limit)?;
         let framed = if decoded.is_some() { limit.saturating_mul(2) } else { limit };
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
+        // A payload hash the client signed is a claim the gateway can check without its secret:
+        // a body that does not match never completes at the store (its tail is withheld), also
+        // on stores that do not check it themselves (SeaweedFS).
+        let signed_hash = parts
+            .headers
+            .get(headers::X_AMZ_CONTENT_SHA256)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() == 64)
+            .and_then(|v| Some((v.to_owned(), <[u8; 32]>::try_from(hex::decode(v).ok()?).ok()?)));
         let (body, payload) = if !has_body {
             (Body::empty(), ForwardPayload::Empty)
+        } else if let Some((hex, expected)) = signed_hash.filter(|_| decoded.is_none()) {
+            let data = http_body_util::BodyDataStream::new(Guarded::new(counted, limit, Some(expected)));
+            self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, Some(hex)).await?
         } else if op == S3Op::DeleteObjects && decoded.is_none() && !headers.contains_key(headers::CONTENT_MD5) {
             // Swift's s3api requires a Content-MD5 that boto3 >= 1.36 no longer sends: added
             // beside the caller's signature (unsigned; the body is unchanged, small XML).

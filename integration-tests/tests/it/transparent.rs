@@ -109,12 +109,17 @@ async fn every_upload_framing_gets_the_stores_own_answer() {
     direct_client(&store).create_bucket().bucket(&bucket).send().await.expect("bucket");
     for (name, upload) in uploads() {
         let via = put(server.s3_addr, &format!("/{bucket}/gw-{name}"), &store, &upload).await;
+        let got_via = read(direct, &format!("/{bucket}/gw-{name}"), &store).await;
+        if name == "wrong-sha256" {
+            // Checked by the gateway without the secret: refused and not stored on every store,
+            // also where the store itself would store it (SeaweedFS does not check the hash).
+            assert_eq!((via.status, code(&via).as_deref()), (400, Some("XAmzContentSHA256Mismatch")), "{}", via.text());
+            assert_eq!(got_via.status, 404, "a body that fails its signed hash must not be stored");
+            continue;
+        }
         let bare = put(direct, &format!("/{bucket}/direct-{name}"), &store, &upload).await;
         assert_eq!((via.status, code(&via)), (bare.status, code(&bare)), "{name}: {} / {}", via.text(), bare.text());
-        let (got_via, got_bare) = (
-            read(direct, &format!("/{bucket}/gw-{name}"), &store).await,
-            read(direct, &format!("/{bucket}/direct-{name}"), &store).await,
-        );
+        let got_bare = read(direct, &format!("/{bucket}/direct-{name}"), &store).await;
         assert_eq!(got_via.status, got_bare.status, "{name}: stored through the gateway iff stored directly");
         assert_eq!(got_via.body, got_bare.body, "{name}: the same bytes stored");
     }
