@@ -9,6 +9,7 @@
 #      off), the OSD binds in PORT+10..PORT+29 (it takes 4 of them).
 #      RGW_ACCESS_KEY / RGW_SECRET_KEY (default rgw-ak / rgw-sk): user "tester";
 #      RGW_ALT_ACCESS_KEY / RGW_ALT_SECRET_KEY (default rgw-alt-ak / rgw-alt-sk): user "alt".
+#      STS is on (rgw sts key), and "tester" may manage roles, so tests can assume one.
 # Every start wipes the state: buckets and users do not survive a stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -127,6 +128,9 @@ osd crush update on start = true
 rgw data = $DIR/rgw
 rgw frontends = beast endpoint=127.0.0.1:$PORT
 rgw crypt require ssl = false
+# STS (AssumeRole, temporary credentials with a session token): the tests' session users.
+rgw sts key = tensorgatestskey
+rgw s3 auth use sts = true
 CONF
     # Monitor.
     monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$MON_PORT]" --enable-all-features \
@@ -146,6 +150,10 @@ CONF
     timeout 60 radosgw-admin -c "$CONF" user create --uid alt --display-name alt \
       --email alt@example.com --access-key "$ALT_AK" --secret-key "$ALT_SK" >> "$DIR/log/mkfs.out" 2>&1 ||
       fail "radosgw-admin user create alt failed"
+    # The main user may manage roles (IAM CreateRole/PutRolePolicy), so a test can make one to
+    # assume through STS.
+    timeout 60 radosgw-admin -c "$CONF" caps add --uid tester --caps "roles=*" >> "$DIR/log/mkfs.out" 2>&1 ||
+      fail "radosgw-admin caps add failed"
     spawn radosgw radosgw -n client.rgw.a
     for _ in $(seq 1 240); do
       # Ready when a signed ListBuckets succeeds (S3 API, auth and RADOS behind it all up). curl 7.88

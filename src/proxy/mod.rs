@@ -395,7 +395,6 @@ impl Gateway {
                 self.prepared_body(op, checked(data, header_checksum), decoded_length, &mut headers, None).await?
             }
         };
-        let written = written_scope(op, &target);
         let fwd = ForwardRequest {
             op,
             method: parts.method,
@@ -405,20 +404,24 @@ impl Gateway {
             body,
             payload: fwd_payload,
             authority,
-            expect_continue: parts
-                .headers
-                .get(http::header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
+            expect_continue: expects_continue(&parts.headers),
         };
+        let resp = self.send_passthrough(fwd, planned_none).await?;
+        Ok((resp, identity.name().to_owned()))
+    }
+
+    /// Sends a passthrough request; then what a write may have changed is invalidated in the
+    /// cache, and an answer that `split=auto` planned as no pushdown is marked.
+    async fn send_passthrough(&self, fwd: ForwardRequest, planned_none: bool) -> Result<Response<Body>, GatewayError> {
+        let written = written_scope(fwd.op, &fwd.target);
         let result = self.backend.send(fwd).await;
         invalidate_after(self.cache.as_deref(), written, &result);
         let mut resp = result?;
         if planned_none {
-            // `split=auto` whose plan is no pushdown: the plain object, marked so that a client
-            // knows to decode it itself.
+            // The plain object, marked so that a client knows to decode it itself.
             resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));
         }
-        Ok((resp, identity.name().to_owned()))
+        Ok(resp)
     }
 
     /// Prepares a body whose integrity the gateway checks while it streams (a signed payload hash,
@@ -523,6 +526,11 @@ fn decoded_headers(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| k.as_str().starts_with("x-amz-checksum-") && k.as_str() != "x-amz-checksum-type") {
         headers.remove(headers::X_AMZ_SDK_CHECKSUM_ALGORITHM);
     }
+}
+
+/// Whether the client asked `Expect: 100-continue` (the store is then asked the same).
+fn expects_continue(h: &HeaderMap) -> bool {
+    h.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// After a write's answer: a write that may have landed (the store said yes, or the answer was

@@ -7,7 +7,7 @@
 
 use http::{HeaderValue, Request, Response};
 
-use super::{Gateway, check_declared, content_length, invalidate_after, owner, written_scope};
+use super::{Gateway, check_declared, content_length, expects_continue, owner};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;
@@ -114,7 +114,6 @@ impl Gateway {
         } else {
             (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
         };
-        let written = written_scope(op, &target);
         let fwd = ForwardRequest {
             op,
             method: parts.method,
@@ -124,17 +123,9 @@ impl Gateway {
             body,
             payload,
             authority,
-            expect_continue: parts
-                .headers
-                .get(http::header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
+            expect_continue: expects_continue(&parts.headers),
         };
-        let result = self.backend.send(fwd).await;
-        invalidate_after(self.cache.as_deref(), written, &result);
-        let mut resp = result?;
-        if planned_none {
-            resp.headers_mut().insert("x-tensorgate-split", HeaderValue::from_static(crate::planner::NO_PUSHDOWN));
-        }
+        let resp = self.send_passthrough(fwd, planned_none).await?;
         Ok((resp, identity.name().to_owned()))
     }
 }

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from botocore.config import Config
 
-from conftest import BINARY, ROOT, STORE_KIND, free_port, metric, ort_library, wait_ready
+from conftest import BINARY, ROOT, STORE_KIND, free_port, metric, run_gateway, wait_ready
 from test_pushdown import MODELS, npy_bytes, pushdown_get, reference, rel_l2
 
 pytestmark = pytest.mark.skipif(STORE_KIND == "fs", reason="the embedded backend has no users of its own")
@@ -30,31 +30,11 @@ _names = itertools.count()
 
 @contextlib.contextmanager
 def transparent_gateway(store, logdir, config: str = "", ports=None):
-    """A gateway in transparent mode in front of the store: no client key, no store key; yields
-    (S3 endpoint, admin endpoint, log path)."""
-    port, admin_port = ports or (free_port(), free_port())
-    log = logdir / f"gateway-{port}.log"
-    cfg = logdir / f"gateway-{port}.toml"
-    cfg.write_text(config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_"))}
-    env.update(
-        TENSORGATE_CONFIG=str(cfg),
-        TENSORGATE_LISTEN=f"127.0.0.1:{port}",
-        TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}",
-        TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
-        TENSORGATE_LOG="debug",
-        TENSORGATE_MODELS_DIR=str(ROOT / "models"),
-        ORT_DYLIB_PATH=ort_library(),
-    )
-    with open(log, "w") as f:
-        proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=f, stderr=subprocess.STDOUT)
-    admin = f"http://127.0.0.1:{admin_port}"
-    try:
-        wait_ready(admin, proc)
-        yield f"http://127.0.0.1:{port}", admin, log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    """A gateway in front of the store with no client key and no store key, so transparent
+    (`backend.identity = "auto"`); yields (S3 endpoint, admin endpoint, log path)."""
+    with run_gateway(logdir, config, env={"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"]}, ports=ports) as gw:
+        endpoint, admin, _, _ = gw
+        yield endpoint, admin, logdir / f"gateway-{endpoint.rsplit(':', 1)[1]}.log"
 
 
 @pytest.fixture(scope="module")
@@ -344,23 +324,13 @@ def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, t
     """Terminating mode, each `[[credentials]]` entry with its own store key and no shared one:
     every request reaches the store as that client's store user, so the store keeps telling them
     apart; cached features are served to a client only after the store said yes to its user."""
-    config = tmp_path / "tensorgate.toml"
-    config.write_text(
+    config = (
         '[[credentials]]\naccess_key = "tenant-a"\nsecret_key = "tenant-a-secret"\n'
         f'store_access_key = "{store["access_key"]}"\nstore_secret_key = "{store["secret_key"]}"\n'
         '[[credentials]]\naccess_key = "tenant-b"\nsecret_key = "tenant-b-secret"\n'
         f'store_access_key = "{store["alt_access_key"]}"\nstore_secret_key = "{store["alt_secret_key"]}"\n'
     )
-    port, admin_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "AWS_"))}
-    env.update(TENSORGATE_CONFIG=str(config), TENSORGATE_LISTEN=f"127.0.0.1:{port}",
-               TENSORGATE_ADMIN_LISTEN=f"127.0.0.1:{admin_port}", TENSORGATE_BACKEND_ENDPOINT=store["endpoint"],
-               TENSORGATE_MODELS_DIR=str(ROOT / "models"), ORT_DYLIB_PATH=ort_library())
-    with open(tmp_path / "gateway.log", "w") as log:
-        proc = subprocess.Popen([str(BINARY), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(f"http://127.0.0.1:{admin_port}", proc)
-        endpoint = f"http://127.0.0.1:{port}"
+    with run_gateway(tmp_path, config, env={"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"]}) as (endpoint, *_):
         a, b = client(endpoint, "tenant-a", "tenant-a-secret"), client(endpoint, "tenant-b", "tenant-b-secret")
         b_direct = client(store["endpoint"], store["alt_access_key"], store["alt_secret_key"])
         bucket, key, _ = private_sample(a, 10)
@@ -374,9 +344,6 @@ def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, t
         b.create_bucket(Bucket=own)
         b.put_object(Bucket=own, Key="k", Body=b"b's")
         assert b_direct.get_object(Bucket=own, Key="k")["Body"].read() == b"b's"  # stored as B's
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_transparent_cluster_routes_the_callers_own_request_to_the_owner(store, tmp_path, users):
@@ -410,3 +377,38 @@ def test_a_transparent_cluster_routes_the_callers_own_request_to_the_owner(store
         for m in members:
             b = client(m["s3"], store["alt_access_key"], store["alt_secret_key"])
             assert answer(lambda: pushdown_get(b, bucket, key, model=MODEL, split=SPLIT)) == direct
+
+
+@pytest.mark.skipif(STORE_KIND != "ceph-rgw", reason="of the three stores, Ceph RGW issues STS session credentials")
+def test_sts_session_credentials_work_through_the_gateway(users, gateway_t, store):
+    """A role made with RGW's IAM API and assumed through its STS: the temporary key, secret and
+    session token (`x-amz-security-token`, signed) read, write and push down through the gateway
+    as they do directly; an expired or forged token is refused by the store."""
+    import json
+
+    a, _, _, _ = users
+    bucket, key, x = private_sample(a, 12)
+    own = {"aws_access_key_id": store["access_key"], "aws_secret_access_key": store["secret_key"]}
+    iam = boto3.client("iam", endpoint_url=store["endpoint"], region_name="us-east-1", **own)
+    role = f"tg-{os.getpid()}-{next(_names)}"
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["arn:aws:iam:::user/tester"]},
+                                                     "Action": ["sts:AssumeRole"]}]}
+    iam.create_role(RoleName=role, Path="/", AssumeRolePolicyDocument=json.dumps(trust))
+    allow = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": "arn:aws:s3:::*"}]}
+    iam.put_role_policy(RoleName=role, PolicyName="all", PolicyDocument=json.dumps(allow))
+    sts = boto3.client("sts", endpoint_url=store["endpoint"], region_name="us-east-1", **own)
+    creds = sts.assume_role(RoleArn=f"arn:aws:iam:::role/{role}", RoleSessionName="tg")["Credentials"]
+    session = boto3.client("s3", endpoint_url=gateway_t[0], region_name="us-east-1",
+                           aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                           aws_session_token=creds["SessionToken"],
+                           config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    session.put_object(Bucket=bucket, Key="by-session", Body=b"session write")
+    assert session.get_object(Bucket=bucket, Key="by-session")["Body"].read() == b"session write"
+    got = pushdown_get(session, bucket, key, model=MODEL, split=SPLIT)
+    y = np.load(io.BytesIO(got["Body"].read()))
+    assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+    forged = boto3.client("s3", endpoint_url=gateway_t[0], region_name="us-east-1",
+                          aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                          aws_session_token=creds["SessionToken"][:-4] + "AAAA",
+                          config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    assert answer(lambda: pushdown_get(forged, bucket, key, model=MODEL, split=SPLIT))[0] in (400, 403)
