@@ -250,7 +250,7 @@ impl Metrics {
         let cache_revalidations = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "cache_revalidations",
-            "Conditional GETs confirming a cached output's source: unchanged, changed or gone",
+            "Conditional GETs confirming a cached output's source: unchanged, changed, gone, or refused (this caller, where the store decides per caller)",
             cache_revalidations.clone(),
         );
         let cache_evictions = Family::<TierLabel, Counter>::default();
