@@ -11,18 +11,28 @@
 #                                   # store and client on the others, so the ratios show what the
 #                                   # gateway costs with a core of its own, not core contention;
 #                                   # nginx gets the same core)
+#   IDENTITY=transparent bench/passthrough.sh   # the gateway in transparent identity mode (no
+#                                   # keys; the client signs with the store's own key, ADR 0013)
 #   NGINX=0 bench/passthrough.sh    # without the nginx anchor (nginx is installed from Debian when
 #                                   # missing and running as root; otherwise it is left out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
+IDENTITY=${IDENTITY:-terminating}
+case $IDENTITY in
+  terminating) GW_KEYS=(--backend-access-key seaweed-ak --backend-secret-key seaweed-sk --access-key bench-ak --secret-key bench-sk)
+               GW_CLIENT=(bench-ak bench-sk) ;;
+  transparent) GW_KEYS=(--backend-identity transparent); GW_CLIENT=(seaweed-ak seaweed-sk) ;;
+  *) echo "IDENTITY=$IDENTITY: terminating or transparent" >&2; exit 2 ;;
+esac
 PORT=18733
 GW=127.0.0.1:19733
 ADMIN=127.0.0.1:19734
 NGINX_ADDR=127.0.0.1:19735
 OUT=bench/results
 mkdir -p "$OUT" .tmp
-RAW="$OUT/passthrough-raw.jsonl"
+SUFFIX=$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)
+RAW="$OUT/passthrough${SUFFIX}-raw.jsonl"
 : > "$RAW"
 
 scripts/setup.sh >/dev/null
@@ -59,8 +69,7 @@ fi
 ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
 [ "$PIN" = 1 ] && taskset -a -pc "$REST_CPUS" "$(cat ".tmp/seaweedfs-$PORT/pid")" >/dev/null
 "${GW_PIN[@]}" "${GATEWAY_BIN:-target/release/tensorgate}" serve --listen "$GW" --admin-listen "$ADMIN" \
-  --backend-endpoint "$ENDPOINT" --backend-access-key seaweed-ak --backend-secret-key seaweed-sk \
-  --access-key bench-ak --secret-key bench-sk --log warn > .tmp/bench-gateway.log 2>&1 &
+  --backend-endpoint "$ENDPOINT" "${GW_KEYS[@]}" --log warn > .tmp/bench-gateway.log 2>&1 &
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 
@@ -128,7 +137,7 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS: direct" >&2
   measure direct "" $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct
   echo "round $r/$ROUNDS: gateway" >&2
-  measure gateway "$GW_PID" $BENCH "http://$GW" bench-ak bench-sk gateway
+  measure gateway "$GW_PID" $BENCH "http://$GW" "${GW_CLIENT[@]}" gateway
   if [ "$NGINX" = 1 ]; then
     echo "round $r/$ROUNDS: nginx" >&2
     measure nginx "$NGINX_WORKER" $BENCH "http://$NGINX_ADDR" seaweed-ak seaweed-sk nginx
@@ -138,8 +147,8 @@ done
 echo "1 GiB PUT + GET through the gateway" >&2
 head -c $((1024 * 1024 * 1024)) /dev/zero > .tmp/bench-1g.bin
 rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
-CPU_PIDS=proxy:$GW_PID "${REST_PIN[@]}" $BENCH "http://$GW" bench-ak bench-sk gateway big .tmp/bench-1g.bin >> "$RAW"
+CPU_PIDS=proxy:$GW_PID "${REST_PIN[@]}" $BENCH "http://$GW" "${GW_CLIENT[@]}" gateway big .tmp/bench-1g.bin >> "$RAW"
 rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
 
-{ [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough.md"
+{ echo "Gateway identity mode: $IDENTITY."; echo; [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough${SUFFIX}.md"
