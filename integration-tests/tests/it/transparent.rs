@@ -121,7 +121,9 @@ async fn every_upload_framing_gets_the_stores_own_answer() {
         assert_eq!((via.status, code(&via)), (bare.status, code(&bare)), "{name}: {} / {}", via.text(), bare.text());
         let got_bare = read(direct, &format!("/{bucket}/direct-{name}"), &store).await;
         assert_eq!(got_via.status, got_bare.status, "{name}: stored through the gateway iff stored directly");
-        assert_eq!(got_via.body, got_bare.body, "{name}: the same bytes stored");
+        if got_via.status == 200 {
+            assert_eq!(got_via.body, got_bare.body, "{name}: the same bytes stored");
+        }
     }
     server.shutdown().await;
 }
@@ -142,7 +144,7 @@ async fn the_sdk_with_the_stores_own_key_works_through_the_gateway() {
         .await
         .expect("put");
     let got = c.get_object().bucket(&b).key("dir/ü nicode+key.txt").send().await.expect("get");
-    assert_eq!(got.metadata().and_then(|m| m.get("purpose")).map(String::as_str), Some("hello").map(|_| "it"));
+    assert_eq!(got.metadata().and_then(|m| m.get("purpose")).map(String::as_str), Some("it"));
     assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), b"hello");
     let listed = c.list_objects_v2().bucket(&b).prefix("dir/").send().await.expect("list");
     assert_eq!(listed.key_count(), Some(1));
