@@ -4,7 +4,11 @@
 # build) with allow_anonymous = true (the suite reads public objects anonymously), the store's key
 # pair as its one client credential, and backend.trailing_checksums true for SeaweedFS only.
 #   scripts/s3-tests-store.sh S3TESTS_DIR STORE MODE OUT_DIR
-#     STORE: seaweedfs | ceph-rgw | swift     MODE: bare | gateway
+#     STORE: seaweedfs | ceph-rgw | swift     MODE: bare | gateway | transparent
+#   transparent: the gateway in transparent identity mode (no keys at all: ADR 0013).
+#   S3T_WITH_ALT=1: the suite's second user is the store's second user (the store scripts make
+#     one), so the multi-user and bucket-policy tests run; in gateway (terminating) mode both users
+#     are client credentials of the gateway, each with its own store key.
 #   then: scripts/s3-tests.sh --compare OUT_OF_BARE OUT_OF_GATEWAY
 # Per store: Swift's bare run gets S3T_DELETE_OBJECTS_MD5=1 (its s3api refuses the suite's own
 # cleanup otherwise; the gateway run uses stock boto3, since the gateway adds the header);
@@ -23,14 +27,16 @@ ADMIN=127.0.0.1:19934
 TRAILING=false
 EXTRA=()
 case "$STORE" in
-  seaweedfs) export SEAWEED_PORT=18933; AK=seaweed-ak; SK=seaweed-sk; TRAILING=true ;;
-  ceph-rgw) export RGW_PORT=20033; AK=rgw-ak; SK=rgw-sk
+  seaweedfs) export SEAWEED_PORT=18933; AK=seaweed-ak; SK=seaweed-sk; TRAILING=true
+    ALT_AK=seaweed-alt-ak; ALT_SK=seaweed-alt-sk ;;
+  ceph-rgw) export RGW_PORT=20033; AK=rgw-ak; SK=rgw-sk; ALT_AK=rgw-alt-ak; ALT_SK=rgw-alt-sk
     EXTRA=(--deselect s3tests/functional/test_s3.py::test_upload_part_copy_percent_encoded_key) ;;
-  swift) export SWIFT_PORT=19833; AK=test:tester; SK=testing
+  swift) export SWIFT_PORT=19833; AK=test:tester; SK=testing; ALT_AK=test2:tester2; ALT_SK=testing2
     [ "$MODE" = bare ] && export S3T_DELETE_OBJECTS_MD5=1 ;;
   *) echo "s3-tests-store.sh: unknown store $STORE" >&2; exit 2 ;;
 esac
-case "$MODE" in bare|gateway) ;; *) echo "s3-tests-store.sh: MODE is bare or gateway" >&2; exit 2 ;; esac
+case "$MODE" in bare|gateway|transparent) ;; *) echo "s3-tests-store.sh: MODE is bare, gateway or transparent" >&2; exit 2 ;; esac
+if [ "${S3T_WITH_ALT:-0}" = 1 ]; then export S3T_ALT_ACCESS_KEY=$ALT_AK S3T_ALT_SECRET_KEY=$ALT_SK; fi
 
 GW_PID=
 cleanup() {
@@ -40,13 +46,31 @@ cleanup() {
 trap cleanup EXIT
 "scripts/$STORE.sh" stop >/dev/null 2>&1 || true
 ENDPOINT=$("scripts/$STORE.sh" start)
-if [ "$MODE" = gateway ]; then
+if [ "$MODE" != bare ]; then
   cargo build --release --locked --quiet --bin tensorgate
   mkdir -p "$OUT"
-  target/release/tensorgate serve --listen "$GW" --admin-listen "$ADMIN" --allow-anonymous true \
-    --backend-endpoint "$ENDPOINT" --backend-access-key "$AK" --backend-secret-key "$SK" \
-    --backend-trailing-checksums "$TRAILING" --access-key "$AK" --secret-key "$SK" --log warn \
-    > "$OUT/gateway.log" 2>&1 &
+  if [ "$MODE" = transparent ]; then
+    KEYS=(--backend-identity transparent)
+  elif [ "${S3T_WITH_ALT:-0}" = 1 ]; then
+    cat > "$OUT/gateway.toml" <<TOML
+[[credentials]]
+access_key = "$AK"
+secret_key = "$SK"
+store_access_key = "$AK"
+store_secret_key = "$SK"
+[[credentials]]
+access_key = "$ALT_AK"
+secret_key = "$ALT_SK"
+store_access_key = "$ALT_AK"
+store_secret_key = "$ALT_SK"
+TOML
+    KEYS=(--config "$OUT/gateway.toml" --allow-anonymous true --backend-trailing-checksums "$TRAILING")
+  else
+    KEYS=(--allow-anonymous true --backend-access-key "$AK" --backend-secret-key "$SK"
+      --backend-trailing-checksums "$TRAILING" --access-key "$AK" --secret-key "$SK")
+  fi
+  target/release/tensorgate serve --listen "$GW" --admin-listen "$ADMIN" --backend-endpoint "$ENDPOINT" \
+    "${KEYS[@]}" --log warn > "$OUT/gateway.log" 2>&1 &
   GW_PID=$!
   for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
   ENDPOINT=http://$GW

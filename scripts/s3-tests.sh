@@ -17,7 +17,7 @@
 # OUT_DIR gets s3tests.conf, selected.txt, pytest.log, junit.xml and sorted passed.txt / failed.txt /
 # skipped.txt (pytest node ids, relative to S3TESTS_DIR).
 # Selection: the suite's marked features SSE (encryption, sse_s3, bucket_encryption), lifecycle,
-# bucket policies, bucket logging and IAM, plus by name object lock and policy_status, plus (found by
+# bucket policies (selected when a second user is given), bucket logging and IAM, plus by name object lock and policy_status, plus (found by
 # reading the test modules) the tests that need a second user, a tenant user or IAM accounts.
 set -euo pipefail
 ORIG=$PWD
@@ -89,7 +89,21 @@ MAIN_NAME=${S3T_DISPLAY_NAME:-$OWNER_NAME}
 MAIN_EMAIL=${S3T_EMAIL:-tester@example.com}
 if [ -n "${S3T_ALT_ACCESS_KEY:-}" ] && [ -n "${S3T_ALT_SECRET_KEY:-}" ]; then
   HAVE_ALT=1; ALT_AK=$S3T_ALT_ACCESS_KEY; ALT_SK=$S3T_ALT_SECRET_KEY
-  ALT_ID=${S3T_ALT_USER_ID:-altid}; ALT_NAME=${S3T_ALT_DISPLAY_NAME:-$ALT_ID}; ALT_EMAIL=${S3T_ALT_EMAIL:-alt@example.com}
+  # The second user's owner id and name as the store reports them (its ListBuckets), unless given.
+  IFS=$'\t' read -r ALT_OWNER_ID ALT_OWNER_NAME < <(S3T_ACCESS_KEY=$ALT_AK S3T_SECRET_KEY=$ALT_SK "$PY" - "$ENDPOINT" <<'PY'
+import os, sys, boto3
+try:
+    c = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=os.environ["S3T_ACCESS_KEY"],
+                     aws_secret_access_key=os.environ["S3T_SECRET_KEY"], verify=False)
+    o = c.list_buckets().get("Owner", {})
+    print(o.get("ID") or "altid", o.get("DisplayName") or o.get("ID") or "altid", sep="\t")
+except Exception as e:
+    print("s3-tests.sh: ListBuckets as the second user failed: %s" % e, file=sys.stderr)
+    print("altid", "altid", sep="\t")
+PY
+)
+  ALT_ID=${S3T_ALT_USER_ID:-$ALT_OWNER_ID}; ALT_NAME=${S3T_ALT_DISPLAY_NAME:-$ALT_OWNER_NAME}
+  ALT_EMAIL=${S3T_ALT_EMAIL:-alt@example.com}
 else
   # The suite's per-test setup/teardown lists and empties prefixed buckets as alt and tenant too, so
   # those sections must hold working keys: the main ones (the tests that need a real second user are
@@ -220,7 +234,9 @@ botocore.handlers.BUILTIN_HANDLERS.append(("before-sign.s3.DeleteObjects", _cont
 PY
 fi
 
-MARKEXPR=${S3T_MARKEXPR:-"not (encryption or sse_s3 or bucket_encryption or lifecycle or lifecycle_expiration or lifecycle_transition or cloud_transition or cloud_restore or bucket_policy or bucket_logging or bucket_logging_cleanup or fails_without_logging_rollover or iam_account or iam_user or iam_tenant or iam_cross_account)"}
+# With a second user, the bucket-policy tests are selected too (most grant or refuse that user).
+POLICY=" or bucket_policy"; [ "$HAVE_ALT" = 1 ] && POLICY=
+MARKEXPR=${S3T_MARKEXPR:-"not (encryption or sse_s3 or bucket_encryption or lifecycle or lifecycle_expiration or lifecycle_transition or cloud_transition or cloud_restore$POLICY or bucket_logging or bucket_logging_cleanup or fails_without_logging_rollover or iam_account or iam_user or iam_tenant or iam_cross_account)"}
 KEYWORDS=${S3T_KEYWORDS:-"not (object_lock or policy_status)"}
 TIMEOUT=()
 "$PY" -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout "${S3T_TIMEOUT:-300}")
