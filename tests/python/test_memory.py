@@ -214,8 +214,10 @@ def test_an_engine_that_gives_its_arena_back_holds_only_its_session(tmp_path):
     run12 = m["fixed_bytes"] + 12 * m["activation_bytes_per_sample"] - m["session_bytes"]
     print(f"held {held >> 20} MiB after all batch sizes; session {m['session_bytes'] >> 20} MiB, "
           f"a batch-12 run {run12 >> 20} MiB")
-    # The session plus allocator slack (16 MiB), well under one batch-12 run (about 60 MiB).
-    assert held <= m["session_bytes"] + (16 << 20), f"held {held >> 20} MiB"
+    # The session plus allocator slack, well under one batch-12 run (about 60 MiB, so a retained
+    # run still fails this). The slack was 11-13 MiB on a quiet machine and 20 MiB once in a CI run
+    # on a loaded one (more blocking threads, each with a malloc arena of its own): 24 MiB.
+    assert held <= m["session_bytes"] + (24 << 20), f"held {held >> 20} MiB"
     assert run12 > (32 << 20), "the check above must be able to tell a retained run from none"
 
 
