@@ -15,13 +15,66 @@
 //!   distributed engine: nothing here is consensus, and a result never depends on which member
 //!   computed it.
 
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::ClusterSettings;
+use crate::s3::credentials::SecretKey;
+
+/// Seconds between membership refreshes (DNS and `/readyz` probes): a failed node stops getting
+/// routed work within this long, and a probe round costs one small request per member.
+pub const DEFAULT_CLUSTER_REFRESH_SECS: u64 = 5;
+/// A member that does not answer `/readyz` within this is unreachable for the round: well above a
+/// LAN round trip, short enough that one dead member does not hold a round up.
+pub const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
+/// The admin port DNS-discovered members listen on (the default `admin_listen` port).
+pub const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
+
+/// The cluster this gateway is a member of (`[cluster]`; see `crate::cluster`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// This member's id: one of `members`' ids, or its `ip:port` among the DNS members
+    /// (`TENSORGATE_CLUSTER_NODE_ID`, e.g. from the pod's IP).
+    pub node_id: String,
+    /// Static members (ids, S3 and admin URLs).
+    #[serde(default)]
+    pub members: Vec<Member>,
+    /// A `host:port` that resolves to every member's S3 listener (a headless Service).
+    #[serde(default)]
+    pub dns: Option<String>,
+    #[serde(default = "default_dns_admin_port")]
+    pub dns_admin_port: u16,
+    #[serde(default = "default_refresh_secs")]
+    pub refresh_secs: u64,
+    #[serde(default = "default_probe_timeout_ms")]
+    pub probe_timeout_ms: u64,
+    /// The credential members sign gateway-to-gateway hops with (every member accepts it, and
+    /// only it may name the tenant a hop acts for). Without a secret, members do not forward.
+    #[serde(default = "default_cluster_access_key")]
+    pub access_key: String,
+    #[serde(default)]
+    pub secret_key: Option<SecretKey>,
+    #[serde(default)]
+    pub secret_key_file: Option<PathBuf>,
+}
+
+fn default_cluster_access_key() -> String {
+    "tensorgate-cluster".into()
+}
+
+fn default_dns_admin_port() -> u16 {
+    DEFAULT_CLUSTER_DNS_ADMIN_PORT
+}
+fn default_refresh_secs() -> u64 {
+    DEFAULT_CLUSTER_REFRESH_SECS
+}
+fn default_probe_timeout_ms() -> u64 {
+    DEFAULT_CLUSTER_PROBE_TIMEOUT_MS
+}
 
 /// The hashing in use, as `/v1/cluster` names it (clients check it before routing).
 pub const HASHING: &str = "hrw-sha256-v1";

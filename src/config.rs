@@ -10,6 +10,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::backend::retry::RetryPolicy;
+use crate::cluster::ClusterSettings;
+use crate::pushdown::engine::OrtArena;
 use crate::s3::credentials::{CredentialStore, SecretKey};
 
 /// Largest single PUT S3 accepts (5 GiB); larger objects use multipart upload.
@@ -19,21 +21,10 @@ pub const DEFAULT_MAX_BODY_BYTES: u64 = 5 * 1024 * 1024 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 /// Concurrent backend requests. Matches a typical S3 server's per-client comfort zone.
 pub const DEFAULT_BACKEND_CONCURRENCY: usize = 256;
-/// Connections served at once. Each costs a socket, a task and at most [`MAX_HEADER_BYTES`] of
+/// Connections served at once. Each costs a socket, a task and at most [`crate::edge::MAX_HEADER_BYTES`] of
 /// head buffer, so 4096 bound the heads of a connection flood to 256 MiB; a storage node's S3
 /// clients (data loaders, a few dozen workers each) stay far below it.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Largest request head (request line and headers). S3 accepts 8 KiB of headers; 64 KiB leaves
-/// room for long presigned URLs and metadata while bounding what a slow head can hold.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// The most a client connection reads into its buffer at once. hyper's default (about 400 KiB)
-/// makes every read buffer that an upload's body frames still share a fresh allocation above
-/// glibc's mmap threshold (128 KiB, `pushdown::memory::MALLOC_TUNABLE`): a new mapping, page
-/// faults on each page, an unmap. 64 KiB buffers are recycled from the heap, hold a head of
-/// [`MAX_HEADER_BYTES`], and are what nginx relays with. Store connections keep hyper's adaptive
-/// default: a download's larger reads cost less than those page faults (both measured in
-/// docs/BENCHMARKS.md, "Per-row CPU").
-pub const IO_BUFFER_BYTES: usize = 64 * 1024;
 /// Time to send a request head, on a new connection or between requests on a kept-alive one:
 /// 30 s (hyper's default) covers slow links and is below the 60 s that SDK connection pools keep
 /// an idle connection for (they reconnect transparently when the gateway closes first).
@@ -118,58 +109,6 @@ impl Default for Config {
             log: LogConfig::default(),
         }
     }
-}
-
-/// Seconds between membership refreshes (DNS and `/readyz` probes): a failed node stops getting
-/// routed work within this long, and a probe round costs one small request per member.
-pub const DEFAULT_CLUSTER_REFRESH_SECS: u64 = 5;
-/// A member that does not answer `/readyz` within this is unreachable for the round: well above a
-/// LAN round trip, short enough that one dead member does not hold a round up.
-pub const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
-/// The admin port DNS-discovered members listen on (the default `admin_listen` port).
-pub const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
-
-/// The cluster this gateway is a member of (`[cluster]`; see `crate::cluster`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterSettings {
-    /// This member's id: one of `members`' ids, or its `ip:port` among the DNS members
-    /// (`TENSORGATE_CLUSTER_NODE_ID`, e.g. from the pod's IP).
-    pub node_id: String,
-    /// Static members (ids, S3 and admin URLs).
-    #[serde(default)]
-    pub members: Vec<crate::cluster::Member>,
-    /// A `host:port` that resolves to every member's S3 listener (a headless Service).
-    #[serde(default)]
-    pub dns: Option<String>,
-    #[serde(default = "default_dns_admin_port")]
-    pub dns_admin_port: u16,
-    #[serde(default = "default_refresh_secs")]
-    pub refresh_secs: u64,
-    #[serde(default = "default_probe_timeout_ms")]
-    pub probe_timeout_ms: u64,
-    /// The credential members sign gateway-to-gateway hops with (every member accepts it, and
-    /// only it may name the tenant a hop acts for). Without a secret, members do not forward.
-    #[serde(default = "default_cluster_access_key")]
-    pub access_key: String,
-    #[serde(default)]
-    pub secret_key: Option<SecretKey>,
-    #[serde(default)]
-    pub secret_key_file: Option<PathBuf>,
-}
-
-fn default_cluster_access_key() -> String {
-    "tensorgate-cluster".into()
-}
-
-fn default_dns_admin_port() -> u16 {
-    DEFAULT_CLUSTER_DNS_ADMIN_PORT
-}
-fn default_refresh_secs() -> u64 {
-    DEFAULT_CLUSTER_REFRESH_SECS
-}
-fn default_probe_timeout_ms() -> u64 {
-    DEFAULT_CLUSTER_PROBE_TIMEOUT_MS
 }
 
 /// Connection and request bounds at the edge (`[edge]`; see `crate::edge`).
@@ -299,51 +238,6 @@ impl Default for BackendConfig {
             ca_file: None,
             trailing_checksums: false,
         }
-    }
-}
-
-/// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
-/// are off in every mode; the memory budget's promise holds in every mode, because each engine
-/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
-/// arena per run").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OrtArena {
-    /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
-    /// session holds only its weights, and the engine reserves the least.
-    #[default]
-    Off,
-    /// Runs allocate from the arena, so tensors freed during a run are reused by later ones, and
-    /// give it back at their end (ADR 0012): an idle session still holds only its weights; a run's
-    /// peak, and so what the engine reserves, is higher than without the arena (the arena grows in
-    /// powers of two), and throughput on one core is close to the kept arena's.
-    PerRun,
-    /// Sessions keep the arena between runs (ADR 0011): what the largest runs needed stays
-    /// resident, measured by one run at every batch size up to `max_batch` when the engine starts.
-    Kept,
-}
-
-/// `pushdown.ort_arena` as written: a name, or the boolean of earlier versions (`true` is `kept`).
-impl<'de> Deserialize<'de> for OrtArena {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Setting;
-        impl serde::de::Visitor<'_> for Setting {
-            type Value = OrtArena;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(r#""off", "per-run", "kept", false or true"#)
-            }
-            fn visit_bool<E: serde::de::Error>(self, kept: bool) -> Result<OrtArena, E> {
-                Ok(if kept { OrtArena::Kept } else { OrtArena::Off })
-            }
-            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<OrtArena, E> {
-                match name {
-                    "off" => Ok(OrtArena::Off),
-                    "per-run" => Ok(OrtArena::PerRun),
-                    "kept" => Ok(OrtArena::Kept),
-                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
-                }
-            }
-        }
-        d.deserialize_any(Setting)
     }
 }
 

@@ -39,6 +39,19 @@ pub struct EdgeConfig {
     pub stall_timeout: Duration,
 }
 
+/// Largest request head (request line and headers). S3 accepts 8 KiB of headers; 64 KiB leaves
+/// room for long presigned URLs and metadata while bounding what a slow head can hold.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The most a client connection reads into its buffer at once. hyper's default (about 400 KiB)
+/// makes every read buffer that an upload's body frames still share a fresh allocation above
+/// glibc's mmap threshold (128 KiB, `pushdown::memory::MALLOC_TUNABLE`): a new mapping, page
+/// faults on each page, an unmap. 64 KiB buffers are recycled from the heap, hold a head of
+/// [`MAX_HEADER_BYTES`], and are what nginx relays with. Store connections keep hyper's adaptive
+/// default: a download's larger reads cost less than those page faults (both measured in
+/// docs/BENCHMARKS.md, "Per-row CPU").
+pub const IO_BUFFER_BYTES: usize = 64 * 1024;
+// aws-chunked decoding keeps frames of at least half a read buffer (its bound on pending bytes).
+const _: () = assert!(crate::s3::sigv4::chunked::KEEP_FRAMES_FROM * 2 == IO_BUFFER_BYTES);
 /// Refusals of connections over the limit in progress at once; more are closed without an answer.
 /// Each holds a socket for at most [`REFUSAL_LINGER`].
 const MAX_REFUSALS: usize = 64;
@@ -65,8 +78,8 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(cfg.header_timeout)
-        .max_header_size(crate::config::MAX_HEADER_BYTES)
-        .max_buf_size(crate::config::IO_BUFFER_BYTES);
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_buf_size(IO_BUFFER_BYTES);
     tokio::pin!(stop);
     loop {
         let (tcp, _peer) = tokio::select! {
@@ -131,7 +144,7 @@ async fn refuse(mut tcp: TcpStream) {
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\
          Retry-After: {}\r\nConnection: close\r\n\r\n",
         body.len(),
-        crate::error::RETRY_AFTER_SECS
+        crate::s3::headers::RETRY_AFTER_SECS
     );
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
         tcp.write_all(head.as_bytes()).await?;

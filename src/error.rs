@@ -16,9 +16,6 @@ use crate::s3::route::RouteError;
 use crate::s3::sigv4::verify::AuthError;
 use crate::s3::xml::error_body;
 
-/// Seconds a client should wait before retrying after a `503`.
-pub const RETRY_AFTER_SECS: u64 = 1;
-
 /// Everything the gateway can refuse a request for.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -161,6 +158,9 @@ impl GatewayError {
                     S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
                 }
                 PushdownError::Unsupported(_) => S3ErrorSpec::new(S::UNSUPPORTED_MEDIA_TYPE, "InvalidRequest", msg),
+                PushdownError::SourceTimeout { .. } | PushdownError::SourceRead(_) => {
+                    S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg)
+                }
                 PushdownError::Model(_) => S3ErrorSpec::new(S::INTERNAL_SERVER_ERROR, "InternalError", msg),
                 PushdownError::Internal(_) => S3ErrorSpec::new(
                     S::INTERNAL_SERVER_ERROR,
@@ -199,7 +199,7 @@ impl S3ErrorSpec {
             h.insert(crate::s3::headers::X_AMZ_REQUEST_ID, v);
         }
         if self.retry_after {
-            h.insert(http::header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from(crate::s3::headers::RETRY_AFTER_SECS));
         }
         resp
     }

@@ -11,7 +11,8 @@
 //!    validation (default zero: every request sends one conditional GET, which costs a round trip
 //!    but no object bytes). This bounds staleness after writes that bypass the gateway.
 //!
-//! Concurrent misses on one key compute once ([`TensorCache::flight`]).
+//! [`TensorCache::get_or_compute`] applies them: callers never look up, validate or insert
+//! themselves. Concurrent misses on one key compute once.
 
 pub mod disk;
 
@@ -129,6 +130,14 @@ impl Entry {
         *self.stamp.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Records that the backend confirmed the entry's source ETag under `generation`.
+    fn validated(&self, generation: u64) {
+        let mut s = self.stamp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if generation >= s.generation {
+            *s = Stamp { generation, validated: Some(Instant::now()) };
+        }
+    }
+
     fn weight(&self) -> u32 {
         u32::try_from(self.data.body.len() as u64 + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
     }
@@ -153,12 +162,38 @@ impl Tier {
 
 /// What a lookup found.
 #[derive(Debug)]
-pub enum Lookup {
+enum Lookup {
     /// Servable as is.
     Fresh(Arc<Entry>, Tier),
     /// Present, but the backend must confirm the source ETag first.
     Stale(Arc<Entry>, Tier),
     Miss,
+}
+
+/// What the store answered to a pushdown's source read (the `fetch` of
+/// [`TensorCache::get_or_compute`]).
+#[derive(Debug)]
+pub enum Fetched<S, R> {
+    /// `304` to the `If-None-Match` of the cached source ETag that the fetch added itself: the
+    /// cached output still holds. Carries the answer for when nothing is cached.
+    NotModified(R),
+    /// The source: its ETag, and what `compute` reads it from.
+    Source { etag: String, source: S },
+    /// Anything else (refused, not found, a `304` to the caller's own condition): passed to the
+    /// caller as the store sent it.
+    Answer(R),
+}
+
+/// How a read-through ended.
+#[derive(Debug)]
+pub enum ReadThrough<R, X> {
+    /// Served from a tier; `revalidated` when the store confirmed the source on this request.
+    Cached { entry: Arc<Entry>, tier: Tier, revalidated: bool },
+    /// Computed on this request (and cached where the tier admits it), with what `compute` gave
+    /// beside the output.
+    Computed { data: Arc<Cached>, extra: X },
+    /// The store's answer, passed through.
+    Answer(R),
 }
 
 /// Generation counters (rule 2 of the module docs).
@@ -268,12 +303,12 @@ impl TensorCache {
 
     /// The generation an entry computed from a fetch starting now must carry.
     #[must_use]
-    pub fn generation(&self, object: &ObjectId) -> u64 {
+    fn generation(&self, object: &ObjectId) -> u64 {
         self.generations.current(object)
     }
 
     /// Finds an entry in memory, then on disk (a disk hit is promoted to memory).
-    pub async fn lookup(&self, key: &CacheKey) -> Lookup {
+    async fn lookup(&self, key: &CacheKey) -> Lookup {
         let (entry, tier) = if let Some(e) = self.memory.get(key).await {
             (e, Tier::Memory)
         } else if let Some(disk) = &self.disk
@@ -292,16 +327,8 @@ impl TensorCache {
         if fresh { Lookup::Fresh(entry, tier) } else { Lookup::Stale(entry, tier) }
     }
 
-    /// Records that the backend confirmed the entry's source ETag under `generation`.
-    pub fn validated(&self, entry: &Entry, generation: u64) {
-        let mut s = entry.stamp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if generation >= s.generation {
-            *s = Stamp { generation, validated: Some(Instant::now()) };
-        }
-    }
-
     /// Stores a freshly computed output, validated under `generation` (taken before the fetch).
-    pub async fn insert(&self, key: CacheKey, data: Arc<Cached>, generation: u64) -> Arc<Entry> {
+    async fn insert(&self, key: CacheKey, data: Arc<Cached>, generation: u64) -> Arc<Entry> {
         let entry = Arc::new(Entry::new(data, generation, Some(Instant::now())));
         self.admit(key.clone(), entry.clone()).await;
         if let Some(disk) = &self.disk {
@@ -328,7 +355,7 @@ impl TensorCache {
     }
 
     /// Drops an entry whose source changed or vanished.
-    pub async fn remove(&self, key: &CacheKey) {
+    async fn remove(&self, key: &CacheKey) {
         self.memory.invalidate(key).await;
         if let Some(disk) = &self.disk {
             disk.remove(key);
@@ -356,31 +383,102 @@ impl TensorCache {
         }
     }
 
+    /// The read-through: the module's three rules in one call. A fresh entry is served without
+    /// asking unless `ask_store` (the store decides who may read: then every answer follows the
+    /// store's yes to this caller on this request). Otherwise one request per key goes on (the
+    /// others wait, then look again): `fetch` reads the source, given the cached source ETag to
+    /// add as an `If-None-Match` where the request allows it; an unchanged source serves the
+    /// entry, a changed one is computed by `compute` and replaces it, and any other answer is
+    /// passed through. A refusal under `ask_store` says nothing of the object, so the entry stays
+    /// for other callers; without it (the gateway's own read) it means the source is gone.
+    ///
+    /// # Errors
+    /// What `fetch` or `compute` fail with; nothing is cached then.
+    pub async fn get_or_compute<S, R, X, E>(
+        &self,
+        key: &CacheKey,
+        ask_store: bool,
+        fetch: impl AsyncFnOnce(Option<&str>) -> Result<Fetched<S, R>, E>,
+        compute: impl AsyncFnOnce(S) -> Result<(Arc<Cached>, X), E>,
+    ) -> Result<ReadThrough<R, X>, E> {
+        if let Lookup::Fresh(entry, tier) = self.lookup(key).await
+            && !ask_store
+        {
+            return Ok(self.hit(entry, tier, false));
+        }
+        // One request per key fetches and computes; the rest wait here and then hit.
+        let _flight = self.flight(key).await;
+        // Taken before the fetch: a write that lands while it runs makes the result stale.
+        let generation = self.generation(&key.object);
+        let cached = match self.lookup(key).await {
+            Lookup::Fresh(entry, tier) if !ask_store => return Ok(self.hit(entry, tier, false)),
+            Lookup::Fresh(entry, tier) | Lookup::Stale(entry, tier) => Some((entry, tier)),
+            Lookup::Miss => None,
+        };
+        let fetched = fetch(cached.as_ref().map(|(e, _)| e.data.source_etag.as_str())).await?;
+        if let Some((entry, tier)) = cached {
+            let outcome = match &fetched {
+                Fetched::NotModified(_) => "unchanged",
+                Fetched::Source { etag, .. } if *etag == entry.data.source_etag => "unchanged",
+                Fetched::Source { .. } => "changed",
+                Fetched::Answer(_) if ask_store => "refused",
+                Fetched::Answer(_) => "gone",
+            };
+            self.metrics.cache_revalidations.get_or_create(&crate::metrics::OutcomeLabel { outcome }).inc();
+            match outcome {
+                "unchanged" => {
+                    entry.validated(generation);
+                    return Ok(self.hit(entry, tier, true));
+                }
+                "refused" => {}
+                _ => self.remove(key).await,
+            }
+        }
+        let source = match fetched {
+            Fetched::Source { source, .. } => source,
+            Fetched::NotModified(r) | Fetched::Answer(r) => return Ok(ReadThrough::Answer(r)),
+        };
+        let (data, extra) = compute(source).await?;
+        self.metrics.cache_misses.inc();
+        self.insert(key.clone(), data.clone(), generation).await;
+        Ok(ReadThrough::Computed { data, extra })
+    }
+
+    /// The read-through where nothing may be cached (no cache, or an object under a customer
+    /// key): `fetch` without a condition, then `compute`.
+    ///
+    /// # Errors
+    /// What `fetch` or `compute` fail with.
+    pub async fn uncached<S, R, X, E>(
+        fetch: impl AsyncFnOnce(Option<&str>) -> Result<Fetched<S, R>, E>,
+        compute: impl AsyncFnOnce(S) -> Result<(Arc<Cached>, X), E>,
+    ) -> Result<ReadThrough<R, X>, E> {
+        match fetch(None).await? {
+            Fetched::Source { source, .. } => {
+                let (data, extra) = compute(source).await?;
+                Ok(ReadThrough::Computed { data, extra })
+            }
+            Fetched::NotModified(r) | Fetched::Answer(r) => Ok(ReadThrough::Answer(r)),
+        }
+    }
+
+    /// Counts a request answered from a tier.
+    fn hit<R, X>(&self, entry: Arc<Entry>, tier: Tier, revalidated: bool) -> ReadThrough<R, X> {
+        let label = crate::metrics::TierLabel { tier: tier.name() };
+        self.metrics.cache_hits.get_or_create(&label).inc();
+        self.metrics.cache_served_bytes.get_or_create(&label).inc_by(entry.data.body.len() as u64);
+        ReadThrough::Cached { entry, tier, revalidated }
+    }
+
     /// Waits until no other request is computing `key`, then holds it. After this returns, look
     /// the key up again: the request that held it may have cached the output.
-    pub async fn flight(&self, key: &CacheKey) -> Flight<'_> {
+    async fn flight(&self, key: &CacheKey) -> Flight<'_> {
         let mutex = {
             let mut flights = self.flights.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             flights.entry(key.clone()).or_default().clone()
         };
         let lock = mutex.lock_owned().await;
         Flight { cache: self, key: key.clone(), lock: Some(lock) }
-    }
-
-    /// Counts a request answered from a tier.
-    pub fn record_hit(&self, tier: Tier, bytes: usize) {
-        let label = crate::metrics::TierLabel { tier: tier.name() };
-        self.metrics.cache_hits.get_or_create(&label).inc();
-        self.metrics.cache_served_bytes.get_or_create(&label).inc_by(bytes as u64);
-    }
-
-    /// Counts a conditional GET's outcome: `unchanged`, `changed` or `gone`.
-    pub fn record_revalidation(&self, outcome: &'static str) {
-        self.metrics.cache_revalidations.get_or_create(&crate::metrics::OutcomeLabel { outcome }).inc();
-    }
-
-    pub fn record_miss(&self) {
-        self.metrics.cache_misses.inc();
     }
 
     /// Waits for moka's pending maintenance (evictions, invalidation closures) and updates the
@@ -440,7 +538,7 @@ mod tests {
         assert!(matches!(c.lookup(&k).await, Lookup::Fresh(_, Tier::Memory)));
         c.object_written("b", "x");
         match c.lookup(&k).await {
-            Lookup::Stale(e, _) => c.validated(&e, c.generation(&k.object)),
+            Lookup::Stale(e, _) => e.validated(c.generation(&k.object)),
             Lookup::Miss => {} // invalidation already ran
             Lookup::Fresh(..) => panic!("served after a write without revalidation"),
         }
@@ -481,8 +579,113 @@ mod tests {
         assert!(c.memory_resident() <= 10 * (1000 + ENTRY_OVERHEAD));
     }
 
+    /// A source the test's "store" answers with: its ETag, or a refusal.
+    type Store = Result<&'static str, u16>;
+
+    /// One read-through of `k` against a store answering `store`; returns how it ended and the
+    /// condition the fetch was given.
+    async fn read(c: &TensorCache, k: &CacheKey, ask: bool, store: Store) -> (ReadThrough<u16, ()>, Option<String>) {
+        let mut asked = None;
+        let r = c
+            .get_or_compute(
+                k,
+                ask,
+                async |cond: Option<&str>| {
+                    asked = cond.map(str::to_owned);
+                    Ok::<_, ()>(match store {
+                        Ok(etag) if cond == Some(etag) => Fetched::NotModified(304),
+                        Ok(etag) => Fetched::Source { etag: etag.to_owned(), source: etag },
+                        Err(status) => Fetched::Answer(status),
+                    })
+                },
+                async |etag: &str| Ok((Arc::new(Cached { source_etag: etag.to_owned(), ..data(64) }), ())),
+            )
+            .await
+            .expect("read-through");
+        (r, asked)
+    }
+
+    fn outcome(r: &ReadThrough<u16, ()>) -> &'static str {
+        match r {
+            ReadThrough::Cached { revalidated: false, .. } => "hit",
+            ReadThrough::Cached { revalidated: true, .. } => "revalidated",
+            ReadThrough::Computed { .. } => "computed",
+            ReadThrough::Answer(_) => "answer",
+        }
+    }
+
     #[tokio::test]
-    async fn concurrent_flights_on_one_key_run_one_at_a_time() {
+    async fn read_through_serves_fresh_entries_unasked_only_when_the_gateway_decides() {
+        let c = cache(Policy::TinyLfu, 1 << 20, Duration::from_secs(60));
+        let k = key("r");
+        let (r, asked) = read(&c, &k, false, Ok("\"e1\"")).await;
+        assert_eq!((outcome(&r), asked), ("computed", None));
+        let (r, asked) = read(&c, &k, false, Ok("\"e1\"")).await;
+        assert_eq!((outcome(&r), asked), ("hit", None), "fresh within the window: no fetch");
+        // The store decides: even a fresh entry is served only after its yes on this request.
+        let (r, asked) = read(&c, &k, true, Ok("\"e1\"")).await;
+        assert_eq!((outcome(&r), asked.as_deref()), ("revalidated", Some("\"e1\"")));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_passes_through_and_keeps_the_entry_for_others() {
+        let c = cache(Policy::TinyLfu, 1 << 20, Duration::ZERO);
+        let k = key("p");
+        read(&c, &k, true, Ok("\"e1\"")).await;
+        let (r, _) = read(&c, &k, true, Err(403)).await;
+        assert!(matches!(r, ReadThrough::Answer(403)), "{}", outcome(&r));
+        let (r, _) = read(&c, &k, true, Ok("\"e1\"")).await;
+        assert_eq!(outcome(&r), "revalidated", "another caller still gets the entry");
+        // The gateway's own read refused (or not found): the source is gone, the entry with it.
+        let (r, _) = read(&c, &k, false, Err(404)).await;
+        assert!(matches!(r, ReadThrough::Answer(404)));
+        let (r, asked) = read(&c, &k, false, Ok("\"e1\"")).await;
+        assert_eq!((outcome(&r), asked), ("computed", None));
+    }
+
+    #[tokio::test]
+    async fn a_changed_source_is_computed_again_and_replaces_the_entry() {
+        let c = cache(Policy::TinyLfu, 1 << 20, Duration::ZERO);
+        let k = key("c");
+        read(&c, &k, false, Ok("\"e1\"")).await;
+        let (r, asked) = read(&c, &k, false, Ok("\"e2\"")).await;
+        assert_eq!((outcome(&r), asked.as_deref()), ("computed", Some("\"e1\"")));
+        let (r, asked) = read(&c, &k, false, Ok("\"e2\"")).await;
+        assert_eq!((outcome(&r), asked.as_deref()), ("revalidated", Some("\"e2\"")));
+        // A 200 whose ETag is the cached one (a store that ignored the condition) also serves it.
+        let (r, _) = c
+            .get_or_compute(
+                &k,
+                true,
+                async |_| Ok::<_, ()>(Fetched::<(), u16>::Source { etag: "\"e2\"".into(), source: () }),
+                async |()| -> Result<(Arc<Cached>, ()), ()> { panic!("computed although unchanged") },
+            )
+            .await
+            .map(|r| (outcome(&r), ()))
+            .expect("read-through");
+        assert_eq!(r, "revalidated");
+        let m = c.metrics.cache_revalidations.get_or_create(&crate::metrics::OutcomeLabel { outcome: "changed" }).get();
+        assert_eq!(m, 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_computation_caches_nothing() {
+        let c = cache(Policy::TinyLfu, 1 << 20, Duration::from_secs(60));
+        let k = key("f");
+        let failed = c
+            .get_or_compute(
+                &k,
+                false,
+                async |_| Ok::<_, &str>(Fetched::<(), u16>::Source { etag: "\"e\"".into(), source: () }),
+                async |()| -> Result<(Arc<Cached>, ()), &str> { Err("bad input") },
+            )
+            .await;
+        assert_eq!(failed.err(), Some("bad input"));
+        assert!(matches!(c.lookup(&k).await, Lookup::Miss));
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_on_one_key_compute_once() {
         let c = Arc::new(cache(Policy::TinyLfu, 1 << 20, Duration::from_secs(60)));
         let running = Arc::new(AtomicU64::new(0));
         let computed = Arc::new(AtomicU64::new(0));
@@ -490,23 +693,30 @@ mod tests {
             .map(|_| {
                 let (c, running, computed) = (c.clone(), running.clone(), computed.clone());
                 tokio::spawn(async move {
-                    let k = key("f");
-                    let _f = c.flight(&k).await;
-                    if matches!(c.lookup(&k).await, Lookup::Fresh(..)) {
-                        return;
-                    }
-                    assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "two computations at once");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    c.insert(k.clone(), Arc::new(data(64)), 0).await;
-                    computed.fetch_add(1, Ordering::SeqCst);
-                    running.fetch_sub(1, Ordering::SeqCst);
+                    let r = c
+                        .get_or_compute(
+                            &key("f"),
+                            false,
+                            async |_| Ok::<_, ()>(Fetched::<(), ()>::Source { etag: "\"e\"".into(), source: () }),
+                            async |()| {
+                                assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "two computations at once");
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                                computed.fetch_add(1, Ordering::SeqCst);
+                                running.fetch_sub(1, Ordering::SeqCst);
+                                Ok((Arc::new(data(64)), ()))
+                            },
+                        )
+                        .await
+                        .expect("read-through");
+                    matches!(r, ReadThrough::Computed { .. })
                 })
             })
             .collect();
+        let mut computing = 0;
         for t in tasks {
-            t.await.expect("task");
+            computing += usize::from(t.await.expect("task"));
         }
-        assert_eq!(computed.load(Ordering::SeqCst), 1);
+        assert_eq!((computed.load(Ordering::SeqCst), computing), (1, 1));
         assert!(c.flights.lock().expect("lock").is_empty(), "flight slots leak");
     }
 }

@@ -1,10 +1,11 @@
 //! The request path, as phases: route → admit ([`admit`]) → authenticate → dispatch (passthrough:
-//! prepare the body and forward; pushdown: `crate::pushdown::serve`) → respond. Errors of any
+//! prepare the body and forward; pushdown: [`pushdown`], to the owner or through the cache) → respond. Errors of any
 //! phase become S3 XML in `crate::error`, and each request is logged once, here.
 
 pub mod admit;
 pub mod owner;
 mod post_object;
+mod pushdown;
 mod transparent;
 
 use std::collections::HashMap;
@@ -25,7 +26,6 @@ use crate::body::{Body, BodyError, Checksummed, Guarded, Metered, WithholdTail};
 use crate::cache::TensorCache;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::pushdown::serve::Serving;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
 use crate::pushdown::{Pushdown, PushdownError};
 use crate::s3::checksum::Algorithm;
@@ -293,45 +293,20 @@ impl Gateway {
             }
             target.bucket = Some(alias.target.clone());
         }
-        let serving = Serving {
-            pushdown: self.pushdown.as_deref(),
-            cache: self.cache.as_deref(),
-            backend: &self.backend,
-            metrics: &self.metrics,
-        };
-        let (spec, planned_none) = match requested.or_else(|| alias.map(|a| a.spec)) {
+        let (job, planned_none) = match requested.or_else(|| alias.map(|a| a.spec)) {
             Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => {
-                let resolved = serving.resolve_auto(spec, &identity)?;
-                let none = resolved.is_none();
-                (resolved, none)
+                let job = self.prepare(spec, identity.name())?;
+                let none = job.is_none();
+                (job, none)
             }
             _ => (None, false),
         };
-        if via_peer && spec.is_none() {
+        if via_peer && job.is_none() {
             // Least privilege: the hop credential reaches the store only for a pushdown.
             return Err(verify::AuthError::PeerOnlyPushdown.into());
         }
-        if let Some((spec, plan)) = spec {
-            // The route phase: a pushdown this member does not own goes to its owner (a hop from
-            // a peer is served here).
-            let routing = self.routing.as_ref().filter(|_| !via_peer);
-            let forwarded = match routing {
-                Some(r) => r.forward(&parts, &target, &spec, identity.name(), &authority).await,
-                None => None,
-            };
-            let mut resp = match forwarded {
-                Some(resp) => resp,
-                None => {
-                    let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
-                    if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
-                        resp.headers_mut().insert(owner::COMPUTED_BY, v);
-                    }
-                    resp
-                }
-            };
-            if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
-                resp.headers_mut().insert("x-tensorgate-plan", v);
-            }
+        if let Some(job) = job {
+            let resp = self.pushdown_phase(&parts, target, job, (identity.name(), &authority), via_peer).await?;
             return Ok((resp, identity.name().to_owned()));
         }
         let mut headers = forwarded_headers(&parts.headers);

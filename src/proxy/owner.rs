@@ -25,7 +25,7 @@ use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarde
 use crate::cluster::{Cluster, Member};
 use crate::metrics::Metrics;
 use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec, remove_trigger_headers, without_trigger_params};
-use crate::s3::authority::Authority;
+use crate::s3::authority::{Authenticated, Authority};
 use crate::s3::credentials::SecretKey;
 use crate::s3::headers::HOP_BY_HOP;
 use crate::s3::route::S3Op;
@@ -105,10 +105,10 @@ impl Routing {
         }
     }
 
-    /// Forwards a pushdown this member does not own to its owner. `None`: serve it here (this
-    /// member owns it, there is no hop credential, or the owner did not answer: then the fallback
-    /// is counted and logged).
-    pub async fn forward(
+    /// The route phase of a pushdown: to the object's owner when that is another member, the
+    /// way the request's authority allows ([`Self::forward`] for a caller the gateway
+    /// authenticated, [`Self::forward_as_sent`] in transparent mode). `None`: serve it here.
+    pub async fn route(
         &self,
         parts: &Parts,
         target: &Target,
@@ -116,12 +116,27 @@ impl Routing {
         tenant: &str,
         authority: &Authority,
     ) -> Option<Response<Body>> {
-        self.secret.as_ref()?;
-        // The hop is signed by the cluster credential only for a caller the gateway authenticated
-        // (the type says so); an anonymous pushdown is computed where it arrives.
-        if !matches!(authority, Authority::Gateway(_)) {
-            return None;
+        match authority {
+            Authority::Caller(_) => self.forward_as_sent(parts, target, &spec.split).await,
+            Authority::Gateway(proof) => self.forward(parts, target, spec, tenant, proof).await,
+            // An anonymous pushdown is computed where it arrives: the hop credential never
+            // acts for a request nobody authenticated.
+            Authority::Anonymous => None,
         }
+    }
+
+    /// Forwards a pushdown this member does not own to its owner. `None`: serve it here (this
+    /// member owns it, there is no hop credential, or the owner did not answer: then the fallback
+    /// is counted and logged).
+    async fn forward(
+        &self,
+        parts: &Parts,
+        target: &Target,
+        spec: &PushdownSpec,
+        tenant: &str,
+        proof: &Authenticated,
+    ) -> Option<Response<Body>> {
+        self.secret.as_ref()?;
         let (owner, peer) = self.owner_elsewhere(target)?;
         let req = ForwardRequest {
             op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
@@ -131,7 +146,9 @@ impl Routing {
             headers: hop_headers(&parts.headers, spec, tenant),
             body: Body::empty(),
             payload: ForwardPayload::Empty,
-            authority: authority.clone(),
+            // The hop is signed by the cluster credential only for a caller the gateway
+            // authenticated (the type says so).
+            authority: Authority::Gateway(proof.clone()),
             expect_continue: false,
         };
         self.relay(&owner, &peer, req).await
@@ -142,7 +159,7 @@ impl Routing {
     /// ([`HOP`], unsigned) so the owner serves it instead of routing it again, with the split
     /// `split=auto` resolved to here ([`HOP_SPLIT`]). The owner reads the source with the
     /// caller's request, so the store decides there as it would here. `None`: serve it here.
-    pub async fn forward_as_sent(&self, parts: &Parts, target: &Target, split: &str) -> Option<Response<Body>> {
+    async fn forward_as_sent(&self, parts: &Parts, target: &Target, split: &str) -> Option<Response<Body>> {
         let (owner, peer) = self.owner_elsewhere(target)?;
         let mut headers = parts.headers.clone();
         for name in HOP_BY_HOP {

@@ -2,16 +2,15 @@
 //! authorises every request. Nothing is verified or re-signed here: each request travels as the
 //! client signed it (method, request target, Host, headers, body and its framing), and a pushdown
 //! reads its source with that same request, so the store decides for this caller on every request,
-//! cached outputs included (`crate::pushdown::serve`). The access key a request names is a claim
+//! cached outputs included (`super::pushdown`). The access key a request names is a claim
 //! (`Identity::Claimed`) until the store accepted the request.
 
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 
 use super::{Gateway, check_declared, content_length, expects_continue, owner};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;
-use crate::pushdown::serve::Serving;
 use crate::pushdown::spec as pushdown_spec;
 use crate::s3::authority::{Authority, claimed_access_key};
 use crate::s3::headers::{self, HOP_BY_HOP};
@@ -42,33 +41,9 @@ impl Gateway {
             if let Some(split) = hop_split.filter(|_| hop) {
                 spec.split = split;
             }
-            let serving = Serving {
-                pushdown: self.pushdown.as_deref(),
-                cache: self.cache.as_deref(),
-                backend: &self.backend,
-                metrics: &self.metrics,
-            };
-            match serving.resolve_auto(spec, &identity)? {
-                Some((spec, plan)) => {
-                    let routing = self.routing.as_ref().filter(|_| !hop);
-                    let forwarded = match routing {
-                        Some(r) => r.forward_as_sent(&parts, &target, &spec.split).await,
-                        None => None,
-                    };
-                    let mut resp = match forwarded {
-                        Some(resp) => resp,
-                        None => {
-                            let mut resp = serving.get(&parts, target, spec, &identity, &authority).await?;
-                            if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok())
-                            {
-                                resp.headers_mut().insert(owner::COMPUTED_BY, v);
-                            }
-                            resp
-                        }
-                    };
-                    if let Some(v) = plan.and_then(|p| HeaderValue::from_str(&p).ok()) {
-                        resp.headers_mut().insert("x-tensorgate-plan", v);
-                    }
+            match self.prepare(spec, identity.name())? {
+                Some(job) => {
+                    let resp = self.pushdown_phase(&parts, target, job, (identity.name(), &authority), hop).await?;
                     return Ok((resp, identity.name().to_owned()));
                 }
                 None => planned_none = true,

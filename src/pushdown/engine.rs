@@ -27,6 +27,7 @@ use std::time::Instant;
 
 use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::Tensor as OrtTensor;
+use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
 use super::PushdownError;
@@ -35,8 +36,52 @@ use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
-use crate::config::OrtArena;
 use crate::metrics::{Metrics, ModelSplit, ModelSplitStage};
+
+/// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
+/// are off in every mode; the memory budget's promise holds in every mode, because each engine
+/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
+/// arena per run").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OrtArena {
+    /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
+    /// session holds only its weights, and the engine reserves the least.
+    #[default]
+    Off,
+    /// Runs allocate from the arena, so tensors freed during a run are reused by later ones, and
+    /// give it back at their end (ADR 0012): an idle session still holds only its weights; a run's
+    /// peak, and so what the engine reserves, is higher than without the arena (the arena grows in
+    /// powers of two), and throughput on one core is close to the kept arena's.
+    PerRun,
+    /// Sessions keep the arena between runs (ADR 0011): what the largest runs needed stays
+    /// resident, measured by one run at every batch size up to `max_batch` when the engine starts.
+    Kept,
+}
+
+/// `pushdown.ort_arena` as written: a name, or the boolean of earlier versions (`true` is `kept`).
+impl<'de> Deserialize<'de> for OrtArena {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Setting;
+        impl serde::de::Visitor<'_> for Setting {
+            type Value = OrtArena;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#""off", "per-run", "kept", false or true"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, kept: bool) -> Result<OrtArena, E> {
+                Ok(if kept { OrtArena::Kept } else { OrtArena::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<OrtArena, E> {
+                match name {
+                    "off" => Ok(OrtArena::Off),
+                    "per-run" => Ok(OrtArena::PerRun),
+                    "kept" => Ok(OrtArena::Kept),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Setting)
+    }
+}
 
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]

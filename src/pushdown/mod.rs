@@ -4,7 +4,9 @@
 //! Pieces: [`spec`] (what the request asks for), [`registry`] (manifests, verified model files),
 //! [`prefix`] (cutting the model at the split), [`engine`] (inference threads with batching),
 //! [`tensor`] (`.npy` in, `.npy`/safetensors out), [`runtime`] (loading ONNX Runtime).
-//! This module ties them together; [`serve`] answers pushdown requests over HTTP.
+//! This module ties them together as a service: [`Pushdown::prepare`] resolves a request into a
+//! [`Job`], which reads the source under the memory budget and runs the prefix; the proxy's
+//! pushdown phase (`crate::proxy::pushdown`) answers it over HTTP through the tensor cache.
 //!
 //! Inputs understood so far: JPEG and PNG images (preprocessed per the model's manifest) and `.npy`
 //! tensors already preprocessed to the model's per-sample input shape (one sample, or a batch with
@@ -23,7 +25,6 @@ pub mod prefix;
 pub mod preprocess;
 pub mod registry;
 pub mod runtime;
-pub mod serve;
 pub mod shard;
 pub mod spec;
 pub mod tensor;
@@ -81,6 +82,12 @@ pub enum PushdownError {
     Unsupported(String),
     #[error("the object is larger than pushdown.max_object_bytes ({limit} bytes)")]
     ObjectTooLarge { limit: u64 },
+    /// The source's body did not arrive within `pushdown.source_timeout_secs`.
+    #[error("the storage backend did not send the object within {secs} s; retry later")]
+    SourceTimeout { secs: u64 },
+    /// The source's body broke off.
+    #[error("reading the object from the storage backend failed: {0}")]
+    SourceRead(String),
     #[error("the model cannot run this split: {0}")]
     Model(String),
     #[error("internal pushdown error: {0}")]
@@ -231,24 +238,34 @@ impl Pushdown {
         &self.registry
     }
 
-    #[must_use]
-    pub fn max_object_bytes(&self) -> u64 {
-        self.cfg.max_object_bytes
-    }
-
-    #[must_use]
-    pub fn source_timeout(&self) -> Duration {
-        self.cfg.source_timeout
-    }
-
-    /// Checks the spec against the registry (before any object is fetched).
+    /// Resolves a request's model and split once, before any byte of the source is read:
+    /// `split=auto` becomes the tenant's planned split (`None` when the plan says no pushdown: a
+    /// plain GET), and the model and split are checked against the registry. The job then holds
+    /// every reservation the request makes.
     ///
     /// # Errors
-    /// Unknown model or split, naming what exists.
-    pub fn resolve(&self, spec: &PushdownSpec) -> Result<(Arc<Model>, String), PushdownError> {
+    /// Pushdown unavailable, unknown model or split (naming what exists).
+    pub fn prepare(&self, mut spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, PushdownError> {
+        let mut plan = None;
+        if spec.split == crate::planner::AUTO {
+            let (split, chosen) = self.auto_split(tenant, &spec.model).ok_or_else(|| PushdownError::UnknownModel {
+                name: spec.model.clone(),
+                known: self.registry.names().join(", "),
+            })?;
+            if split == crate::planner::NO_PUSHDOWN {
+                return Ok(None);
+            }
+            plan = chosen.map(|p| {
+                let parts: Vec<String> =
+                    p.candidates.iter().filter_map(|c| c.epoch_secs.map(|t| format!("{}={t:.3}", c.split))).collect();
+                parts.join(";")
+            });
+            spec.split = split;
+        }
+        self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
-        Ok((model, split))
+        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, held: Vec::new() }))
     }
 
     fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
@@ -301,15 +318,9 @@ impl Pushdown {
         self.engines.running(&(model.to_owned(), split.to_owned())).map(|e| e.inject_panic()).is_some()
     }
 
-    /// Runs the prefix on an object's bytes and encodes the result. Samples are preprocessed on
-    /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
-    /// of sample i. Each sample is first admitted by the memory governor for `tenant` (module
-    /// docs of [`governor`]): at most the request's allotment are in flight at once.
-    ///
-    /// # Errors
-    /// Unusable input, overload (queue full or memory wait too long), or inference failure.
-    pub async fn compute(&self, spec: &PushdownSpec, object: Bytes, tenant: &str) -> Result<Output, PushdownError> {
-        let (model, split) = self.resolve(spec)?;
+    /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]).
+    async fn compute(&self, job: &Job<'_>, object: Bytes) -> Result<Output, PushdownError> {
+        let (spec, model, split, tenant) = (&job.spec, job.model.clone(), job.split.clone(), job.tenant.as_str());
         let engine = self.engine(&model, &split).await?;
         let (memory, batch_cap) = engine.memory_model().await?;
 
@@ -441,6 +452,89 @@ impl Pushdown {
             encode: t2.elapsed(),
             reservation: vec![outputs_held],
         })
+    }
+}
+
+/// One pushdown request, resolved ([`Pushdown::prepare`]): the model and split, named once, and
+/// every memory hold the request takes (its source, its samples' outputs), released together
+/// when the response has been sent ([`Output::reservation`]).
+#[derive(Debug)]
+pub struct Job<'a> {
+    service: &'a Pushdown,
+    /// The request's fields, `split=auto` resolved.
+    spec: PushdownSpec,
+    model: Arc<Model>,
+    /// The split's manifest name (an index in the request names it too).
+    split: String,
+    tenant: String,
+    /// The predicted epoch seconds per candidate when `split=auto` chose the split.
+    plan: Option<String>,
+    held: Vec<governor::Held>,
+}
+
+impl Job<'_> {
+    /// The request's fields with the split resolved.
+    #[must_use]
+    pub fn spec(&self) -> &PushdownSpec {
+        &self.spec
+    }
+
+    /// `x-tensorgate-plan`: what `split=auto` predicted per candidate, when it chose.
+    #[must_use]
+    pub fn plan(&self) -> Option<&str> {
+        self.plan.as_deref()
+    }
+
+    /// What determines the output beside the source object: the model's digest (which covers
+    /// its preprocessing), the split, the format and the dtype (the cache key's variant).
+    #[must_use]
+    pub fn variant(&self) -> String {
+        format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name())
+    }
+
+    /// Reads a source body under the memory budget and a deadline. The object counts against
+    /// the budget from before its first byte until the response is sent: at `declared` bytes, or
+    /// while a source without a length (a chunked answer from a store or a peer) is read, at the
+    /// most it may be (`pushdown.max_object_bytes`), then at what arrived.
+    ///
+    /// # Errors
+    /// The budget's refusal, a source past `max_object_bytes`, a read that failed or ran past
+    /// `pushdown.source_timeout_secs`.
+    pub async fn read_source(
+        &mut self,
+        body: crate::body::Body,
+        declared: Option<u64>,
+    ) -> Result<Bytes, PushdownError> {
+        use http_body_util::BodyExt;
+        let limit = self.service.cfg.max_object_bytes;
+        let mut hold = self.service.governor.hold(declared.map_or(limit, |n| n.min(limit))).await?;
+        let timeout = self.service.cfg.source_timeout;
+        let read = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
+        let object = match tokio::time::timeout(timeout, read).await {
+            Err(_) => return Err(PushdownError::SourceTimeout { secs: timeout.as_secs() }),
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(PushdownError::ObjectTooLarge { limit });
+            }
+            Ok(Err(e)) => return Err(PushdownError::SourceRead(e.to_string())),
+        };
+        hold.shrink_to(object.len() as u64);
+        self.held.push(hold);
+        Ok(object)
+    }
+
+    /// Runs the prefix on the object's bytes and encodes the result. Samples are preprocessed on
+    /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
+    /// of sample i. Each sample is first admitted by the memory governor for the tenant (module
+    /// docs of [`governor`]): at most the request's allotment are in flight at once. The output
+    /// carries every hold of the job.
+    ///
+    /// # Errors
+    /// Unusable input, overload (queue full or memory wait too long), or inference failure.
+    pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
+        let mut out = self.service.compute(&self, object).await?;
+        out.reservation.append(&mut self.held);
+        Ok(out)
     }
 }
 

@@ -12,6 +12,10 @@ pub const CONTENT_MD5: &str = "content-md5";
 /// A customer-provided encryption key (SSE-C): the backend checks it on every read.
 pub const SSE_CUSTOMER_KEY: &str = "x-amz-server-side-encryption-customer-key";
 
+/// Seconds a `Retry-After` asks a client to wait after a `503`: one second spreads a burst
+/// without idling a data loader that retries at once.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
 /// Hop-by-hop headers (RFC 9110 section 7.6.1) plus `expect`, which the gateway answers itself:
 /// never forwarded in either direction.
 pub const HOP_BY_HOP: &[&str] = &[

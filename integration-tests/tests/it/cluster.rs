@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use integration_tests::*;
 use tensorgate::Server;
+use tensorgate::cluster::ClusterSettings;
 use tensorgate::cluster::{Member, rank};
-use tensorgate::config::ClusterSettings;
 use tensorgate::pushdown::spec::Dtype;
 use tensorgate::pushdown::tensor::{Tensor, write_npy};
 use tensorgate::s3::credentials::SecretKey;
@@ -218,5 +218,5 @@ fn cluster_settings_are_checked() {
     cfg.validate().expect("valid");
     let toml = "[cluster]\nnode_id = \"a\"\nmembers = [{ id = \"a\", s3 = \"http://127.0.0.1:1\", admin = \"http://127.0.0.1:2\" }]\n";
     let parsed = tensorgate::Config::from_toml(toml).expect("parses");
-    assert_eq!(parsed.cluster.expect("cluster").refresh_secs, tensorgate::config::DEFAULT_CLUSTER_REFRESH_SECS);
+    assert_eq!(parsed.cluster.expect("cluster").refresh_secs, tensorgate::cluster::DEFAULT_CLUSTER_REFRESH_SECS);
 }

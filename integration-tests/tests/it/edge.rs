@@ -81,7 +81,7 @@ async fn a_head_larger_than_the_limit_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(&fs_config(&dir.path().join("data"))).await.expect("gateway");
     let mut s = TcpStream::connect(server.s3_addr).await.expect("connect");
-    let big = "a".repeat(tensorgate::config::MAX_HEADER_BYTES + 1);
+    let big = "a".repeat(tensorgate::edge::MAX_HEADER_BYTES + 1);
     // The client may see the refusal before it has written everything.
     let _ = s.write_all(format!("GET / HTTP/1.1\r\nHost: x\r\nx-filler: {big}\r\n\r\n").as_bytes()).await;
     let mut answer = Vec::new();

@@ -61,11 +61,11 @@ pub struct ChunkedMode {
 }
 
 /// Frames shorter than this are copied together instead of kept. A kept frame keeps its whole read
-/// buffer alive (up to [`crate::config::IO_BUFFER_BYTES`] plus what the buffer held before), so
+/// buffer alive (up to `crate::edge::IO_BUFFER_BYTES` plus what the buffer held before), so
 /// keeping only frames of at least half of one bounds what pending bytes hold to about twice their
 /// size, as a growing copy would; and a client that sends a byte per packet costs copies, not a
 /// 32-byte handle per byte.
-const KEEP_FRAMES_FROM: usize = crate::config::IO_BUFFER_BYTES / 2;
+pub(crate) const KEEP_FRAMES_FROM: usize = 32 * 1024;
 
 /// Body bytes received and not decoded yet: the frames they arrived in, then short frames copied
 /// together in `tail`.

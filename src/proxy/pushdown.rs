@@ -1,0 +1,347 @@
+//! The pushdown phase of the request path, for both identity modes: a GET or HEAD that names a
+//! model and a split (resolved to a [`Job`] by the caller) goes to the object's owner when
+//! another cluster member owns it, else is served here through the tensor cache's read-through
+//! ([`TensorCache::get_or_compute`]: the source read is the store's say for this caller, the
+//! job computes on a miss). Every response header of a pushdown answer is set here, with `HEAD`,
+//! `Range` and `If-None-Match` applied to the output, not the source.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Method, Response};
+
+use super::{Gateway, owner};
+use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
+use crate::body::{Body, Holding};
+use crate::cache::{CacheKey, Cached, Fetched, ObjectId, ReadThrough, TensorCache, Tier};
+use crate::error::GatewayError;
+use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
+use crate::pushdown::{Job, PushdownError};
+use crate::s3::authority::Authority;
+use crate::s3::headers;
+use crate::s3::route::{S3Op, Target};
+
+/// `x-tensorgate-plan`: what `split=auto` predicted per candidate split.
+const PLAN: http::HeaderName = http::HeaderName::from_static("x-tensorgate-plan");
+
+impl Gateway {
+    /// Resolves a pushdown request ([`crate::pushdown::Pushdown::prepare`]); `None` when
+    /// `split=auto` planned no pushdown (then the request is a plain GET).
+    pub(super) fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
+        let pd =
+            self.pushdown.as_deref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
+        Ok(pd.prepare(spec, tenant)?)
+    }
+
+    /// The phase: to the owner (unless this request is a hop from another member, `hop`), else
+    /// served here.
+    pub(super) async fn pushdown_phase(
+        &self,
+        parts: &Parts,
+        target: Target,
+        job: Job<'_>,
+        (tenant, authority): (&str, &Authority),
+        hop: bool,
+    ) -> Result<Response<Body>, GatewayError> {
+        let plan = job.plan().and_then(|p| HeaderValue::from_str(p).ok());
+        let routed = match self.routing.as_ref().filter(|_| !hop) {
+            Some(r) => r.route(parts, &target, job.spec(), tenant, authority).await,
+            None => None,
+        };
+        let mut resp = match routed {
+            Some(resp) => resp,
+            None => {
+                let mut resp = self.serve(parts, target, job, authority).await?;
+                if let Some(v) = self.routing.as_ref().and_then(|r| HeaderValue::from_str(r.node_id()).ok()) {
+                    resp.headers_mut().insert(owner::COMPUTED_BY, v);
+                }
+                resp
+            }
+        };
+        if let Some(v) = plan {
+            resp.headers_mut().insert(PLAN, v);
+        }
+        Ok(resp)
+    }
+
+    /// Serves a pushdown here. Backend answers other than the source (`NoSuchKey`, `AccessDenied`)
+    /// pass through as for a plain GET. See `crate::cache` for when a cached output is served
+    /// without asking the store.
+    async fn serve(
+        &self,
+        parts: &Parts,
+        target: Target,
+        mut job: Job<'_>,
+        authority: &Authority,
+    ) -> Result<Response<Body>, GatewayError> {
+        // When the store decides who may read (an anonymous reader; any caller in transparent
+        // mode; every caller when clients have store keys of their own), an output is never
+        // served from the cache before the store said yes to this caller on this request.
+        let ask_store = authority.store_decides() || self.backend.has_tenant_keys();
+        // Transparent mode: the source is read with the caller's own signed request.
+        let as_caller = matches!(authority, Authority::Caller(_));
+        let query = forwarded_query(parts.uri.query()).and_then(|q| pushdown_spec::without_trigger_params(&q));
+        let mut headers = if as_caller {
+            // As signed: the store ignores the triggers, and checks the signature over all of it.
+            let mut h = parts.headers.clone();
+            for name in headers::HOP_BY_HOP {
+                h.remove(*name);
+            }
+            h
+        } else {
+            let mut h = forwarded_headers(&parts.headers);
+            pushdown_spec::remove_trigger_headers(&mut h);
+            for name in OUTPUT_SCOPED {
+                h.remove(name);
+            }
+            h
+        };
+        let key = CacheKey {
+            object: ObjectId {
+                bucket: target.bucket.clone().unwrap_or_default(),
+                key: target.key.clone().unwrap_or_default(),
+                query: query.clone().unwrap_or_default(),
+            },
+            variant: job.variant(),
+        };
+        let fwd = ForwardRequest {
+            op: S3Op::GetObject,
+            // The caller signed its own method; the gateway reads the source with a GET.
+            method: if as_caller { parts.method.clone() } else { Method::GET },
+            target,
+            query,
+            headers: HeaderMap::new(),
+            body: Body::empty(),
+            payload: ForwardPayload::Empty,
+            authority: authority.clone(),
+            expect_continue: false,
+        };
+        let fetch = async move |cached_etag: Option<&str>| -> Result<Fetched<_, _>, GatewayError> {
+            // Unsigned and outside the caller's signature: every store accepts it there. A
+            // caller's own `If-None-Match` refers to the output and stays as it is.
+            let mut asked_unchanged = false;
+            if let Some(v) = cached_etag.and_then(|e| HeaderValue::from_str(e).ok())
+                && !headers.contains_key(http::header::IF_NONE_MATCH)
+            {
+                headers.insert(http::header::IF_NONE_MATCH, v);
+                asked_unchanged = true;
+            }
+            let started = Instant::now();
+            let resp = self.backend.send(ForwardRequest { headers, ..fwd }).await?;
+            Ok(if resp.status() == http::StatusCode::NOT_MODIFIED && asked_unchanged {
+                Fetched::NotModified(resp)
+            } else if resp.status().is_success() {
+                let etag = header_str(resp.headers(), &http::header::ETAG).unwrap_or_default().to_owned();
+                Fetched::Source { etag, source: (resp, started) }
+            } else {
+                Fetched::Answer(resp)
+            })
+        };
+        let spec = job.spec().clone();
+        let method = parts.method.clone();
+        let compute = async move |(resp, started): (Response<Body>, Instant)| {
+            if as_caller && (method == Method::HEAD || resp.status() == http::StatusCode::PARTIAL_CONTENT) {
+                // The caller's signed HEAD or Range read the store's answer, not the whole source.
+                return Err(PushdownError::WholeReadFirst.into());
+            }
+            let declared = header_str(resp.headers(), &http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
+            let source_etag = header_str(resp.headers(), &http::header::ETAG).unwrap_or_default().to_owned();
+            // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
+            let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
+            let object = job.read_source(resp.into_body(), declared).await?;
+            let fetch = started.elapsed();
+            let source_bytes = object.len();
+            let out = job.run(object).await?;
+            self.metrics.observe_pushdown(
+                &spec.model,
+                &out.split,
+                source_bytes,
+                out.body.len(),
+                [fetch, out.decode, out.infer, out.encode],
+            );
+            let timing = format!(
+                "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
+                fetch.as_secs_f64() * 1e3,
+                out.decode.as_secs_f64() * 1e3,
+                out.infer.as_secs_f64() * 1e3,
+                out.encode.as_secs_f64() * 1e3
+            );
+            let data = Arc::new(Cached {
+                body: out.body,
+                content_type: out.content_type.to_owned(),
+                shape: out.shape,
+                split: out.split,
+                dtype: spec.dtype.name().to_owned(),
+                source_etag,
+                source_last_modified,
+                source_bytes: source_bytes as u64,
+            });
+            Ok::<_, GatewayError>((data, (out.reservation, timing)))
+        };
+        // Objects encrypted with a customer key are never cached: a hit would skip the store's
+        // key check.
+        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
+        let read = match cache {
+            Some(cache) => cache.get_or_compute(&key, ask_store, fetch, compute).await?,
+            None => TensorCache::uncached(fetch, compute).await?,
+        };
+        match read {
+            ReadThrough::Cached { entry, tier, revalidated } => {
+                let status = if revalidated { CacheStatus::Revalidated(tier) } else { CacheStatus::Hit(tier) };
+                output_response(parts, &key, &entry.data, status, None)
+            }
+            ReadThrough::Computed { data, extra: (reservation, timing) } => {
+                let resp = output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))?;
+                // Sending the body ends the reservation (a client gone mid-download ends it too).
+                Ok(resp.map(|b| Body::new(Holding::new(b, reservation))))
+            }
+            ReadThrough::Answer(resp) if parts.method == Method::HEAD => Ok(resp.map(|_| Body::empty())),
+            ReadThrough::Answer(resp) => Ok(resp),
+        }
+    }
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Where a pushdown output came from (`x-tensorgate-cache`).
+#[derive(Debug, Clone, Copy)]
+enum CacheStatus {
+    Miss,
+    Hit(Tier),
+    /// Cached, served after the backend confirmed the source is unchanged.
+    Revalidated(Tier),
+}
+
+/// The response for a pushdown output, honouring `HEAD`, `Range` and `If-None-Match`. The ETag
+/// names the source version and the variant, so it changes exactly when the output can.
+fn output_response(
+    parts: &Parts,
+    key: &CacheKey,
+    data: &Cached,
+    status: CacheStatus,
+    timing: Option<String>,
+) -> Result<Response<Body>, GatewayError> {
+    let etag = format!(
+        "\"{}\"",
+        &crate::s3::sigv4::sha256_hex(format!("{}|{}", data.source_etag, key.variant).as_bytes())[..32]
+    );
+    let (cache, tier) = match status {
+        CacheStatus::Miss => ("miss", None),
+        CacheStatus::Hit(t) => ("hit", Some(t)),
+        CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
+    };
+    let mut resp = Response::builder()
+        .header(http::header::ETAG, etag.as_str())
+        .header("x-tensorgate-split", &data.split)
+        .header("x-tensorgate-cache", cache);
+    if let Some(lm) = &data.source_last_modified {
+        resp = resp.header(http::header::LAST_MODIFIED, lm);
+    }
+    if none_match(&parts.headers, &etag) {
+        // The client holds this output already (a compute-tier copy from an earlier epoch).
+        return resp
+            .status(http::StatusCode::NOT_MODIFIED)
+            .body(Body::empty())
+            .map_err(|e| PushdownError::Internal(e.to_string()).into());
+    }
+    let len = data.body.len();
+    let (code, body) = match header_str(&parts.headers, &http::header::RANGE) {
+        Some(r) => {
+            let (a, b) = byte_range(r, len).ok_or(GatewayError::InvalidRange { size: len })?;
+            resp = resp.header(http::header::CONTENT_RANGE, format!("bytes {a}-{b}/{len}"));
+            (http::StatusCode::PARTIAL_CONTENT, data.body.slice(a..=b))
+        }
+        None => (http::StatusCode::OK, data.body.clone()),
+    };
+    let shape: Vec<String> = data.shape.iter().map(ToString::to_string).collect();
+    resp = resp
+        .status(code)
+        .header(http::header::CONTENT_TYPE, &data.content_type)
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .header(http::header::ACCEPT_RANGES, "bytes")
+        .header("x-tensorgate-shape", shape.join(","))
+        .header("x-tensorgate-dtype", &data.dtype)
+        .header("x-tensorgate-source-bytes", data.source_bytes);
+    if let Some(t) = tier {
+        resp = resp.header("x-tensorgate-cache-tier", t.name());
+    }
+    if let Some(t) = timing {
+        resp = resp.header("server-timing", t);
+    }
+    let body = if parts.method == Method::HEAD { Body::empty() } else { Body::from(body) };
+    resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
+}
+
+/// Whether an `If-None-Match` header lists `etag` (or is `*`): RFC 9110's weak comparison, so a
+/// `W/` prefix on either side is ignored.
+fn none_match(headers: &HeaderMap, etag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+    headers
+        .get_all(http::header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim() == "*" || bare(t) == bare(etag))
+}
+
+/// Headers beside the triggers that apply to the pushdown output, not to the source object: not
+/// forwarded.
+const OUTPUT_SCOPED: [http::HeaderName; 5] = [
+    http::header::RANGE,
+    http::header::IF_MATCH,
+    http::header::IF_NONE_MATCH,
+    http::header::IF_MODIFIED_SINCE,
+    http::header::IF_UNMODIFIED_SINCE,
+];
+
+/// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
+fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
+    let spec = header.strip_prefix("bytes=")?;
+    if spec.contains(',') || len == 0 {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: usize = n.parse().ok()?;
+            (len.checked_sub(n.min(len))?, len - 1)
+        }
+        (a, "") => (a.parse().ok()?, len - 1),
+        (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(len - 1)),
+    };
+    (start <= end && start < len).then_some((start, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_none_match_compares_weakly_and_lists() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::IF_NONE_MATCH, HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert!(none_match(&with("\"abc\""), "\"abc\""));
+        assert!(none_match(&with("W/\"abc\""), "\"abc\""));
+        assert!(none_match(&with("\"x\", \"abc\""), "\"abc\""));
+        assert!(none_match(&with("*"), "\"abc\""));
+        assert!(!none_match(&with("\"abd\""), "\"abc\""));
+        assert!(!none_match(&HeaderMap::new(), "\"abc\""));
+    }
+
+    #[test]
+    fn byte_ranges() {
+        assert_eq!(byte_range("bytes=0-9", 100), Some((0, 9)));
+        assert_eq!(byte_range("bytes=90-", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=-10", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=50-500", 100), Some((50, 99)));
+        assert_eq!(byte_range("bytes=100-", 100), None);
+        assert_eq!(byte_range("bytes=0-1,4-5", 100), None);
+        assert_eq!(byte_range("lines=1-2", 100), None);
+    }
+}
