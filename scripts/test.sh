@@ -43,6 +43,7 @@ phase "fmt, clippy"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
+python3 scripts/import-cycles.py
 
 phase "config check"
 cargo run --quiet --locked -- check-config config/example.toml

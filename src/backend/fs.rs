@@ -17,7 +17,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use s3s::service::{S3Service, S3ServiceBuilder};
 
-use super::{BackendError, ForwardRequest, path_style_path};
+use super::request::{BackendError, ForwardRequest, path_style_path};
 use crate::body::Body;
 use crate::s3::headers;
 use crate::s3::route::{S3Op, Target};

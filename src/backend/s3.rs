@@ -20,8 +20,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::request::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
 use super::retry::RetryPolicy;
-use super::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
 use crate::body::{Body, Metered};
 use crate::metrics::UpstreamMetrics;
 use crate::s3::authority::Authority;

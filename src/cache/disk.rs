@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::{CacheKey, Cached};
+use super::key::{CacheKey, Cached, ObjectId};
 use crate::metrics::{Metrics, TierLabel};
 
 const MAGIC: &[u8; 4] = b"TGC1";
@@ -173,7 +173,7 @@ impl DiskTier {
         let slots: Vec<Slot> = {
             let mut index = lock(&self.index);
             let from = CacheKey {
-                object: super::ObjectId {
+                object: ObjectId {
                     bucket: bucket.to_owned(),
                     key: key.unwrap_or_default().to_owned(),
                     query: String::new(),

@@ -15,19 +15,20 @@
 //! themselves. Concurrent misses on one key compute once.
 
 pub mod disk;
+pub mod key;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use moka::future::Cache;
 use moka::policy::EvictionPolicy;
 use serde::{Deserialize, Serialize};
 
+pub use self::key::{CacheKey, Cached, ObjectId};
 use crate::metrics::Metrics;
 
 /// Generation counters per object, striped by hash: a write bumps its stripe, which forces every
@@ -72,39 +73,6 @@ pub struct CacheConfig {
 pub struct DiskConfig {
     pub dir: PathBuf,
     pub max_bytes: u64,
-}
-
-/// The object an output was computed from: bucket, key, and the forwarded query (a `versionId`,
-/// `partNumber` or response override names different bytes).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ObjectId {
-    pub bucket: String,
-    pub key: String,
-    pub query: String,
-}
-
-/// Everything that determines an output besides the object's content: the object, and the
-/// variant (model digest, split, format, dtype; the model digest covers the preprocessing, which
-/// is part of the verified manifest).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct CacheKey {
-    pub object: ObjectId,
-    pub variant: String,
-}
-
-/// A computed output and what its response needs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Cached {
-    #[serde(skip)]
-    pub body: Bytes,
-    pub content_type: String,
-    pub shape: Vec<usize>,
-    pub split: String,
-    pub dtype: String,
-    /// The ETag of the source object the output was computed from.
-    pub source_etag: String,
-    pub source_last_modified: Option<String>,
-    pub source_bytes: u64,
 }
 
 /// When an entry was last known to match its source.
@@ -498,6 +466,8 @@ impl TensorCache {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     fn key(k: &str) -> CacheKey {

@@ -21,7 +21,7 @@ use std::io::Cursor;
 
 use image::{DynamicImage, ImageReader};
 
-use super::PushdownError;
+use super::error::PushdownError;
 
 /// The image formats pushdown decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use ort::value::Tensor as OrtTensor;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
-use super::PushdownError;
+use super::error::PushdownError;
 use super::governor::{EngineHold, Governor};
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
@@ -598,7 +598,7 @@ fn worker(shared: &Shared, first: bool) {
                 panic!("injected inference panic");
             }
             if shared.cfg.intra_threads <= 1 {
-                super::cpu_timed(|| session.run(&model.manifest.input, tensor, &shape, data))
+                super::clock::cpu_timed(|| session.run(&model.manifest.input, tensor, &shape, data))
             } else {
                 let started = Instant::now();
                 (session.run(&model.manifest.input, tensor, &shape, data), started.elapsed())

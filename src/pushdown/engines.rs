@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 
-use super::PushdownError;
 use super::engine::Engine;
+use super::error::PushdownError;
 
 /// (model, split).
 pub type EngineKey = (String, String);

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::PushdownError;
+use super::error::PushdownError;
 use crate::metrics::Metrics;
 
 /// What the allocator knows about one stream.

@@ -13,9 +13,11 @@
 //! a leading dimension), and WebDataset tar shards of those ([`shard`]), answered as safetensors
 //! with `features`, `labels` and the sample keys.
 
+pub mod clock;
 pub mod decode;
 pub mod engine;
 pub mod engines;
+pub mod error;
 pub mod fair;
 pub mod governor;
 pub mod manifest;
@@ -37,6 +39,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 
+pub use self::error::PushdownError;
+
+use self::clock::cpu_timed;
 use self::engine::{Engine, EngineConfig};
 use self::governor::{Governor, GovernorConfig};
 use self::registry::{Model, Registry};
@@ -46,53 +51,6 @@ use self::tensor::Tensor;
 /// Largest source object pushdown reads (it is held in memory while decoded). 64 MiB covers a
 /// 128-sample shard of ImageNet-size JPEGs several times over.
 pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
-
-/// Why a pushdown request failed. Mapped to S3 codes in `crate::error`.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PushdownError {
-    #[error("invalid pushdown field {field}: {message}")]
-    InvalidArgument { field: String, message: String },
-    #[error("unknown model {name:?}; available: {known}")]
-    UnknownModel { name: String, known: String },
-    #[error("model {model} has no split {split:?}; splits: {known}")]
-    UnknownSplit { model: String, split: String, known: String },
-    #[error("pushdown is unavailable: {0}")]
-    Unavailable(String),
-    #[error("too many pushdown samples queued; retry later")]
-    Overloaded,
-    /// Would not fit even in an empty budget (`400`): the request (or the engine) is too large.
-    #[error("needs {needed} bytes, more than pushdown.memory_budget can ever hold ({budget} bytes)")]
-    ExceedsBudget { needed: u64, budget: u64 },
-    /// Would fit, but running engines hold the rest of the budget (`503`): idle engines are
-    /// evicted after `pushdown.engine_idle_secs`, so a retry can succeed.
-    #[error("needs {needed} bytes of pushdown.memory_budget, {free} are free beside the running engines; retry later")]
-    BudgetBusy { needed: u64, free: u64 },
-    /// The plans table is full (`planning::MAX_PLANS`): a new (tenant, model) cannot be planned.
-    #[error("the gateway holds its most plans ({max}); a new tenant or model cannot be planned now")]
-    TooManyPlans { max: usize },
-    /// Transparent identity mode: a caller's signed HEAD or Range reads only part of the source,
-    /// and the gateway holds no key to read the rest, so an output not yet cached cannot be made.
-    #[error(
-        "in transparent identity mode a pushdown output is first computed from the caller's own GET of the whole object: send a GET without Range once (HEAD and Range are then answered from the cache)"
-    )]
-    WholeReadFirst,
-    #[error("cannot use the object as model input: {0}")]
-    BadInput(String),
-    #[error("unsupported pushdown input: {0}")]
-    Unsupported(String),
-    #[error("the object is larger than pushdown.max_object_bytes ({limit} bytes)")]
-    ObjectTooLarge { limit: u64 },
-    /// The source's body did not arrive within `pushdown.source_timeout_secs`.
-    #[error("the storage backend did not send the object within {secs} s; retry later")]
-    SourceTimeout { secs: u64 },
-    /// The source's body broke off.
-    #[error("reading the object from the storage backend failed: {0}")]
-    SourceRead(String),
-    #[error("the model cannot run this split: {0}")]
-    Model(String),
-    #[error("internal pushdown error: {0}")]
-    Internal(String),
-}
 
 /// Settings of the pushdown service.
 #[derive(Debug, Clone)]
@@ -112,6 +70,17 @@ pub struct PushdownConfig {
     pub governor: GovernorConfig,
     pub metrics: crate::metrics::Metrics,
 }
+
+/// A split's measured prefix cost.
+#[derive(Debug, Clone)]
+pub struct SplitCost {
+    pub secs_per_sample: f64,
+    pub bytes_per_sample: f64,
+    pub shape: Vec<usize>,
+}
+
+/// Per-(model, split) measured costs.
+pub type SplitCosts = HashMap<(String, String), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
 
 /// A computed output, ready to send.
 #[derive(Debug)]
@@ -139,7 +108,7 @@ pub struct Pushdown {
     /// Serializes memory probes: the resident peak they read is process-wide.
     probe_lock: Arc<Mutex<()>>,
     /// Measured prefix costs per (model, split), for planning.
-    split_costs: Mutex<planning::SplitCosts>,
+    split_costs: Mutex<SplitCosts>,
     /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
     preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
     /// The last plan per (tenant, model) (`split=auto`; tenant "" for plans posted without one).
@@ -562,23 +531,6 @@ struct Parsed {
     labels: Option<Vec<i64>>,
     /// A shard's samples' other members (`format=tar` writes them back).
     others: Vec<Vec<(String, Bytes)>>,
-}
-
-/// This thread's CPU time in nanoseconds (Linux `/proc/thread-self/schedstat`); `None` elsewhere.
-fn thread_cpu_nanos() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
-}
-
-/// Runs `f` and returns its result with the CPU time this thread spent on it: the cost free of
-/// contention from other work on the core (wall time where there is no per-thread CPU clock).
-pub(crate) fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let (started, cpu) = (Instant::now(), thread_cpu_nanos());
-    let out = f();
-    let spent = match (cpu, thread_cpu_nanos()) {
-        (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
-        _ => started.elapsed(),
-    };
-    (out, spent)
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.

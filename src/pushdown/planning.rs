@@ -1,10 +1,10 @@
 //! The storage side of split planning: what each candidate split costs this node per sample, the
 //! compute tier's suffix graphs, and the plans clients asked for (used by `split=auto`).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use super::{Pushdown, PushdownError, engine, prefix, split_def};
+use super::error::PushdownError;
+use super::{Pushdown, SplitCost, engine, prefix, split_def};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
 /// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).
@@ -20,14 +20,6 @@ pub const MAX_PLANS: usize = 4096;
 
 /// Longest tenant name a plan is kept under: AWS access key ids are at most 128 characters.
 pub const MAX_TENANT_BYTES: usize = 128;
-
-/// A split's measured prefix cost.
-#[derive(Debug, Clone)]
-pub struct SplitCost {
-    pub secs_per_sample: f64,
-    pub bytes_per_sample: f64,
-    pub shape: Vec<usize>,
-}
 
 impl Pushdown {
     /// Candidate splits of `model`: the manifest's splits in order, up to its freeze split.
@@ -65,7 +57,7 @@ impl Pushdown {
                 session.run(&m.manifest.input, &tensor, &shape, input.clone())?;
                 // CPU time (the session has one intra-op thread): requests running on the same
                 // core do not inflate it.
-                let (out, spent) = super::cpu_timed(|| session.run(&m.manifest.input, &tensor, &shape, input));
+                let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest.input, &tensor, &shape, input));
                 let out = out?;
                 Ok(SplitCost {
                     secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,
@@ -188,6 +180,3 @@ impl Pushdown {
         prefix::extract(&m.bytes, &[&a.tensor], &[&b]).map_err(|e| PushdownError::Model(e.to_string()))
     }
 }
-
-/// Per-(model, split) measured costs.
-pub type SplitCosts = HashMap<(String, String), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;

@@ -22,8 +22,9 @@
 //! Images whose header declares more than `max_pixels`, or whose resized copy would be larger,
 //! are refused before any pixel is decoded.
 
+use super::decode;
+use super::error::PushdownError;
 use super::manifest::{Channels, Layout, Preprocess};
-use super::{PushdownError, decode};
 
 /// Largest image (in pixels, from its header) decoded by default: 40 MP covers the largest
 /// camera images in common datasets while keeping one decode under ~160 MiB of RGBA.

@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 
-use super::PushdownError;
+use super::error::PushdownError;
 
 /// Most samples per shard (WebDataset shards usually hold 64 to 10 000).
 pub const MAX_SAMPLES: usize = 10_000;

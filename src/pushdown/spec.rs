@@ -4,7 +4,7 @@
 
 use http::HeaderMap;
 
-use super::PushdownError;
+use super::error::PushdownError;
 
 pub const HEADER_PREFIX: &str = "x-tensorgate-";
 pub const QUERY_PREFIX: &str = "tensorgate-";

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::PushdownError;
+use super::error::PushdownError;
 use super::spec::Dtype;
 
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
