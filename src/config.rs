@@ -48,6 +48,12 @@ pub const DEV_ACCESS_KEY: &str = "tensorgate-dev";
 /// Its secret. Public by design: it only ever protects a loopback-only development gateway.
 pub const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
 
+/// Prefix of the environment variables that set any key of the file: `TENSORGATE__` then the
+/// key's path in upper case, sections joined by `__` (`TENSORGATE__PUSHDOWN__MEMORY_BUDGET=...`
+/// sets `pushdown.memory_budget`). Double underscores keep them apart from the named variables of
+/// the flags (`TENSORGATE_BACKEND_ENDPOINT`), which win over them.
+pub const ENV_KEY_PREFIX: &str = "TENSORGATE__";
+
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -57,6 +63,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid value for `{key}`: {message}")]
     Invalid { key: &'static str, message: String },
+    #[error("invalid configuration from {ENV_KEY_PREFIX}* environment variables: {0}")]
+    Environment(String),
 }
 
 fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
@@ -516,8 +524,41 @@ impl Config {
     /// # Errors
     /// Unreadable file or unknown/mistyped key.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::from_toml(&text).map_err(|message| ConfigError::Parse { path: path.into(), message })
+        Self::layered(Some(path), std::iter::empty())
+    }
+
+    /// The file's keys (if any), then every `TENSORGATE__*` variable of `env` over them
+    /// ([`ENV_KEY_PREFIX`]). A variable's value is read as a TOML value where it is one (`4096`,
+    /// `true`, `["a", "b"]`, `"quoted"`), else as a string (`per-run`, `http://host:8333`); keys
+    /// are checked as the file's are, so a misspelt variable is refused naming it.
+    ///
+    /// # Errors
+    /// Unreadable file, unknown or mistyped key.
+    pub fn layered(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.into(), source })?,
+            None => String::new(),
+        };
+        let parse_error = |message| ConfigError::Parse { path: path.unwrap_or(Path::new("")).into(), message };
+        let vars: Vec<(String, String)> = env.into_iter().filter(|(n, _)| n.starts_with(ENV_KEY_PREFIX)).collect();
+        if vars.is_empty() {
+            // The file alone: the parser's errors point at its line and column.
+            return Self::from_toml(&text).map_err(parse_error);
+        }
+        let mut table = text.parse::<toml::Table>().map_err(|e| parse_error(e.to_string()))?;
+        let mut from_env = Vec::new();
+        for (name, value) in vars {
+            let Some(key) = name.strip_prefix(ENV_KEY_PREFIX) else { continue };
+            let path: Vec<String> = key.split("__").map(str::to_ascii_lowercase).collect();
+            if path.iter().any(String::is_empty) {
+                return Err(ConfigError::Environment(format!("{name} does not name a key")));
+            }
+            set_key(&mut table, &path, env_value(&value)).map_err(ConfigError::Environment)?;
+            from_env.push(name);
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Environment(format!("{} (set: {})", e.to_string().trim_end(), from_env.join(", "))))
     }
 
     /// Parses TOML text.
@@ -528,15 +569,13 @@ impl Config {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
-    /// File (if any), then overrides; then validation.
+    /// File (if any), then `TENSORGATE__*` variables, then the flags and their variables; then
+    /// validation.
     ///
     /// # Errors
     /// Any [`ConfigError`].
     pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
-        let mut c = match &o.config {
-            Some(p) => Self::from_file(p)?,
-            None => Self::default(),
-        };
+        let mut c = Self::layered(o.config.as_deref(), std::env::vars())?;
         c.apply(o);
         c.validate()?;
         Ok(c)
@@ -855,6 +894,30 @@ impl Config {
     }
 }
 
+/// An environment variable's value as a TOML value: a number, boolean, array, table or quoted
+/// string where it reads as one, else the text itself.
+fn env_value(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+/// Sets `path` in `table`, making the sections on the way.
+fn set_key(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, sections) = path.split_last().ok_or("an empty key")?;
+    let mut at = table;
+    for s in sections {
+        at = match at.entry(s.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+            toml::Value::Table(t) => t,
+            _ => return Err(format!("`{}` is not a section", path.join("."))),
+        };
+    }
+    at.insert(last.clone(), value);
+    Ok(())
+}
+
 fn read_secret(inline: Option<&SecretKey>, file: Option<&Path>, key: &'static str) -> Result<SecretKey, ConfigError> {
     match (inline, file) {
         (Some(s), None) if !s.expose().is_empty() => Ok(s.clone()),
@@ -869,6 +932,55 @@ fn read_secret(inline: Option<&SecretKey>, file: Option<&Path>, key: &'static st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn any_key_can_come_from_the_environment() {
+        let dir = std::env::temp_dir().join(format!("tg-config-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "[pushdown]\nmax_batch = 8\nworkers = 2\n").expect("write");
+        let c = Config::layered(
+            Some(&file),
+            env(&[
+                ("TENSORGATE__PUSHDOWN__MAX_BATCH", "16"),
+                ("TENSORGATE__PUSHDOWN__ORT_ARENA", "per-run"),
+                ("TENSORGATE__PUSHDOWN__CACHE__MEMORY_BYTES", "1048576"),
+                ("TENSORGATE__DOMAINS", r#"["s3.example.com"]"#),
+                ("TENSORGATE__BACKEND__ENDPOINT", "http://127.0.0.1:8333"),
+                ("TENSORGATE_LISTEN", "ignored: a flag's variable, applied by clap"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .expect("layered");
+        // The environment wins over the file; the file's other keys stay.
+        assert_eq!((c.pushdown.max_batch, c.pushdown.workers), (16, 2));
+        assert_eq!(c.pushdown.ort_arena, OrtArena::PerRun);
+        assert_eq!(c.pushdown.cache.memory_bytes, 1_048_576);
+        assert_eq!(c.domains, ["s3.example.com"]);
+        assert_eq!(c.backend.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        // Without variables, the file's errors keep pointing at its lines.
+        std::fs::write(&file, "[pushdown]\nmax_bach = 8\n").expect("write");
+        let e = Config::layered(Some(&file), env(&[])).expect_err("typo").to_string();
+        assert!(e.contains("max_bach") && e.contains("line 2"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_misspelt_or_mistyped_variable_is_refused_naming_it() {
+        let e = Config::layered(None, env(&[("TENSORGATE__PUSHDOWN__MAX_BACH", "16")])).expect_err("typo").to_string();
+        assert!(e.contains("max_bach") && e.contains("TENSORGATE__PUSHDOWN__MAX_BACH"), "{e}");
+        let e =
+            Config::layered(None, env(&[("TENSORGATE__PUSHDOWN__MAX_BATCH", "many")])).expect_err("type").to_string();
+        assert!(e.contains("TENSORGATE__PUSHDOWN__MAX_BATCH"), "{e}");
+        let e = Config::layered(None, env(&[("TENSORGATE__LISTEN__PORT", "1")])).expect_err("not a section");
+        assert!(e.to_string().contains("TENSORGATE__LISTEN__PORT"), "{e}");
+        let e = Config::layered(None, env(&[("TENSORGATE____X", "1")])).expect_err("empty segment");
+        assert!(e.to_string().contains("does not name a key"), "{e}");
+    }
 
     #[test]
     fn example_config_is_valid() {

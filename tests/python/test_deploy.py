@@ -105,3 +105,19 @@ def test_values_select_what_is_rendered():
     monitor = docs["ServiceMonitor"][0]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["endpoints"][0] == {"port": "admin", "path": "/metrics", "interval": "30s"}
+
+
+def test_any_config_key_comes_from_the_environment(tmp_path):
+    # A container sets any key without a file: TENSORGATE__<SECTION>__<KEY>, checked as the file's.
+    import json
+    import urllib.request
+
+    from conftest import run_gateway
+
+    env = {"TENSORGATE__PUSHDOWN__MEMORY_BUDGET": str(777 << 20), "TENSORGATE__PUSHDOWN__ORT_ARENA": "per-run"}
+    with run_gateway(tmp_path, env=env) as (_, admin, _, _):
+        report = json.load(urllib.request.urlopen(f"{admin}/v1/memory"))
+        assert report["budget_bytes"] == 777 << 20
+    r = subprocess.run([str(BINARY), "check-config", str(ROOT / "config" / "example.toml")], capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "TENSORGATE__PUSHDOWN__MEMORY_BUDGT": "1"})
+    assert r.returncode != 0 and "TENSORGATE__PUSHDOWN__MEMORY_BUDGT" in r.stderr, r.stderr
