@@ -556,9 +556,9 @@ impl Config {
             set_key(&mut table, &path, env_value(&value)).map_err(ConfigError::Environment)?;
             from_env.push(name);
         }
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Environment(format!("{} (set: {})", e.to_string().trim_end(), from_env.join(", "))))
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            ConfigError::Environment(format!("{} (set: {})", e.to_string().trim_end(), from_env.join(", ")))
+        })
     }
 
     /// Parses TOML text.

@@ -59,7 +59,10 @@ impl Gateway {
                 resp
             }
         };
-        if let Some(v) = plan {
+        // Only on an answer the store allowed: a plan is the tenant's, and in transparent mode the
+        // access key is a claim until the store accepted the request.
+        if let Some(v) = plan.filter(|_| resp.status().is_success() || resp.status() == http::StatusCode::NOT_MODIFIED)
+        {
             resp.headers_mut().insert(PLAN, v);
         }
         Ok(resp)

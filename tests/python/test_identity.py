@@ -283,7 +283,7 @@ def test_the_readme_transparent_example_runs_as_written():
         subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, check=False)
 
 
-def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway_t, store):
+def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway_t, store, users):
     """Transparent mode: the admin API holds no secret, so the store checks the proof (the
     tenant's own presigned ListBuckets); A's plan changes A's `split=auto` and nobody else's."""
     import json
@@ -318,6 +318,20 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
 
     assert plan_of(store["access_key"]) is not None
     assert plan_of(store["alt_access_key"]) is None
+
+    # split=auto follows A's plan for A; a caller who only claims A's key gets the store's refusal
+    # and nothing of A's plan.
+    a_s3, _, _, _ = users
+    bucket, key, _ = private_sample(a_s3, 9)
+    got = pushdown_get(a_s3, bucket, key, model=MODEL, split="auto")
+    headers = got["ResponseMetadata"]["HTTPHeaders"]
+    assert headers["x-tensorgate-split"] == plan_of(store["access_key"])["chosen"]
+    assert "x-tensorgate-plan" in headers
+    forged_s3 = client(endpoint, store["access_key"], "not-the-secret")
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        pushdown_get(forged_s3, bucket, key, model=MODEL, split="auto")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert "x-tensorgate-plan" not in refused.value.response["ResponseMetadata"]["HTTPHeaders"]
 
 
 def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, tmp_path):
