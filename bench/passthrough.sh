@@ -13,6 +13,9 @@
 #                                   # nginx gets the same core)
 #   IDENTITY=transparent bench/passthrough.sh   # the gateway in transparent identity mode (no
 #                                   # keys; the client signs with the store's own key, ADR 0013)
+#   TENSORGATE__BACKEND__CHECKS_PAYLOAD_HASH=true IDENTITY=transparent SUFFIX=-transparent-storehash \
+#     bench/passthrough.sh          # any gateway config key from the environment; SUFFIX names
+#                                   # the result files (default: "-transparent" or none)
 #   NGINX=0 bench/passthrough.sh    # without the nginx anchor (nginx is installed from Debian when
 #                                   # missing and running as root; otherwise it is left out)
 set -euo pipefail
@@ -31,7 +34,7 @@ ADMIN=127.0.0.1:19734
 NGINX_ADDR=127.0.0.1:19735
 OUT=bench/results
 mkdir -p "$OUT" .tmp
-SUFFIX=$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)
+SUFFIX=${SUFFIX-$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)}
 RAW="$OUT/passthrough${SUFFIX}-raw.jsonl"
 : > "$RAW"
 

@@ -223,6 +223,11 @@ pub struct BackendConfig {
     /// trailer uploads then pass through untouched, and the store keeps the client's checksum.
     /// Off (the default, right for every store): the gateway decodes them and checks the checksum.
     pub trailing_checksums: bool,
+    /// The store checks a signed payload's `x-amz-content-sha256` itself (Ceph RGW, Swift's
+    /// s3api, MinIO, AWS): in transparent identity mode the gateway then forwards such uploads
+    /// without hashing them, and the store refuses a body that fails. Off (the default, right for
+    /// every store, and needed for SeaweedFS, which stores what it is sent): the gateway checks.
+    pub checks_payload_hash: bool,
 }
 
 impl Default for BackendConfig {
@@ -245,6 +250,7 @@ impl Default for BackendConfig {
             retry_budget_secs: retry.budget.as_secs(),
             ca_file: None,
             trailing_checksums: false,
+            checks_payload_hash: false,
         }
     }
 }

@@ -89,6 +89,7 @@ pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, Serv
                         retry: config.retry_policy(),
                         ca_file: b.ca_file.clone(),
                         trailing_checksums: b.trailing_checksums,
+                        checks_payload_hash: b.checks_payload_hash,
                     },
                     metrics.backend.clone(),
                 )

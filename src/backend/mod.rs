@@ -46,6 +46,15 @@ impl Backend {
         }
     }
 
+    /// Whether the store checks a signed payload hash itself (`backend.checks_payload_hash`).
+    #[must_use]
+    pub fn checks_payload_hash(&self) -> bool {
+        match self {
+            Self::S3(b) => b.checks_payload_hash(),
+            Self::Fs(_) => false,
+        }
+    }
+
     /// Whether client credentials have store keys of their own (`[[credentials]]`
     /// `store_access_key`): the store then tells callers apart, so it is asked for each one.
     #[must_use]

@@ -54,6 +54,10 @@ pub struct S3BackendConfig {
     /// The store decodes `STREAMING-UNSIGNED-PAYLOAD-TRAILER` bodies and checks their trailing
     /// checksum (SeaweedFS, MinIO, AWS; not Ceph RGW 16 or Swift 2.30). See ADR 0007.
     pub trailing_checksums: bool,
+    /// The store checks a signed payload's `x-amz-content-sha256` itself (Ceph RGW, Swift's
+    /// s3api, MinIO, AWS; not SeaweedFS): in transparent identity mode the gateway then streams
+    /// such bodies without hashing them. See ADR 0013.
+    pub checks_payload_hash: bool,
 }
 
 /// Forwarding client for an S3-compatible endpoint.
@@ -91,6 +95,11 @@ impl S3Backend {
     #[must_use]
     pub fn trailing_checksums(&self) -> bool {
         self.cfg.trailing_checksums
+    }
+
+    #[must_use]
+    pub fn checks_payload_hash(&self) -> bool {
+        self.cfg.checks_payload_hash
     }
 
     fn url(&self, req: &ForwardRequest) -> String {

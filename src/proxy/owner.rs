@@ -237,6 +237,7 @@ impl Routing {
             retry: RetryPolicy { max_retries: 0, base: Duration::ZERO, cap: Duration::ZERO, budget: Duration::ZERO },
             ca_file: None,
             trailing_checksums: false,
+            checks_payload_hash: false,
         };
         let backend = S3Backend::new(cfg, self.metrics.cluster_hops.clone()).ok()?;
         peers.insert(owner.s3.clone(), backend.clone());

@@ -69,13 +69,15 @@ impl Gateway {
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
         // A payload hash the client signed is a claim the gateway can check without its secret:
         // a body that does not match never completes at the store (its tail is withheld), also
-        // on stores that do not check it themselves (SeaweedFS).
+        // on stores that do not check it themselves (SeaweedFS). A store that checks it
+        // (`backend.checks_payload_hash`) is left to do so alone: the body streams unhashed.
         let signed_hash = parts
             .headers
             .get(headers::X_AMZ_CONTENT_SHA256)
             .and_then(|v| v.to_str().ok())
             .filter(|v| v.len() == 64)
-            .and_then(|v| Some((v.to_owned(), <[u8; 32]>::try_from(hex::decode(v).ok()?).ok()?)));
+            .and_then(|v| Some((v.to_owned(), <[u8; 32]>::try_from(hex::decode(v).ok()?).ok()?)))
+            .filter(|_| !self.backend.checks_payload_hash());
         let (body, payload) = if !has_body {
             (Body::empty(), ForwardPayload::Empty)
         } else if let Some((hex, expected)) = signed_hash.filter(|_| decoded.is_none()) {

@@ -129,6 +129,32 @@ async fn every_upload_framing_gets_the_stores_own_answer() {
 }
 
 #[tokio::test]
+async fn a_store_that_checks_payload_hashes_itself_answers_every_upload_alone() {
+    // `backend.checks_payload_hash`: the gateway hashes nothing, so every framing, a body that
+    // fails its signed hash included, gets exactly the store's answer and the store's outcome
+    // (RGW and Swift refuse it; SeaweedFS stores it, which is why the setting is off by default).
+    let store = store().expect("store");
+    let mut cfg = transparent_config(&store);
+    cfg.backend.checks_payload_hash = true;
+    let server = Server::start(&cfg).await.expect("gateway");
+    let direct = store_addr(&store);
+    let bucket = unique_bucket("tph");
+    direct_client(&store).create_bucket().bucket(&bucket).send().await.expect("bucket");
+    for (name, upload) in uploads() {
+        let via = put(server.s3_addr, &format!("/{bucket}/gw-{name}"), &store, &upload).await;
+        let bare = put(direct, &format!("/{bucket}/direct-{name}"), &store, &upload).await;
+        assert_eq!((via.status, code(&via)), (bare.status, code(&bare)), "{name}: {} / {}", via.text(), bare.text());
+        let got_via = read(direct, &format!("/{bucket}/gw-{name}"), &store).await;
+        let got_bare = read(direct, &format!("/{bucket}/direct-{name}"), &store).await;
+        assert_eq!(got_via.status, got_bare.status, "{name}: stored through the gateway iff stored directly");
+        if got_via.status == 200 {
+            assert_eq!(got_via.body, got_bare.body, "{name}: the same bytes stored");
+        }
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_sdk_with_the_stores_own_key_works_through_the_gateway() {
     let store = store().expect("store");
     let server = Server::start(&transparent_config(&store)).await.expect("gateway");
