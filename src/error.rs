@@ -45,6 +45,9 @@ pub enum GatewayError {
     Overloaded,
     #[error("alias buckets are read-only: write to the bucket they stand for")]
     AliasReadOnly,
+    /// Cluster policy: a request signed with the cluster credential that is not a pushdown read.
+    #[error("the cluster credential signs only pushdown reads between gateways")]
+    PeerOnlyPushdown,
     #[error("the gateway is shutting down")]
     ShuttingDown,
     #[error("no response within edge.request_timeout_secs ({secs} s); retry later")]
@@ -76,7 +79,6 @@ impl GatewayError {
             Self::Auth(e) => match e {
                 // Ceph RGW and the s3-tests suite answer 403 for out-of-range expiries and bad SigV2 dates.
                 AuthError::AnonymousDenied
-                | AuthError::PeerOnlyPushdown
                 | AuthError::Expired
                 | AuthError::ExpiresTooLong
                 | AuthError::InvalidDate => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
@@ -173,6 +175,7 @@ impl GatewayError {
             Self::InvalidRange { .. } => S3ErrorSpec::new(S::RANGE_NOT_SATISFIABLE, "InvalidRange", msg),
             Self::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", "please reduce your request rate"),
             Self::AliasReadOnly => S3ErrorSpec::new(S::METHOD_NOT_ALLOWED, "MethodNotAllowed", msg),
+            Self::PeerOnlyPushdown => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
             Self::ShuttingDown => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
             Self::RequestTimeout { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
         }

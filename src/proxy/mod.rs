@@ -1,6 +1,7 @@
 //! The request path, as phases: route → admit ([`admit`]) → authenticate → dispatch (passthrough:
-//! prepare the body and forward; pushdown: [`pushdown`], to the owner or through the cache) → respond. Errors of any
-//! phase become S3 XML in `crate::error`, and each request is logged once, here.
+//! prepare the body and forward; pushdown: [`pushdown`], to the owner or through the cache) →
+//! respond. Errors of any phase become S3 XML in `crate::error`, and each request is logged once,
+//! here.
 
 pub mod admit;
 pub mod owner;
@@ -303,7 +304,7 @@ impl Gateway {
         };
         if via_peer && job.is_none() {
             // Least privilege: the hop credential reaches the store only for a pushdown.
-            return Err(verify::AuthError::PeerOnlyPushdown.into());
+            return Err(GatewayError::PeerOnlyPushdown);
         }
         if let Some(job) = job {
             let resp = self.pushdown_phase(&parts, target, job, (identity.name(), &authority), via_peer).await?;

@@ -99,8 +99,6 @@ pub enum AuthError {
     InvalidContentSha256(&'static str),
     #[error("the payload signing mode is not implemented: {0}")]
     NotImplemented(&'static str),
-    #[error("the cluster credential signs only pushdown reads between gateways")]
-    PeerOnlyPushdown,
 }
 
 /// Parsed `Credential=` value.
