@@ -296,13 +296,11 @@ impl TensorCache {
     }
 
     /// Stores a freshly computed output, validated under `generation` (taken before the fetch).
-    async fn insert(&self, key: CacheKey, data: Arc<Cached>, generation: u64) -> Arc<Entry> {
-        let entry = Arc::new(Entry::new(data, generation, Some(Instant::now())));
-        self.admit(key.clone(), entry.clone()).await;
+    async fn insert(&self, key: CacheKey, data: Arc<Cached>, generation: u64) {
+        self.admit(key.clone(), Arc::new(Entry::new(data.clone(), generation, Some(Instant::now())))).await;
         if let Some(disk) = &self.disk {
-            disk.put(key, entry.data.clone(), generation);
+            disk.put(key, data, generation);
         }
-        entry
     }
 
     async fn admit(&self, key: CacheKey, entry: Arc<Entry>) {

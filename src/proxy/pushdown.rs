@@ -136,20 +136,19 @@ impl Gateway {
                 Fetched::NotModified(resp)
             } else if resp.status().is_success() {
                 let etag = header_str(resp.headers(), &http::header::ETAG).unwrap_or_default().to_owned();
-                Fetched::Source { etag, source: (resp, started) }
+                Fetched::Source { etag: etag.clone(), source: (resp, started, etag) }
             } else {
                 Fetched::Answer(resp)
             })
         };
         let spec = job.spec().clone();
         let method = parts.method.clone();
-        let compute = async move |(resp, started): (Response<Body>, Instant)| {
+        let compute = async move |(resp, started, source_etag): (Response<Body>, Instant, String)| {
             if as_caller && (method == Method::HEAD || resp.status() == http::StatusCode::PARTIAL_CONTENT) {
                 // The caller's signed HEAD or Range read the store's answer, not the whole source.
                 return Err(PushdownError::WholeReadFirst.into());
             }
             let declared = header_str(resp.headers(), &http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
-            let source_etag = header_str(resp.headers(), &http::header::ETAG).unwrap_or_default().to_owned();
             // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
             let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
             let object = job.read_source(resp.into_body(), declared).await?;
