@@ -15,6 +15,7 @@ CHART = ROOT / "deploy" / "helm" / "tensorgate"
 K8S = "1.32.0"  # a Kubernetes version well inside the supported window
 CREDS = {"accessKey": "ak", "secretKey": "sk", "backendAccessKey": "bak", "backendSecretKey": "bsk",
          "clusterSecret": "cs"}
+TERMINATING = {"identity": "terminating", "credentials": CREDS}
 
 
 def render(values: dict) -> dict[str, list[dict]]:
@@ -33,15 +34,17 @@ def test_the_chart_lints_and_every_manifest_matches_the_kubernetes_schemas():
     findings = helm.lint(str(CHART))
     # Helm's severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error.
     assert findings["errors"] == [] and all(m["severity"] < 2 for m in findings["messages"]), findings
-    docs = render({"credentials": CREDS})
-    assert sorted(docs) == ["ConfigMap", "DaemonSet", "Secret", "Service"]
-    for kind, items in docs.items():
-        for doc in items:
-            kubernetes_validate.validate(doc, K8S, strict=True)
+    for values, kinds in (({}, ["ConfigMap", "DaemonSet", "NetworkPolicy", "Service"]),
+                          (TERMINATING, ["ConfigMap", "DaemonSet", "NetworkPolicy", "Secret", "Service"])):
+        docs = render(values)
+        assert sorted(docs) == kinds
+        for items in docs.values():
+            for doc in items:
+                kubernetes_validate.validate(doc, K8S, strict=True)
 
 
 def test_the_rendered_configuration_is_one_the_gateway_accepts(tmp_path):
-    docs = render({"credentials": CREDS, "config": {"max_in_flight": 77, "pushdown": {"memory_budget": 2 << 30}}})
+    docs = render({**TERMINATING, "config": {"max_in_flight": 77, "pushdown": {"memory_budget": 2 << 30}}})
     toml = docs["ConfigMap"][0]["data"]["config.toml"]
     assert "max_in_flight = 77" in toml and "memory_budget = 2147483648" in toml  # integers, not floats
     assert 'dns = "tg-tensorgate-headless.storage.svc.cluster.local:9000"' in toml
@@ -74,7 +77,7 @@ def test_the_rendered_configuration_is_one_the_gateway_accepts(tmp_path):
 
 
 def test_the_daemonset_runs_beside_the_store_non_root_with_probes_and_derived_memory():
-    docs = render({"credentials": CREDS, "nodeSelector": {"storage": "true"},
+    docs = render({**TERMINATING, "nodeSelector": {"storage": "true"},
                    "config": {"pushdown": {"memory_budget": 3 << 30, "cache": {"memory_bytes": 1 << 30}}},
                    "memoryOverheadBytes": 1 << 29})
     pod = docs["DaemonSet"][0]["spec"]["template"]["spec"]
@@ -91,12 +94,55 @@ def test_the_daemonset_runs_beside_the_store_non_root_with_probes_and_derived_me
     assert svc["clusterIP"] == "None" and {p["name"] for p in svc["ports"]} == {"s3", "admin"}
 
 
+def test_transparent_identity_by_default_holds_no_secret_and_the_gateway_accepts_it(tmp_path):
+    """The chart's default: the store authenticates every client with its own users (ADR 0013),
+    so no key is asked for, no Secret is rendered or mounted, no key reaches the environment, and
+    members share no hop secret; the binary accepts what the pod gets."""
+    docs = render({})
+    assert "Secret" not in docs
+    pod = docs["DaemonSet"][0]["spec"]["template"]["spec"]
+    env = pod["containers"][0]["env"]
+    assert not [e for e in env if "secretKeyRef" in e.get("valueFrom", {})], env
+    assert {v["name"] for v in pod["volumes"]} == {"config", "tmp"}
+    toml = docs["ConfigMap"][0]["data"]["config.toml"]
+    assert 'identity = "transparent"' in toml and "secret_key_file" not in toml
+    (tmp_path / "config.toml").write_text(toml)
+    pod_env = {"PATH": "/usr/bin:/bin", "TENSORGATE_BACKEND_ENDPOINT": "http://10.0.0.7:8333",
+               "TENSORGATE_CLUSTER_NODE_ID": "10.1.0.9:9000"}
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "config.toml")], capture_output=True, text=True,
+                       env=pod_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The mode is transparent as the binary reads it: it refuses a client key beside it.
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "config.toml")], capture_output=True, text=True,
+                       env=dict(pod_env, TENSORGATE_ACCESS_KEY="ak", TENSORGATE_SECRET_KEY="sk"))
+    assert r.returncode != 0 and "holds no client secrets" in r.stderr, r.stdout + r.stderr
+    with pytest.raises(Exception) as e:
+        render({"identity": "both"})
+    assert "identity must be" in str(e.value)
+
+
+def test_the_admin_port_is_open_to_members_and_named_peers_only():
+    """The NetworkPolicy: S3 from everyone (or `s3From`), the admin port (metrics, the pushdown
+    control API) from the other members and `adminFrom` only; `enabled: false` renders none."""
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    policy = render({"networkPolicy": {"adminFrom": [monitoring]}})["NetworkPolicy"][0]["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "tg"
+    s3, admin = policy["ingress"]
+    assert s3["ports"] == [{"port": "s3", "protocol": "TCP"}] and "from" not in s3
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert admin["from"] == [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}}, monitoring]
+    clients = {"ipBlock": {"cidr": "10.2.0.0/16"}}
+    s3 = render({"networkPolicy": {"s3From": [clients]}})["NetworkPolicy"][0]["spec"]["ingress"][0]
+    assert s3["from"] == [clients]
+    assert "NetworkPolicy" not in render({"networkPolicy": {"enabled": False}})
+
+
 def test_values_select_what_is_rendered():
     with pytest.raises(Exception) as e:
-        render({})
+        render({"identity": "terminating"})
     assert "credentials.accessKey" in str(e.value)
-    docs = render({"credentials": {"existingSecret": "mine"}, "serviceMonitor": {"enabled": True},
-                   "cluster": {"enabled": False}})
+    docs = render({"identity": "terminating", "credentials": {"existingSecret": "mine"},
+                   "serviceMonitor": {"enabled": True}, "cluster": {"enabled": False}})
     assert "Secret" not in docs
     env = docs["DaemonSet"][0]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert all(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name", "mine") == "mine" for e in env)

@@ -40,3 +40,11 @@ floats back into integers, in place, at every depth. */}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* `identity`, checked: "transparent" or "terminating". */}}
+{{- define "tensorgate.identity" -}}
+{{- if not (has .Values.identity (list "transparent" "terminating")) -}}
+{{- fail (printf "identity must be \"transparent\" or \"terminating\", not %q" (toString .Values.identity)) -}}
+{{- end -}}
+{{- .Values.identity -}}
+{{- end -}}
