@@ -1,8 +1,9 @@
 """What the engines of one gateway reserve and hold: five engines (ResNet-18 `layer1` and `pool`,
 PP-LCNet `pool`, ResNet-50-thin `pool` and `stage1`; the default two workers and `max_batch` 16),
 32 requests each of `.npy` shards of 1-8 samples in a seeded order, then `/v1/memory` and the
-process's `VmRSS`. Compares `pushdown.ort_arena` off (the default), `"per-run"` (ADR 0012) and
-`"kept"` (ADR 0011).
+process's `VmRSS`. Compares `pushdown.ort_arena` `"off"`, `"per-run"` (the default; ADR 0012, 0015) and
+`"kept"` (ADR 0011), and per engine what it reserves and what the model predicts for the traffic
+it saw against the process's measured peak growth.
 
     .venv/bin/python bench/engine_memory.py                 # both settings, 4 GiB budget
     BUDGET=1073741824 .venv/bin/python bench/engine_memory.py   # the default budget: engines refused
@@ -40,15 +41,22 @@ def measure(arena: str, tmp: Path) -> None:
                 s3.put_object(Bucket="demo", Key=f"m/{shape[0]}-{n}.tar", Body=npy_shard(samples))
         signer, http = sigv4(s3), urllib3.PoolManager()
         before = rss(pid, "VmRSS:")
-        refused = []
+        refused, grown = [], {}
         for model, split, shape in ENGINES:
+            # Each engine's own growth: the process's peak over its start and its requests (one
+            # at a time, so one worker runs), above what the engines before it left resident.
+            start = rss(pid, "VmRSS:")
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+            largest = 0
             for _ in range(32):
-                key = f"m/{shape[0]}-{int(rng.integers(1, 9))}.tar"
-                r = http.request("GET", presigned(signer, "demo", key),
+                n = int(rng.integers(1, 9))
+                largest = max(largest, n)
+                r = http.request("GET", presigned(signer, "demo", f"m/{shape[0]}-{n}.tar"),
                                  headers={"x-tensorgate-model": model, "x-tensorgate-split": split})
                 if r.status != 200:
                     refused.append(f"{model} {split}: {r.status} {r.data[:160]!r}")
                     break
+            grown[(model, split)] = (rss(pid, "VmHWM:") - start, largest)
         with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
             report = json.load(resp)
         after = rss(pid, "VmRSS:")
@@ -59,6 +67,22 @@ def measure(arena: str, tmp: Path) -> None:
           + ", ".join(f"{e['model']} {e['split']} {e['reserved_bytes'] / 1e6:.0f} MB" for e in engines) + " |")
     for r in refused:
         print(f"  refused: {r}")
+    for e in engines:
+        peak, largest = grown[(e["model"], e["split"])]
+        m = e["memory"]
+        # What the model says the process needs for this traffic: every worker's session, and one
+        # run of the largest batch seen (its workspace and activations), plus that request's
+        # samples queued and held.
+        sessions = e["workers"] * m["session_bytes"]
+        run = m["fixed_bytes"] - m["session_bytes"] + largest * m["activation_bytes_per_sample"]
+        held = largest * (m["queued_bytes_per_sample"] + m["held_bytes_per_sample"])
+        model_peak = sessions + run + held
+        PER_ENGINE.append(f"| {arena} | {e['model']} | {e['split']} | {e['reserved_bytes'] / 1e6:.0f} | "
+                          f"{peak / 1e6:.0f} | {e['reserved_bytes'] / max(peak, 1):.2f} | {largest} | "
+                          f"{model_peak / 1e6:.0f} | {model_peak / max(peak, 1):.2f} |")
+
+
+PER_ENGINE: list[str] = []
 
 
 def main() -> None:
@@ -70,6 +94,13 @@ def main() -> None:
             path = Path(tmp) / arena
             path.mkdir()
             measure(arena, path)
+    print("\nPer engine: reserved (both workers at the batch cap) and the model's prediction for the"
+          " traffic it saw (its sessions, one run of the largest batch, that request's samples),"
+          " against the process's measured peak growth over the engine's start and requests.\n")
+    print("| arena | model | split | reserved MB | peak growth MB | reserved / peak | largest batch "
+          "| model's peak MB | model / measured |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(PER_ENGINE))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ run (one at a time), so every one-thread number is one core's; with two threads 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
      BENCH_MODELS=pp-lcnet ...              measures a subset of the models
-     ORT_ARENA=1 ...                        the gateway with `pushdown.ort_arena = "kept"`
-     ORT_ARENA=per-run ...                  the gateway with `pushdown.ort_arena = "per-run"`
+     ORT_ARENA=off ...                      the gateway with `pushdown.ort_arena = "off"`
+     ORT_ARENA=kept (or 1) ...              the gateway with `pushdown.ort_arena = "kept"`
+     (unset: the default, "per-run")
 """
 
 import concurrent.futures as cf
@@ -51,6 +52,10 @@ BINARY = Path(os.environ.get("TENSORGATE_BIN", ROOT / "target/release/tensorgate
 MODELS = {"resnet18": ["layer3", "pool"], "resnet50-thin": ["stage1", "pool"], "pp-lcnet": ["block2", "pool"]}
 # BENCH_MODELS=pp-lcnet,resnet18 measures a subset.
 MODELS = {m: s for m, s in MODELS.items() if m in os.environ.get("BENCH_MODELS", ",".join(MODELS)).split(",")}
+
+# ORT_ARENA: a `pushdown.ort_arena` other than the default.
+ARENA_LINE = {"1": 'ort_arena = "kept"\n', "kept": 'ort_arena = "kept"\n', "off": 'ort_arena = "off"\n',
+              "per-run": 'ort_arena = "per-run"\n'}
 
 
 def manifest(model):
@@ -140,7 +145,7 @@ def main():
         # A 4 GiB budget: the six engines of one run fit with batches of 16 in both settings (with
         # the arena on they do not fit the 1 GiB default: ADR 0011), so the budget is no variable.
         cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\nmemory_budget = {4 << 30}\n"
-                       + {"1": 'ort_arena = "kept"\n', "per-run": 'ort_arena = "per-run"\n'}.get(os.environ.get("ORT_ARENA"), ""))
+                       + ARENA_LINE.get(os.environ.get("ORT_ARENA"), ""))
         env["TENSORGATE_CONFIG"] = str(cfg)
         pin = ["taskset", "-c", str(LAST)] if PIN and threads == 1 else []
         # The client on the other cores while the one-thread gateway has the last one to itself.

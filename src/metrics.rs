@@ -112,6 +112,9 @@ pub struct Metrics {
     pub admission_deferrals: Counter,
     pub admission_timeouts: Counter,
     pub admission_wait: Histogram,
+    /// Engines stopped, by reason: `idle` (`pushdown.engine_idle_secs`) or `memory` (no request
+    /// held them when another engine or a request needed their reservation).
+    pub engine_evictions: Family<ReasonLabel, Counter>,
     pub tenant_samples: Family<TenantLabel, Counter>,
     pub plans: Family<TenantLabel, Counter>,
     pub cluster_forwarded: Family<PeerLabel, Counter>,
@@ -309,6 +312,12 @@ impl Metrics {
             "Time deferred samples waited for memory",
             admission_wait.clone(),
         );
+        let engine_evictions = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "pushdown_engine_evictions",
+            "Engines stopped: idle, or unused when their memory was needed (memory)",
+            engine_evictions.clone(),
+        );
         let tenant_samples = Family::<TenantLabel, Counter>::default();
         r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
         let plans = Family::<TenantLabel, Counter>::default();
@@ -331,6 +340,7 @@ impl Metrics {
             admission_deferrals,
             admission_timeouts,
             admission_wait,
+            engine_evictions,
             tenant_samples,
             plans,
             cluster_forwarded,

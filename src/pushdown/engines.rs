@@ -1,7 +1,8 @@
 //! The engine table: one cell per (model, split), started once however many requests ask at the
 //! same moment (single flight), on a blocking thread (cutting the prefix is CPU work; no lock is
 //! held while it runs), replaced when its workers died (or, [`RETRY_FAILED_AFTER`] after it
-//! failed to start, on the next request), evicted once idle.
+//! failed to start, on the next request), evicted once idle, or at once when no request holds it
+//! and its memory is needed (the governor's reclaim).
 //!
 //! Eviction drops the table's handle only when nobody else holds one (no request in flight on
 //! it): the engine's queue then closes, its workers exit with their sessions, and its memory
@@ -12,10 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::OnceCell;
 
 use super::engine::Engine;
 use super::error::PushdownError;
+use crate::metrics::{Metrics, ReasonLabel};
 
 /// (model, split).
 pub type EngineKey = (String, String);
@@ -52,12 +56,14 @@ pub struct EngineTable {
     /// Engines unused this long are evicted.
     idle: Duration,
     epoch: Instant,
+    /// `tensorgate_pushdown_engine_evictions_total`, by reason.
+    evictions: Family<ReasonLabel, Counter>,
 }
 
 impl EngineTable {
     #[must_use]
-    pub fn new(idle: Duration) -> Self {
-        Self { cells: Mutex::default(), idle, epoch: Instant::now() }
+    pub fn new(idle: Duration, metrics: &Metrics) -> Self {
+        Self { cells: Mutex::default(), idle, epoch: Instant::now(), evictions: metrics.engine_evictions.clone() }
     }
 
     fn now_ms(&self) -> u64 {
@@ -119,14 +125,26 @@ impl EngineTable {
 
     /// Drops the engines unused for the idle time that no request holds; returns their keys.
     pub fn evict_idle(&self) -> Vec<EngineKey> {
-        let now = self.now_ms();
         let idle = u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX);
+        self.evict(Some(idle), "idle")
+    }
+
+    /// Drops every engine that no request holds now, however recently used (their memory is
+    /// needed: `super::governor::Governor`'s reclaim); returns their keys.
+    pub fn evict_unused(&self) -> Vec<EngineKey> {
+        self.evict(None, "memory")
+    }
+
+    /// Drops the engines no request holds (and, with `idle_ms`, unused that long).
+    fn evict(&self, idle_ms: Option<u64>, reason: &'static str) -> Vec<EngineKey> {
+        let now = self.now_ms();
         let mut evicted = Vec::new();
         let mut dropped = Vec::new();
         {
             let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
             cells.retain(|key, cell| {
-                let unused = now.saturating_sub(cell.last_used.load(Ordering::Relaxed)) >= idle;
+                let unused =
+                    idle_ms.is_none_or(|idle| now.saturating_sub(cell.last_used.load(Ordering::Relaxed)) >= idle);
                 // Only the table holds the engine (and the cell is not being started).
                 let free = cell.engine.get().is_some_and(|e| Arc::strong_count(e) == 1) && Arc::strong_count(cell) == 1;
                 if unused && free {
@@ -141,8 +159,9 @@ impl EngineTable {
         // The engines stop (queues close, workers exit) outside the lock.
         drop(dropped);
         for (model, split) in &evicted {
-            tracing::info!(%model, %split, idle_secs = self.idle.as_secs(), "Idle engine evicted.");
+            tracing::info!(%model, %split, reason, "Engine evicted.");
         }
+        self.evictions.get_or_create(&ReasonLabel { reason }).inc_by(evicted.len() as u64);
         evicted
     }
 

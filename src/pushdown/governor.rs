@@ -20,7 +20,7 @@
 //! its requested batch (or all its samples) and the budget is not checked.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -117,7 +117,26 @@ pub struct Governor {
     state: Mutex<State>,
     changed: Notify,
     metrics: Metrics,
+    reclaim: OnceLock<Reclaim>,
 }
+
+/// Makes room when engines' reservations are what a request or a new engine does not fit beside:
+/// stops the engines that no request holds now and says how many (each gives its reservation
+/// back once its workers have exited, which wakes the waiters). Set by the pushdown service
+/// ([`Governor::set_reclaim`]); without it, such a request is refused (`BudgetBusy`).
+pub struct Reclaim(pub Box<dyn Fn() -> usize + Send + Sync>);
+
+impl std::fmt::Debug for Reclaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reclaim")
+    }
+}
+
+/// How long a new engine's first worker waits for the engines it had stopped to give their
+/// reservations back (they are idle: their workers exit as soon as their queues close, in
+/// milliseconds), and how often it looks.
+const RECLAIM_WAIT: Duration = Duration::from_secs(2);
+const RECLAIM_POLL: Duration = Duration::from_millis(5);
 
 /// One request's admission state; closing it (drop) returns its share to the others.
 #[derive(Debug)]
@@ -141,7 +160,18 @@ impl Governor {
     #[must_use]
     pub fn new(cfg: GovernorConfig, metrics: Metrics) -> Self {
         metrics.memory_budget.set(i64::try_from(cfg.budget).unwrap_or(i64::MAX));
-        Self { cfg, state: Mutex::new(State::default()), changed: Notify::new(), metrics }
+        Self { cfg, state: Mutex::new(State::default()), changed: Notify::new(), metrics, reclaim: OnceLock::new() }
+    }
+
+    /// Sets how room is made ([`Reclaim`]); once.
+    pub fn set_reclaim(&self, reclaim: Reclaim) {
+        let _ = self.reclaim.set(reclaim);
+    }
+
+    /// Stops the engines no request holds (never with the state locked: a stopping engine's
+    /// reservation is returned under it); how many.
+    fn make_room(&self) -> usize {
+        self.reclaim.get().map_or(0, |r| (r.0)())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -178,10 +208,14 @@ impl Governor {
 
     /// Reserves an engine's memory for its lifetime: `workers` sessions of `model`, each with
     /// activations for batches of up to the returned size (at most `max_batch`; without
-    /// adaptation, `max_batch` with no activations counted).
+    /// adaptation, `max_batch` with no activations counted). With adaptation a batch size is
+    /// chosen only if one batch of its samples (queued and held bytes) still fits beside it: an
+    /// engine that took the whole budget could not admit its own requests. When not even batches
+    /// of one fit, the engines no request holds are stopped and their reservations awaited
+    /// (blocking: this runs on the engine's first worker thread, never on a tokio worker).
     ///
     /// # Errors
-    /// With adaptation, when not even batches of one fit in what the budget has left
+    /// With adaptation, when not even batches of one fit in what the budget has left after that
     /// ([`Self::refusal`] says whether they ever could).
     pub fn reserve_engine(
         self: &Arc<Self>,
@@ -189,20 +223,38 @@ impl Governor {
         workers: usize,
         max_batch: usize,
     ) -> Result<(usize, EngineHold), PushdownError> {
-        let mut s = self.lock();
-        let (batch, bytes) = if self.cfg.adaptive {
-            let free = self.cfg.budget.saturating_sub(s.total());
-            let batch = (1..=max_batch.max(1))
-                .rev()
-                .find(|&b| model.engine_bytes(workers, b) <= free)
-                .ok_or_else(|| self.refusal(model.engine_bytes(workers, 1), free))?;
-            (batch, model.engine_bytes(workers, batch))
-        } else {
-            (max_batch, model.engine_bytes(workers, 0))
-        };
-        s.fixed += bytes;
-        self.reallot(&mut s);
-        Ok((batch, EngineHold { governor: self.clone(), bytes }))
+        if !self.cfg.adaptive {
+            let bytes = model.engine_bytes(workers, 0);
+            let mut s = self.lock();
+            s.fixed += bytes;
+            self.reallot(&mut s);
+            return Ok((max_batch, EngineHold { governor: self.clone(), bytes }));
+        }
+        let per_sample = model.queued_bytes_per_sample + model.held_bytes_per_sample;
+        let needs = |b: usize| model.engine_bytes(workers, b) + per_sample * b as u64;
+        let mut waiting_since = None;
+        loop {
+            let refused = {
+                let mut s = self.lock();
+                let free = self.cfg.budget.saturating_sub(s.total());
+                match (1..=max_batch.max(1)).rev().find(|&b| needs(b) <= free) {
+                    Some(batch) => {
+                        let bytes = model.engine_bytes(workers, batch);
+                        s.fixed += bytes;
+                        self.reallot(&mut s);
+                        return Ok((batch, EngineHold { governor: self.clone(), bytes }));
+                    }
+                    None => self.refusal(needs(1), free),
+                }
+            };
+            match waiting_since {
+                None if matches!(refused, PushdownError::BudgetBusy { .. }) && self.make_room() > 0 => {
+                    waiting_since = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() < RECLAIM_WAIT => std::thread::sleep(RECLAIM_POLL),
+                _ => return Err(refused),
+            }
+        }
     }
 
     /// Reserves `bytes` outside any stream (a fetched source object, an encoded response), waiting
@@ -218,20 +270,28 @@ impl Governor {
     /// [`Self::hold`], admitted only while `headroom` more bytes would still fit.
     async fn hold_with_headroom(self: &Arc<Self>, bytes: u64, headroom: u64) -> Result<Held, PushdownError> {
         let deadline = tokio::time::Instant::now() + self.cfg.max_wait;
+        let mut reclaimed = false;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let refused = {
                 let mut s = self.lock();
                 if !self.cfg.adaptive || s.total() + bytes + headroom <= self.cfg.budget {
                     s.held += bytes;
                     self.reallot(&mut s);
                     return Ok(Held { governor: self.clone(), bytes });
                 }
-                if self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget {
-                    return Err(self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)));
+                (self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget)
+                    .then(|| self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)))
+            };
+            if let Some(e) = refused {
+                // Engines stand in the way: the ones no request holds make room, once; their
+                // reservations come back while this waits.
+                if reclaimed || !matches!(e, PushdownError::BudgetBusy { .. }) || self.make_room() == 0 {
+                    return Err(e);
                 }
+                reclaimed = true;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 self.metrics.admission_timeouts.inc();
@@ -310,6 +370,7 @@ impl Stream {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + g.cfg.max_wait;
         let mut deferred = false;
+        let mut reclaimed = false;
         loop {
             let notified = g.changed.notified();
             tokio::pin!(notified);
@@ -330,12 +391,18 @@ impl Stream {
                     return Ok(Slot { governor: g.clone(), stream: self.id, bytes });
                 }
             }
-            {
+            let refused = {
                 let s = g.lock();
                 // Even with every other request gone, this sample would not fit beside our outputs.
-                if g.cfg.adaptive && s.fixed + self.held + bytes > g.cfg.budget {
-                    return Err(g.refusal(self.held + bytes, g.cfg.budget.saturating_sub(s.fixed)));
+                (g.cfg.adaptive && s.fixed + self.held + bytes > g.cfg.budget)
+                    .then(|| g.refusal(self.held + bytes, g.cfg.budget.saturating_sub(s.fixed)))
+            };
+            if let Some(e) = refused {
+                // As in `Governor::hold_with_headroom`: unused engines make room, once.
+                if reclaimed || !matches!(e, PushdownError::BudgetBusy { .. }) || g.make_room() == 0 {
+                    return Err(e);
                 }
+                reclaimed = true;
             }
             if !deferred {
                 deferred = true;
@@ -515,6 +582,55 @@ mod tests {
         assert!(matches!(g.open("a", (10, 995), None, 1).await, Err(PushdownError::ExceedsBudget { .. })));
         drop(_first);
         let (_, _second) = g.reserve_engine(&engine(400), 1, 1).expect("the first engine's memory is back");
+    }
+
+    #[tokio::test]
+    async fn engines_no_request_holds_make_room_for_a_new_engine_and_for_requests() {
+        // The reclaim stops what the table holds and no request does: here, the parked holds.
+        let g = governor(1000, true, 2000);
+        let parked: Arc<Mutex<Vec<EngineHold>>> = Arc::default();
+        let table = parked.clone();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        g.set_reclaim(Reclaim(Box::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let stopped = std::mem::take(&mut *table.lock().unwrap());
+            let n = stopped.len();
+            // An engine's workers exit a moment later, off the caller's thread.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                drop(stopped);
+            });
+            n
+        })));
+        let engine = |fixed| crate::pushdown::memory::MemoryModel::from_probes(fixed, [0, 0], 0, 0);
+        let (_, idle) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
+        parked.lock().unwrap().push(idle);
+        // A second engine of 400 does not fit beside it; the idle one is stopped, its 700 come back.
+        let (_, second) = g.reserve_engine(&engine(400), 1, 1).expect("room was made");
+        assert_eq!((g.reserved(), calls.load(std::sync::atomic::Ordering::SeqCst)), (400, 1));
+        // A request's outputs likewise: 700 do not fit beside the second engine until it is stopped.
+        parked.lock().unwrap().push(second);
+        let held = g.hold(700).await.expect("room was made");
+        assert_eq!((g.reserved(), calls.load(std::sync::atomic::Ordering::SeqCst)), (700, 2));
+        drop(held);
+        // An engine a request holds is not stopped: refused at once, as before.
+        let (_, _busy) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
+        assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn an_engine_leaves_room_for_one_batch_of_its_own_samples() {
+        let g = governor(1000, true, 50);
+        // 200 fixed (session and workspace) + 50 per sample of activations; each sample queues
+        // 2 x 10 and holds 3 x 10 bytes.
+        let model = crate::pushdown::memory::MemoryModel::from_probes(100, [150, 500], 10, 10);
+        assert_eq!((model.fixed_bytes, model.activation_bytes_per_sample), (200, 50));
+        assert_eq!((model.queued_bytes_per_sample, model.held_bytes_per_sample), (20, 30));
+        let (batch, _hold) = g.reserve_engine(&model, 1, 64).expect("fits");
+        // 200 + 50 b + 50 b <= 1000: b = 8 (without the samples' room, 16 would have been taken).
+        assert_eq!((batch, g.reserved()), (8, 200 + 50 * 8));
     }
 
     #[tokio::test]

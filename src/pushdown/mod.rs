@@ -103,7 +103,7 @@ pub struct Pushdown {
     cfg: PushdownConfig,
     registry: Registry,
     env: Result<ort::environment::Environment, String>,
-    engines: engines::EngineTable,
+    engines: Arc<engines::EngineTable>,
     governor: Arc<Governor>,
     /// Serializes memory probes: the resident peak they read is process-wide.
     probe_lock: Arc<Mutex<()>>,
@@ -145,7 +145,11 @@ impl Pushdown {
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
         let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
-        let engine_idle = cfg.engine_idle;
+        let engines = Arc::new(engines::EngineTable::new(cfg.engine_idle, &cfg.metrics));
+        // Weak: the engines hold the governor.
+        let table = Arc::downgrade(&engines);
+        governor
+            .set_reclaim(governor::Reclaim(Box::new(move || table.upgrade().map_or(0, |t| t.evict_unused().len()))));
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let preprocess_slots =
             fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
@@ -154,7 +158,7 @@ impl Pushdown {
             cfg,
             registry,
             env,
-            engines: engines::EngineTable::new(engine_idle),
+            engines,
             governor,
             probe_lock: Arc::default(),
             split_costs: Mutex::default(),

@@ -248,33 +248,59 @@ def test_the_allocator_settings_an_environment_brings(tmp_path):
     assert set(methods.values()) == {"peaks"}, methods
 
 
-def test_an_engine_crowded_out_by_others_is_refused_for_now_not_for_good(tmp_path):
+def test_an_engine_that_does_not_fit_beside_idle_engines_takes_their_place(tmp_path):
     """A (model, split) whose engine would fit an empty budget, but not beside the engines already
-    running, is answered `503 SlowDown` with `Retry-After` (engines idle out), not `500 InternalError`
-    as before; the running engine keeps serving. (What can never fit stays `400 EntityTooLarge`:
-    the governor's unit tests.)"""
-    # Batches of up to 64 do not fit the budget: the first engine's batch cap is lowered until it
-    # fills it (adaptation), so what it leaves is less than one more sample per worker, far less
-    # than the second engine's sessions need, whatever the machine measures.
-    budget = 240 << 20
-    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_batch = 64\n" + NO_CACHE
-    with run_gateway(tmp_path, cfg) as (_, admin, s3, _):
-        x = np.random.default_rng(4).random((3, 224, 224), dtype=np.float32)
-        s3.put_object(Bucket="demo", Key="c.npy", Body=npy_bytes(x))
-        s3.put_object(Bucket="demo", Key="c-nhwc.npy", Body=npy_bytes(x.transpose(1, 2, 0).copy()))
-        signer = sigv4(s3)
-        http = urllib3.PoolManager()
+    started, stops the ones no request holds and starts in their place (before: `503 SlowDown`
+    until they idled out, minutes later). Engines a request holds are never stopped; a request
+    that does not fit beside those is `503 SlowDown` (the governor's unit tests, which also cover
+    what can never fit: `400 EntityTooLarge`)."""
+    x = np.random.default_rng(4).random((3, 224, 224), dtype=np.float32)
+    objects = {"c.npy": npy_bytes(x), "c-nhwc.npy": npy_bytes(x.transpose(1, 2, 0).copy())}
+    wanted = [("c.npy", "resnet18", "pool"), ("c-nhwc.npy", "resnet50-thin", "pool")]
+    evicted = 'tensorgate_pushdown_engine_evictions_total{reason="memory"}'
 
-        def get(key, model, split):
+    def gateway(budget):
+        d = tmp_path / str(budget)
+        d.mkdir()
+        return run_gateway(d, f"[pushdown]\nmemory_budget = {budget}\n" + NO_CACHE)
+
+    def client(admin, s3):
+        """`get(i)`: the i-th wanted pushdown; `engines()`: the started engines' entries."""
+        for k, body in objects.items():
+            s3.put_object(Bucket="demo", Key=k, Body=body)
+        signer, http = sigv4(s3), urllib3.PoolManager()
+
+        def get(i):
+            key, model, split = wanted[i]
             return http.request("GET", presigned(signer, "demo", key),
                                 headers={"x-tensorgate-model": model, "x-tensorgate-split": split})
 
-        assert get("c.npy", "resnet18", "pool").status == 200  # takes what the budget holds
-        with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
-            first = json.load(resp)["engines"][0]
-        assert first["reserved_bytes"] <= budget and first["batch_cap"] < 64, first
-        r = get("c-nhwc.npy", "resnet50-thin", "pool")
-        assert r.status == 503, r.data[:400]
-        assert b"<Code>SlowDown</Code>" in r.data and b"retry later" in r.data, r.data[:400]
-        assert r.headers.get("retry-after"), dict(r.headers)
-        assert get("c.npy", "resnet18", "pool").status == 200, "the running engine keeps serving"
+        def engines():
+            with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
+                return [e for e in json.load(resp)["engines"] if e["memory"]]
+        return get, engines
+
+    # What each engine needs at batches of one (its workers, one sample), measured side by side.
+    with gateway(4 << 30) as (_, admin, s3, _):
+        get, engines = client(admin, s3)
+        assert get(0).status == 200 and get(1).status == 200
+        need = []
+        for e in engines():
+            m = e["memory"]
+            per_sample = m["queued_bytes_per_sample"] + m["held_bytes_per_sample"]
+            need.append(e["workers"] * (m["fixed_bytes"] + m["activation_bytes_per_sample"]) + per_sample)
+    small, large = sorted(need)
+    # Either fits alone, with room for larger batches; never both.
+    with gateway(large + small // 2) as (_, admin, s3, _):
+        get, engines = client(admin, s3)
+        r = get(0)
+        assert r.status == 200, r.data[:400]
+        assert [(e["model"], e["split"]) for e in engines()] == [("resnet18", "pool")]
+        r = get(1)
+        assert r.status == 200, r.data[:400]
+        assert [(e["model"], e["split"]) for e in engines()] == [("resnet50-thin", "pool")]
+        assert metric(admin, evicted) == 1
+        # And back: the first one is started again in the second's place.
+        assert get(0).status == 200
+        assert [(e["model"], e["split"]) for e in engines()] == [("resnet18", "pool")]
+        assert metric(admin, evicted) == 2
