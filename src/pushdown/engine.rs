@@ -467,7 +467,8 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
             MemoryModel::from_probes(after.saturating_sub(before), peaks, input_bytes, output_bytes)
         }
         None => MemoryModel::estimate(s.prefix_bytes.len() as u64, input_bytes, output_bytes),
-    };
+    }
+    .with_prefix(s.prefix_bytes.len() as u64);
     check_prefix(&s.env, model, &s.tensor, &mut session)?;
     Ok((session, memory))
 }

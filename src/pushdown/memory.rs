@@ -21,7 +21,8 @@
 //! Probes of different engines are serialized (the peak is process-wide); concurrent requests of
 //! other engines can still add to a probe's peak, which only makes the model more conservative.
 //! Host-side copies around the run (the queued sample, the batch buffer, the per-sample outputs
-//! and the encoded response) are added analytically ([`MemoryModel`] says which is reserved when). The error of the model
+//! and the encoded response) and the prefix's ONNX bytes the engine keeps are added analytically
+//! ([`MemoryModel`] says which is reserved when). The error of the model
 //! against measured peaks is reported in `docs/BENCHMARKS.md`.
 
 use serde::Serialize;
@@ -45,7 +46,7 @@ pub const PROBE_BATCHES: (usize, usize) = (1, 8);
 /// A (model, split)'s memory model, as the admin API reports it. Three kinds of bytes, reserved
 /// by the governor at different times:
 /// - per engine, for its lifetime: each worker's session and run workspace, plus activations for
-///   its largest batch (`engine_bytes`);
+///   its largest batch, plus the prefix's ONNX bytes once (`engine_bytes`);
 /// - per sample in flight (admitted until its inference ends): the decoded input and its copy in
 ///   the batch buffer (`queued_bytes_per_sample`, plus the image's decode scratch);
 /// - per request, from its start until its response is sent: every sample's output, its stacked
@@ -64,6 +65,10 @@ pub struct MemoryModel {
     /// arena: what stayed after the runs at batch 1 and at `max_batch`).
     pub session_bytes: u64,
     pub probe_peaks: [u64; 2],
+    /// The cut prefix's ONNX bytes, which the engine keeps for its lifetime to build sessions
+    /// (its workers', and replacements): once per engine, resident before any session exists,
+    /// so no probe sees it.
+    pub prefix_bytes: u64,
     /// False when `/proc` could not be read: the model is then a conservative estimate.
     pub measured: bool,
     /// How it was measured: `peaks` (probe runs at two batch sizes, sessions without an arena),
@@ -125,15 +130,24 @@ impl MemoryModel {
             held_bytes_per_sample: 3 * output,
             session_bytes: probe.0,
             probe_peaks: probe.1,
+            prefix_bytes: 0,
             measured: probe.2,
             method,
         }
+    }
+
+    /// The model of an engine that keeps a prefix of `bytes` ([`Self::prefix_bytes`]).
+    #[must_use]
+    pub fn with_prefix(mut self, bytes: u64) -> Self {
+        self.prefix_bytes = bytes;
+        self
     }
 
     /// What an engine of `workers` sessions running batches of up to `batch` holds.
     #[must_use]
     pub fn engine_bytes(&self, workers: usize, batch: usize) -> u64 {
         (workers as u64).saturating_mul(self.fixed_bytes + self.activation_bytes_per_sample * batch as u64)
+            + self.prefix_bytes
     }
 }
 
@@ -173,6 +187,10 @@ mod tests {
         assert_eq!(m.fixed_bytes, 3_000_000);
         assert_eq!((m.queued_bytes_per_sample, m.held_bytes_per_sample), (200_000, 150_000));
         assert_eq!(m.engine_bytes(2, 16), 2 * (3_000_000 + 16 * 1_000_000));
+        // The prefix the engine keeps counts once, whatever its workers and batches.
+        let m = m.with_prefix(45_000_000);
+        assert_eq!(m.engine_bytes(2, 16), 2 * (3_000_000 + 16 * 1_000_000) + 45_000_000);
+        assert_eq!(m.engine_bytes(1, 1), 3_000_000 + 1_000_000 + 45_000_000);
         // A noisy probe (peak 2 below peak 1) never yields less than input + output.
         let m = MemoryModel::from_probes(0, [5_000_000, 4_000_000], 100_000, 50_000);
         assert_eq!(m.activation_bytes_per_sample, 150_000);

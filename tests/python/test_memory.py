@@ -115,7 +115,11 @@ def test_memory_model_is_reported(tmp_path):
     assert (m["queued_bytes_per_sample"], m["held_bytes_per_sample"]) == (2 * 3 * 224 * 224 * 4, 3 * 64 * 56 * 56 * 4)
     # The 1 GiB default holds both workers at the default batch cap of 16.
     assert engine["batch_cap"] == 16
-    assert engine["reserved_bytes"] == engine["workers"] * (m["fixed_bytes"] + 16 * m["activation_bytes_per_sample"])
+    # The engine keeps its prefix's ONNX bytes to build sessions: at least conv1's and layer1's
+    # weights (64x3x7x7 + 4 x 64x64x3x3 floats), reserved once per engine.
+    assert m["prefix_bytes"] >= 4 * (64 * 3 * 7 * 7 + 4 * 64 * 64 * 3 * 3)
+    assert engine["reserved_bytes"] == (engine["workers"] * (m["fixed_bytes"] + 16 * m["activation_bytes_per_sample"])
+                                        + m["prefix_bytes"])
     assert report["reserved_bytes"] >= engine["reserved_bytes"]
 
 
@@ -194,7 +198,7 @@ def test_an_engine_that_keeps_its_arena_stays_within_its_reservation(tmp_path):
     held, engine = held_after_every_batch_size(tmp_path, "kept", seed=3, back=True)
     m = engine["memory"]
     assert (m["method"], m["measured"], engine["batch_cap"]) == ("retention", True, 12)
-    assert engine["reserved_bytes"] == m["fixed_bytes"] + 12 * m["activation_bytes_per_sample"]
+    assert engine["reserved_bytes"] == m["fixed_bytes"] + 12 * m["activation_bytes_per_sample"] + m["prefix_bytes"]
     print(f"held {held >> 20} MiB after all batch sizes, engine reserved {engine['reserved_bytes'] >> 20} MiB")
     # What the process holds beyond its pre-engine size, with every request answered, is the
     # engine (session and arena) plus allocator slack: 16 MiB. (Measured with memory patterns on
@@ -288,7 +292,8 @@ def test_an_engine_that_does_not_fit_beside_idle_engines_takes_their_place(tmp_p
         for e in engines():
             m = e["memory"]
             per_sample = m["queued_bytes_per_sample"] + m["held_bytes_per_sample"]
-            need.append(e["workers"] * (m["fixed_bytes"] + m["activation_bytes_per_sample"]) + per_sample)
+            need.append(e["workers"] * (m["fixed_bytes"] + m["activation_bytes_per_sample"]) + m["prefix_bytes"]
+                        + per_sample)
     small, large = sorted(need)
     # Either fits alone, with room for larger batches; never both.
     with gateway(large + small // 2) as (_, admin, s3, _):
