@@ -31,7 +31,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
 use super::error::PushdownError;
-use super::governor::{EngineHold, Governor};
+use super::governor::{EngineHold, Governor, Held};
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
@@ -162,6 +162,7 @@ impl Engine {
         cfg: EngineConfig,
         metrics: &Metrics,
         (governor, probe_lock): (&Arc<Governor>, &Arc<Mutex<()>>),
+        start_hold: Held,
     ) -> Result<Self, PushdownError> {
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
         let gauges = Gauges {
@@ -189,6 +190,7 @@ impl Engine {
         let observed = Arc::new(Observed::default());
         let (alive, panic_next, hold) =
             (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)), Arc::default());
+        let start_hold = Arc::new(Mutex::new(Some(start_hold)));
         for n in 0..workers {
             let shared = Shared {
                 env: env.clone(),
@@ -205,6 +207,7 @@ impl Engine {
                 observed: observed.clone(),
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
+                start_hold: Arc::clone(&start_hold),
             };
             alive.fetch_add(1, Ordering::SeqCst);
             let running = Running(alive.clone());
@@ -511,6 +514,9 @@ struct Shared {
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.
     hold: Arc<Mutex<Option<EngineHold>>>,
+    /// What the start holds until the first worker has measured (its transient copies of the
+    /// whole model), then released.
+    start_hold: Arc<Mutex<Option<Held>>>,
 }
 
 /// A fresh session of the engine's prefix.
@@ -521,7 +527,10 @@ fn session_for(s: &Shared) -> Result<Runner, String> {
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
 fn ready_session(s: &Shared, first: bool) -> Result<Runner, PushdownError> {
     if first {
-        let result = first_session(s).map_err(PushdownError::Model).and_then(|(session, memory)| {
+        let measured = first_session(s).map_err(PushdownError::Model);
+        // The start's transient copies are gone (the full-model check session included).
+        drop(s.start_hold.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
+        let result = measured.and_then(|(session, memory)| {
             // A refusal keeps its kind: `BudgetBusy` (503, other engines hold the budget) or
             // `ExceedsBudget` (400, this engine never fits).
             let (batch, hold) = s.governor.reserve_engine(&memory, s.cfg.workers.max(1), s.cfg.max_batch)?;

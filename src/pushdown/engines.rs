@@ -88,20 +88,30 @@ impl EngineTable {
         cell
     }
 
-    /// The running engine for `key`, started with `start` on a blocking thread if there is none.
-    /// Concurrent callers wait for the one start; a failed start is retried by the next caller.
+    /// The running engine for `key`, started with `start` on a blocking thread if there is none,
+    /// given what `prepare` gave (awaited only by the caller that starts it: the start's memory
+    /// hold). Concurrent callers wait for the one start; a failed start is retried by the next
+    /// caller.
     ///
     /// # Errors
-    /// What `start` failed with.
-    pub async fn get_or_start<F>(&self, key: &EngineKey, start: F) -> Result<Arc<Engine>, PushdownError>
+    /// What `prepare` or `start` failed with.
+    pub async fn get_or_start<P, R, F>(
+        &self,
+        key: &EngineKey,
+        prepare: P,
+        start: F,
+    ) -> Result<Arc<Engine>, PushdownError>
     where
-        F: FnOnce() -> Result<Engine, PushdownError> + Send + 'static,
+        P: Future<Output = Result<R, PushdownError>>,
+        R: Send + 'static,
+        F: FnOnce(R) -> Result<Engine, PushdownError> + Send + 'static,
     {
         let cell = self.cell(key);
         let engine = cell
             .engine
             .get_or_try_init(|| async {
-                tokio::task::spawn_blocking(start)
+                let prepared = prepare.await?;
+                tokio::task::spawn_blocking(move || start(prepared))
                     .await
                     .map_err(|e| PushdownError::Internal(format!("engine start failed: {e}")))?
                     .map(Arc::new)
@@ -169,5 +179,29 @@ impl EngineTable {
     pub fn clear(&self) {
         let cells = std::mem::take(&mut *self.cells.lock().unwrap_or_else(PoisonError::into_inner));
         drop(cells);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_start_gets_what_its_preparation_gave_and_a_failed_preparation_starts_nothing() {
+        let table = EngineTable::new(Duration::from_secs(60), &Metrics::new());
+        let key = ("m".to_owned(), "s".to_owned());
+        let err = table
+            .get_or_start(&key, async { Ok(7u32) }, |n| Err(PushdownError::Model(format!("given {n}"))))
+            .await
+            .expect_err("the start fails");
+        assert!(matches!(&err, PushdownError::Model(m) if m == "given 7"), "{err:?}");
+        let err = table
+            .get_or_start(&key, async { Err::<u32, _>(PushdownError::Overloaded) }, |_| -> Result<Engine, _> {
+                panic!("a start whose preparation failed must not run")
+            })
+            .await
+            .expect_err("the preparation fails");
+        assert!(matches!(err, PushdownError::Overloaded), "{err:?}");
+        assert!(table.all().is_empty());
     }
 }
