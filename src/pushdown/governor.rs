@@ -174,6 +174,26 @@ impl Governor {
         self.reclaim.get().map_or(0, |r| (r.0)())
     }
 
+    /// After `refused` because engines stand in the way of a request: how long it may still wait
+    /// for memory. The first time, the engines no request holds are stopped and their
+    /// reservations awaited for up to [`RECLAIM_WAIT`] (`reclaimed` remembers when); a refusal
+    /// past that, or with nothing to stop, stands.
+    fn wait_after_refusal(
+        &self,
+        refused: PushdownError,
+        reclaimed: &mut Option<tokio::time::Instant>,
+    ) -> Result<tokio::time::Instant, PushdownError> {
+        let since = match *reclaimed {
+            Some(at) => at,
+            None if matches!(refused, PushdownError::BudgetBusy { .. }) && self.make_room() > 0 => {
+                *reclaimed.insert(tokio::time::Instant::now())
+            }
+            None => return Err(refused),
+        };
+        let until = since + RECLAIM_WAIT;
+        if tokio::time::Instant::now() < until { Ok(until) } else { Err(refused) }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -270,7 +290,7 @@ impl Governor {
     /// [`Self::hold`], admitted only while `headroom` more bytes would still fit.
     async fn hold_with_headroom(self: &Arc<Self>, bytes: u64, headroom: u64) -> Result<Held, PushdownError> {
         let deadline = tokio::time::Instant::now() + self.cfg.max_wait;
-        let mut reclaimed = false;
+        let mut reclaimed = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -285,15 +305,16 @@ impl Governor {
                 (self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget)
                     .then(|| self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)))
             };
-            if let Some(e) = refused {
-                // Engines stand in the way: the ones no request holds make room, once; their
-                // reservations come back while this waits.
-                if reclaimed || !matches!(e, PushdownError::BudgetBusy { .. }) || self.make_room() == 0 {
-                    return Err(e);
+            // Engines stand in the way: the ones no request holds make room, and their
+            // reservations come back while this waits.
+            let until = match refused {
+                Some(e) => self.wait_after_refusal(e, &mut reclaimed)?.min(deadline),
+                None => deadline,
+            };
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                if until < deadline {
+                    continue; // the reclaim's wait is over: the next look decides
                 }
-                reclaimed = true;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 self.metrics.admission_timeouts.inc();
                 return Err(PushdownError::Overloaded);
             }
@@ -370,7 +391,7 @@ impl Stream {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + g.cfg.max_wait;
         let mut deferred = false;
-        let mut reclaimed = false;
+        let mut reclaimed = None;
         loop {
             let notified = g.changed.notified();
             tokio::pin!(notified);
@@ -397,18 +418,19 @@ impl Stream {
                 (g.cfg.adaptive && s.fixed + self.held + bytes > g.cfg.budget)
                     .then(|| g.refusal(self.held + bytes, g.cfg.budget.saturating_sub(s.fixed)))
             };
-            if let Some(e) = refused {
-                // As in `Governor::hold_with_headroom`: unused engines make room, once.
-                if reclaimed || !matches!(e, PushdownError::BudgetBusy { .. }) || g.make_room() == 0 {
-                    return Err(e);
-                }
-                reclaimed = true;
-            }
+            // As in `Governor::hold_with_headroom`.
+            let until = match refused {
+                Some(e) => g.wait_after_refusal(e, &mut reclaimed)?.min(deadline),
+                None => deadline,
+            };
             if !deferred {
                 deferred = true;
                 g.metrics.admission_deferrals.inc();
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                if until < deadline {
+                    continue; // the reclaim's wait is over: the next look decides
+                }
                 g.metrics.admission_timeouts.inc();
                 return Err(PushdownError::Overloaded);
             }
