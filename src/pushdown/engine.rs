@@ -10,8 +10,8 @@
 //! By default (`pushdown.ort_arena = "per-run"`) runs allocate from ONNX Runtime's arena and give
 //! it back at their end, so memory a run used is returned after it and the governor's accounting
 //! matches what the process holds; with `"off"` every tensor is its own allocation (the same
-//! accounting); with `"kept"` a session keeps its arena between runs and the memory model is measured on what
-//! stays ([`memory`]).
+//! accounting); with `"kept"` a session keeps its arena between runs and the memory model is
+//! measured on what stays ([`memory`]).
 //!
 //! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the
 //! session (its state is unknown) and builds a fresh one; a worker that cannot rebuild exits, and
