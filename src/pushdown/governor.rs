@@ -642,6 +642,22 @@ mod tests {
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
+    #[tokio::test]
+    async fn a_reclaim_that_frees_too_little_ends_in_a_refusal_not_a_wait_to_the_bound() {
+        // The reclaim says it stopped an engine, but nothing comes back (too little, or late):
+        // after RECLAIM_WAIT the refusal stands, long before max_wait (a minute here) would end it
+        // as `Overloaded`.
+        let g = governor(1000, true, 60_000);
+        g.set_reclaim(Reclaim(Box::new(|| 1)));
+        let engine = |fixed| crate::pushdown::memory::MemoryModel::from_probes(fixed, [0, 0], 0, 0);
+        let (_, _busy) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
+        assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
+        let (mut stream, _outputs) = g.open("a", (10, 100), None, 1).await.expect("fits");
+        stream.per_sample = 250;
+        assert!(matches!(stream.admit(0).await, Err(PushdownError::BudgetBusy { .. })));
+        assert!(matches!(g.reserve_engine(&engine(400), 1, 1), Err(PushdownError::BudgetBusy { .. })));
+    }
+
     #[test]
     fn an_engine_leaves_room_for_one_batch_of_its_own_samples() {
         let g = governor(1000, true, 50);

@@ -22,8 +22,8 @@
 //! other engines can still add to a probe's peak, which only makes the model more conservative.
 //! Host-side copies around the run (the queued sample, the batch buffer, the per-sample outputs
 //! and the encoded response) and the prefix's ONNX bytes the engine keeps are added analytically
-//! ([`MemoryModel`] says which is reserved when). The error of the model
-//! against measured peaks is reported in `docs/BENCHMARKS.md`.
+//! ([`MemoryModel`] says which is reserved when). The error of the model against measured peaks
+//! is reported in `docs/BENCHMARKS.md`.
 
 use serde::Serialize;
 
