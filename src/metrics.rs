@@ -111,6 +111,8 @@ pub struct Metrics {
     pub storage_batch_chosen: Histogram,
     pub admission_deferrals: Counter,
     pub admission_timeouts: Counter,
+    /// Requests that gave their source back so that an older one could reserve its outputs.
+    pub admission_yields: Counter,
     pub admission_wait: Histogram,
     /// Engines stopped, by reason: `idle` (`pushdown.engine_idle_secs`) or `memory` (no request
     /// held them when another engine or a request needed their reservation).
@@ -306,6 +308,13 @@ impl Metrics {
             "Samples that waited past pushdown.max_wait_ms (the request got 503 SlowDown)",
             admission_timeouts.clone(),
         );
+        let admission_yields = Counter::default();
+        r.register(
+            "pushdown_admission_yields",
+            "Requests that gave their source back (503 SlowDown) because only other waiting requests' sources \
+             stood in the way of their outputs, so that the oldest could go on",
+            admission_yields.clone(),
+        );
         let admission_wait = latency_histogram();
         r.register(
             "pushdown_admission_wait_seconds",
@@ -339,6 +348,7 @@ impl Metrics {
             storage_batch_chosen,
             admission_deferrals,
             admission_timeouts,
+            admission_yields,
             admission_wait,
             engine_evictions,
             tenant_samples,

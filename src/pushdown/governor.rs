@@ -94,12 +94,57 @@ struct State {
     reserved: u64,
     streams: HashMap<u64, Open>,
     next_id: u64,
+    /// Source holds of requests that have not reserved their outputs yet, oldest first.
+    pending: BTreeMap<u64, Pending>,
+    /// What the last request to reserve its outputs needed (its outputs and one sample): the
+    /// room a new source hold leaves free ([`Governor::hold_source`]).
+    last_need: u64,
+}
+
+/// A request holding its source and not yet its outputs.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Its source's bytes.
+    bytes: u64,
+    /// What it waits to reserve (outputs and one sample), once it has asked.
+    need: u64,
 }
 
 impl State {
     fn total(&self) -> u64 {
         self.fixed + self.held + self.reserved
     }
+
+    /// The room a new source hold must leave: at least `floor` (one sample's need on its
+    /// engine), what the last request to open needed, or more if a request holding its source
+    /// waits for more. At most what the budget has beside the engines and this source, so that a
+    /// source that would fit alone is admitted alone.
+    fn source_reserve(&self, budget: u64, bytes: u64, floor: u64) -> u64 {
+        let waiting = self.pending.values().map(|p| p.need).max().unwrap_or(0);
+        floor.max(self.last_need).max(waiting).min(budget.saturating_sub(self.fixed + bytes))
+    }
+
+    /// Whether the request holding source `id` waits for `need` bytes that only other requests'
+    /// sources can free (even after every opened request has finished), and an older request
+    /// holding its source is waiting as well: this one should give way.
+    fn should_yield(&self, id: u64, need: u64, budget: u64) -> bool {
+        let sources: u64 = self.pending.values().map(|p| p.bytes).sum();
+        let oldest = self.pending.keys().next().copied();
+        self.fixed + sources + need > budget && oldest.is_some_and(|o| o != id)
+    }
+}
+
+/// What a request-level hold is for ([`Governor::hold_for`]).
+#[derive(Debug, Clone, Copy)]
+enum Purpose {
+    /// Fits or waits (an engine's start).
+    Plain,
+    /// A request's source: it leaves room for one request's outputs, at least `floor`
+    /// ([`State::source_reserve`]).
+    Source { floor: u64 },
+    /// A request's outputs, admitted with room for `headroom` more (one sample); `source` is the
+    /// request's pending source hold, if any.
+    Outputs { headroom: u64, source: Option<u64> },
 }
 
 /// Governor settings.
@@ -277,30 +322,73 @@ impl Governor {
         }
     }
 
-    /// Reserves `bytes` outside any stream (a fetched source object, an encoded response), waiting
-    /// as [`Stream::admit`] does.
+    /// Reserves `bytes` outside any stream (an engine's start), waiting as [`Stream::admit`] does.
     ///
     /// # Errors
     /// `Overloaded` after waiting longer than `max_wait`; at once `ExceedsBudget` if `bytes` is
     /// more than the budget can ever hold, `BudgetBusy` if engines hold what it would need.
     pub async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
-        self.hold_with_headroom(bytes, 0).await
+        self.hold_for(bytes, Purpose::Plain).await
     }
 
-    /// [`Self::hold`], admitted only while `headroom` more bytes would still fit.
-    async fn hold_with_headroom(self: &Arc<Self>, bytes: u64, headroom: u64) -> Result<Held, PushdownError> {
+    /// Reserves a request's source object, as [`Self::hold`] does, while room for one request's
+    /// outputs and one sample (at least `floor`) stays free beside it ([`State::source_reserve`]). The request is
+    /// *pending* until it opens its stream ([`Self::open`]) with this hold: a request that holds
+    /// its source waits for its outputs, and sources admitted without that room could take the
+    /// whole budget while each waits for the rest (hold and wait: a 64-request burst once
+    /// deadlocked so, ADR 0015).
+    ///
+    /// # Errors
+    /// As [`Self::hold`].
+    pub async fn hold_source(self: &Arc<Self>, bytes: u64, floor: u64) -> Result<Held, PushdownError> {
+        self.hold_for(bytes, Purpose::Source { floor }).await
+    }
+
+    async fn hold_for(self: &Arc<Self>, bytes: u64, purpose: Purpose) -> Result<Held, PushdownError> {
         let deadline = tokio::time::Instant::now() + self.cfg.max_wait;
         let mut reclaimed = None;
+        let (headroom, source) = match purpose {
+            Purpose::Outputs { headroom, source } => (headroom, source),
+            Purpose::Plain | Purpose::Source { .. } => (0, None),
+        };
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let refused = {
                 let mut s = self.lock();
-                if !self.cfg.adaptive || s.total() + bytes + headroom <= self.cfg.budget {
+                let room = match purpose {
+                    Purpose::Source { floor } => s.source_reserve(self.cfg.budget, bytes, floor),
+                    _ => headroom,
+                };
+                if !self.cfg.adaptive || s.total() + bytes + room <= self.cfg.budget {
                     s.held += bytes;
+                    let pending = match purpose {
+                        Purpose::Source { .. } => {
+                            let id = s.next_id;
+                            s.next_id += 1;
+                            s.pending.insert(id, Pending { bytes, need: 0 });
+                            Some(id)
+                        }
+                        Purpose::Outputs { .. } => {
+                            s.last_need = bytes + headroom;
+                            source.and_then(|id| s.pending.remove(&id));
+                            None
+                        }
+                        Purpose::Plain => None,
+                    };
                     self.reallot(&mut s);
-                    return Ok(Held { governor: self.clone(), bytes });
+                    return Ok(Held { governor: self.clone(), bytes, pending });
+                }
+                if let Some(p) = source.and_then(|id| s.pending.get_mut(&id)) {
+                    p.need = bytes + headroom;
+                }
+                if source.is_some_and(|id| s.should_yield(id, bytes + headroom, self.cfg.budget)) {
+                    // Only other requests' sources stand in the way, and an older request waits
+                    // too: this one gives its source back (503 SlowDown, retried by clients), so
+                    // the oldest can go on.
+                    self.metrics.admission_yields.inc();
+                    return Err(PushdownError::Overloaded);
                 }
                 (self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget)
                     .then(|| self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)))
@@ -322,19 +410,22 @@ impl Governor {
     }
 
     /// Opens a stream for a request of `samples` samples, first reserving `held` bytes (its
-    /// outputs) for as long as the returned [`Held`] lives, waiting as [`Self::hold`] does.
+    /// outputs) for as long as the returned [`Held`] lives, waiting as [`Self::hold`] does;
+    /// `source` is the request's source hold ([`Self::hold_source`]), pending until then.
     ///
     /// # Errors
-    /// As [`Self::hold`].
+    /// As [`Self::hold`]; `Overloaded` at once when only other pending requests' sources stand in
+    /// the way and an older one waits too ([`State::should_yield`]).
     pub async fn open(
         self: &Arc<Self>,
         tenant: &str,
         (per_sample, held): (u64, u64),
-        requested: Option<usize>,
-        samples: usize,
+        (requested, samples): (Option<usize>, usize),
+        source: Option<&Held>,
     ) -> Result<(Stream, Held), PushdownError> {
         // Room for the outputs and for one sample in flight, so an opened request can progress.
-        let outputs = self.hold_with_headroom(held, per_sample).await?;
+        let purpose = Purpose::Outputs { headroom: per_sample, source: source.and_then(|h| h.pending) };
+        let outputs = self.hold_for(held, purpose).await?;
         let cap = requested.unwrap_or(samples).min(samples).max(1);
         if let Some(r) = requested {
             self.metrics.storage_batch_requested.observe(r as f64);
@@ -452,6 +543,8 @@ impl Drop for Stream {
 pub struct Held {
     governor: Arc<Governor>,
     bytes: u64,
+    /// A source hold whose request has not opened its stream yet ([`Governor::hold_source`]).
+    pending: Option<u64>,
 }
 
 /// An engine's fixed memory, returned to the budget when the engine has stopped (evicted, or
@@ -481,6 +574,9 @@ impl Held {
         let g = &self.governor;
         let mut s = g.lock();
         s.held = s.held.saturating_sub(self.bytes - bytes);
+        if let Some(p) = self.pending.and_then(|id| s.pending.get_mut(&id)) {
+            p.bytes = bytes;
+        }
         self.bytes = bytes;
         g.reallot(&mut s);
     }
@@ -491,6 +587,9 @@ impl Drop for Held {
         let g = &self.governor;
         let mut s = g.lock();
         s.held = s.held.saturating_sub(self.bytes);
+        if let Some(id) = self.pending {
+            s.pending.remove(&id);
+        }
         g.reallot(&mut s);
     }
 }
@@ -559,7 +658,7 @@ mod tests {
                 let (g, peak) = (g.clone(), peak.clone());
                 tokio::spawn(async move {
                     let (stream, _outputs) =
-                        g.open(&format!("tenant{}", t % 3), (50, 40), Some(64), 40).await.expect("opened");
+                        g.open(&format!("tenant{}", t % 3), (50, 40), (Some(64), 40), None).await.expect("opened");
                     let mut work = Vec::new();
                     for _ in 0..40 {
                         let slot = stream.admit(0).await.expect("admitted");
@@ -584,6 +683,62 @@ mod tests {
         assert_eq!(g.reserved(), 0, "a stopped engine's memory is back");
     }
 
+    /// 16 requests of a source of 60 and outputs of 100 plus one sample of 20, all holding their
+    /// sources before any reserves its outputs, beside an engine of 300 in a budget of 1000: how
+    /// many finished, how many gave way, the peak reserved.
+    async fn burst(floor: u64) -> (usize, usize, u64, u64) {
+        let g = governor(1000, true, 60_000);
+        let engine = crate::pushdown::memory::MemoryModel::from_probes(300, [0, 0], 0, 0);
+        let (_, _engine) = g.reserve_engine(&engine, 1, 1).expect("engine fits");
+        let peak = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let (g, peak) = (g.clone(), peak.clone());
+                tokio::spawn(async move {
+                    let source = g.hold_source(60, floor).await?;
+                    tokio::time::sleep(Duration::from_millis(20)).await; // everyone holds a source
+                    let (stream, outputs) = g.open(&format!("t{t}"), (20, 100), (None, 1), Some(&source)).await?;
+                    let slot = stream.admit(0).await?;
+                    peak.fetch_max(g.reserved(), Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    drop((slot, stream, outputs, source));
+                    Ok::<_, PushdownError>(())
+                })
+            })
+            .collect();
+        let (mut done, mut yielded) = (0, 0);
+        for t in tasks {
+            match t.await.expect("joined") {
+                Ok(()) => done += 1,
+                Err(PushdownError::Overloaded) => yielded += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(g.reserved(), 300, "everything but the engine released");
+        (done, yielded, peak.load(Ordering::SeqCst), g.metrics.admission_yields.get())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sources_leave_room_for_a_request_s_outputs_so_a_burst_cannot_hold_and_wait() {
+        // The floor (one request's need) keeps room for the outputs: at most 9 sources are held
+        // at once, and everyone finishes.
+        let (done, yielded, peak, yields) = burst(120).await;
+        assert_eq!((done, yielded, yields), (16, 0, 0));
+        assert!(peak <= 1000, "peak {peak}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn when_sources_took_the_room_anyway_the_younger_requests_give_way_to_the_oldest() {
+        // No floor (the need is learned from the first open): 11 sources take 960 of 1000 and
+        // each then needs 120. Without giving way, all would wait until max_wait (a minute);
+        // the younger give their sources back and the oldest go on.
+        let (done, yielded, peak, yields) = burst(0).await;
+        assert_eq!(done + yielded, 16);
+        assert!(done >= 1 && yielded >= 1, "{done} done, {yielded} gave way");
+        assert_eq!(yields, yielded as u64);
+        assert!(peak <= 1000, "peak {peak}");
+    }
+
     #[tokio::test]
     async fn what_engines_crowd_out_is_busy_and_what_never_fits_is_too_large() {
         let g = governor(1000, true, 50);
@@ -600,8 +755,8 @@ mod tests {
         ));
         // The same for requests: 400 bytes of outputs fit the budget, not beside the engine.
         assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
-        assert!(matches!(g.open("a", (10, 400), None, 1).await, Err(PushdownError::BudgetBusy { .. })));
-        assert!(matches!(g.open("a", (10, 995), None, 1).await, Err(PushdownError::ExceedsBudget { .. })));
+        assert!(matches!(g.open("a", (10, 400), (None, 1), None).await, Err(PushdownError::BudgetBusy { .. })));
+        assert!(matches!(g.open("a", (10, 995), (None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
         drop(_first);
         let (_, _second) = g.reserve_engine(&engine(400), 1, 1).expect("the first engine's memory is back");
     }
@@ -652,7 +807,7 @@ mod tests {
         let engine = |fixed| crate::pushdown::memory::MemoryModel::from_probes(fixed, [0, 0], 0, 0);
         let (_, _busy) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
         assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
-        let (mut stream, _outputs) = g.open("a", (10, 100), None, 1).await.expect("fits");
+        let (mut stream, _outputs) = g.open("a", (10, 100), (None, 1), None).await.expect("fits");
         stream.per_sample = 250;
         assert!(matches!(stream.admit(0).await, Err(PushdownError::BudgetBusy { .. })));
         assert!(matches!(g.reserve_engine(&engine(400), 1, 1), Err(PushdownError::BudgetBusy { .. })));
@@ -674,11 +829,11 @@ mod tests {
     #[tokio::test]
     async fn waiting_past_the_bound_is_overloaded_and_no_adaptation_ignores_the_budget() {
         let g = governor(100, true, 50);
-        let (a, _a_out) = g.open("a", (60, 0), None, 10).await.expect("a");
+        let (a, _a_out) = g.open("a", (60, 0), (None, 10), None).await.expect("a");
         let _held = a.admit(0).await.expect("first fits");
         // b cannot even open: one of its samples does not fit beside a's.
-        assert!(matches!(g.open("b", (60, 0), None, 10).await, Err(PushdownError::Overloaded)));
-        let (b, _b_out) = g.open("b", (30, 0), None, 10).await.expect("b's samples are smaller");
+        assert!(matches!(g.open("b", (60, 0), (None, 10), None).await, Err(PushdownError::Overloaded)));
+        let (b, _b_out) = g.open("b", (30, 0), (None, 10), None).await.expect("b's samples are smaller");
         let _b1 = b.admit(0).await.expect("30 of the 40 free bytes");
         assert!(matches!(b.admit(0).await, Err(PushdownError::Overloaded)), "10 left");
         drop(_b1);
@@ -689,10 +844,10 @@ mod tests {
         drop(small);
         let big = crate::pushdown::memory::MemoryModel::from_probes(1000, [0, 0], 0, 0);
         assert!(g.reserve_engine(&big, 1, 1).is_err(), "an engine larger than the budget is refused");
-        assert!(matches!(g.open("c", (10, 95), None, 1).await, Err(PushdownError::ExceedsBudget { .. })));
+        assert!(matches!(g.open("c", (10, 95), (None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
 
         let fixed = governor(100, false, 50);
-        let (s, _out) = fixed.open("a", (60, 1000), Some(4), 10).await.expect("not enforced");
+        let (s, _out) = fixed.open("a", (60, 1000), (Some(4), 10), None).await.expect("not enforced");
         let slots: Vec<Slot> = futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
         assert_eq!((slots.len(), fixed.reserved()), (4, 1240), "the comparison mode overshoots by design");
     }

@@ -244,7 +244,7 @@ impl Pushdown {
         self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
-        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, held: Vec::new() }))
+        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, engine: None, source: None }))
     }
 
     fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
@@ -306,8 +306,7 @@ impl Pushdown {
     /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]).
     async fn compute(&self, job: &Job<'_>, object: Bytes) -> Result<Output, PushdownError> {
         let (spec, model, split, tenant) = (&job.spec, job.model.clone(), job.split.clone(), job.tenant.as_str());
-        let engine = self.engine(&model, &split).await?;
-        let (memory, batch_cap) = engine.memory_model().await?;
+        let (engine, memory, batch_cap) = job.engine().await?;
 
         let t0 = Instant::now();
         let parse_model = model.clone();
@@ -339,8 +338,8 @@ impl Pushdown {
             .open(
                 tenant,
                 (memory.queued_bytes_per_sample, (memory.held_bytes_per_sample * n).saturating_add(tar_bytes)),
-                spec.batch,
-                parsed.items.len(),
+                (spec.batch, parsed.items.len()),
+                job.source.as_ref(),
             )
             .await?;
         // Adaptive: samples of all requests batch together up to the engine's cap (what its
@@ -440,9 +439,9 @@ impl Pushdown {
     }
 }
 
-/// One pushdown request, resolved ([`Pushdown::prepare`]): the model and split, named once, and
-/// every memory hold the request takes (its source, its samples' outputs), released together
-/// when the response has been sent ([`Output::reservation`]).
+/// One pushdown request, resolved ([`Pushdown::prepare`]): the model and split, named once, its
+/// engine, and every memory hold the request takes (its source, its samples' outputs), released
+/// together when the response has been sent ([`Output::reservation`]).
 #[derive(Debug)]
 pub struct Job<'a> {
     service: &'a Pushdown,
@@ -454,7 +453,9 @@ pub struct Job<'a> {
     tenant: String,
     /// The predicted epoch seconds per candidate when `split=auto` chose the split.
     plan: Option<String>,
-    held: Vec<governor::Held>,
+    /// The split's engine and its memory model, from before the source is held.
+    engine: Option<(Arc<Engine>, memory::MemoryModel, usize)>,
+    source: Option<governor::Held>,
 }
 
 impl Job<'_> {
@@ -477,10 +478,23 @@ impl Job<'_> {
         format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name())
     }
 
-    /// Reads a source body under the memory budget and a deadline. The object counts against
-    /// the budget from before its first byte until the response is sent: at `declared` bytes, or
-    /// while a source without a length (a chunked answer from a store or a peer) is read, at the
-    /// most it may be (`pushdown.max_object_bytes`), then at what arrived.
+    /// The split's engine (started if need be) and its memory model and batch cap.
+    async fn engine(&self) -> Result<(Arc<Engine>, memory::MemoryModel, usize), PushdownError> {
+        if let Some(e) = &self.engine {
+            return Ok(e.clone());
+        }
+        let engine = self.service.engine(&self.model, &self.split).await?;
+        let (memory, batch_cap) = engine.memory_model().await?;
+        Ok((engine, memory, batch_cap))
+    }
+
+    /// Reads a source body under the memory budget and a deadline. The split's engine is started
+    /// first, while the request holds nothing (an engine waiting for memory that sources hold
+    /// would wait on itself). The object counts against the budget from before its first byte
+    /// until the response is sent: at `declared` bytes, or while a source without a length (a
+    /// chunked answer from a store or a peer) is read, at the most it may be
+    /// (`pushdown.max_object_bytes`), then at what arrived; it is admitted only with room left
+    /// for a request's outputs ([`governor::Governor::hold_source`]).
     ///
     /// # Errors
     /// The budget's refusal, a source past `max_object_bytes`, a read that failed or ran past
@@ -491,8 +505,12 @@ impl Job<'_> {
         declared: Option<u64>,
     ) -> Result<Bytes, PushdownError> {
         use http_body_util::BodyExt;
+        let engine = self.engine().await?;
+        let one_sample = engine.1.queued_bytes_per_sample + engine.1.held_bytes_per_sample;
+        self.engine = Some(engine);
         let limit = self.service.cfg.max_object_bytes;
-        let mut hold = self.service.governor.hold(declared.map_or(limit, |n| n.min(limit))).await?;
+        let bound = declared.map_or(limit, |n| n.min(limit));
+        let mut hold = self.service.governor.hold_source(bound, one_sample).await?;
         let timeout = self.service.cfg.source_timeout;
         let read = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
         let object = match tokio::time::timeout(timeout, read).await {
@@ -504,7 +522,7 @@ impl Job<'_> {
             Ok(Err(e)) => return Err(PushdownError::SourceRead(e.to_string())),
         };
         hold.shrink_to(object.len() as u64);
-        self.held.push(hold);
+        self.source = Some(hold);
         Ok(object)
     }
 
@@ -518,7 +536,7 @@ impl Job<'_> {
     /// Unusable input, overload (queue full or memory wait too long), or inference failure.
     pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
         let mut out = self.service.compute(&self, object).await?;
-        out.reservation.append(&mut self.held);
+        out.reservation.extend(self.source.take());
         Ok(out)
     }
 }
