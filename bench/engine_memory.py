@@ -1,7 +1,7 @@
 """What the engines of one gateway reserve and hold: five engines (ResNet-18 `layer1` and `pool`,
 PP-LCNet `pool`, ResNet-50-thin `pool` and `stage1`; the default two workers and `max_batch` 16),
 32 requests each of `.npy` shards of 1-8 samples in a seeded order, then `/v1/memory` and the
-process's `VmRSS`. Compares `pushdown.ort_arena` `"off"`, `"per-run"` (ADR 0012, 0015) and
+process's `VmRSS`. Compares `pushdown.ort_arena` `"off"`, `"per-run"` (the default; ADR 0012, 0015) and
 `"kept"` (ADR 0011), and per engine what it reserves and what the model predicts for the traffic
 it saw against the process's measured peak growth.
 

@@ -18,9 +18,9 @@ run (one at a time), so every one-thread number is one core's; with two threads 
 Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/models.sh)
      TENSORGATE_BIN=path/to/tensorgate ...  measures another build (default target/release/tensorgate)
      BENCH_MODELS=pp-lcnet ...              measures a subset of the models
-     ORT_ARENA=per-run ...                  the gateway with `pushdown.ort_arena = "per-run"`
+     ORT_ARENA=off ...                      the gateway with `pushdown.ort_arena = "off"`
      ORT_ARENA=kept (or 1) ...              the gateway with `pushdown.ort_arena = "kept"`
-     (unset: the default, "off")
+     (unset: the default, "per-run")
 """
 
 import concurrent.futures as cf

@@ -416,7 +416,7 @@ impl Default for PushdownSettings {
             intra_threads: 1,
             // One per core on the 2-core storage nodes this targets; raise with the core count.
             workers: 2,
-            // Off until a budget full of source reads cannot stall requests (ADR 0015).
+            // Per run: the one-core floor at about 1.35x the memory that "off" reserves (ADR 0015).
             ort_arena: OrtArena::default(),
             engine_idle_secs: DEFAULT_ENGINE_IDLE_SECS,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,

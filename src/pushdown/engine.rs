@@ -7,10 +7,10 @@
 //! Before serving, the first worker checks its prefix once against the full model with the split
 //! tensor exposed, on a deterministic probe input (the outputs must be identical), and measures the
 //! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
-//! By default (`pushdown.ort_arena = "off"`) every tensor of a run is its own allocation, so
-//! memory a run used is returned after it and the governor's accounting matches what the process
-//! holds; with `"per-run"` runs allocate from ONNX Runtime's arena and give it back at their end
-//! (the same accounting); with `"kept"` a session keeps its arena between runs and the memory model is
+//! By default (`pushdown.ort_arena = "per-run"`) runs allocate from ONNX Runtime's arena and give
+//! it back at their end, so memory a run used is returned after it and the governor's accounting
+//! matches what the process holds; with `"off"` every tensor is its own allocation (the same
+//! accounting); with `"kept"` a session keeps its arena between runs and the memory model is
 //! measured on what stays ([`memory`]).
 //!
 //! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the
@@ -41,17 +41,17 @@ use crate::metrics::{Metrics, ModelSplit, ModelSplitStage};
 /// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
 /// are off in every mode; the memory budget's promise holds in every mode, because each engine
 /// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
-/// arena per run"); why the per-run arena is not the default yet: ADR 0015.
+/// arena per run"); why the per-run arena is the default: ADR 0015.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OrtArena {
-    /// The default. No arena (ADR 0005): every tensor of a run is its own allocation, freed after
-    /// it; an idle session holds only its weights, and the engine reserves the least.
-    #[default]
+    /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
+    /// session holds only its weights, and the engine reserves the least.
     Off,
-    /// Runs allocate from the arena, so tensors freed during a run are reused by later ones, and
-    /// give it back at their end (ADR 0012): an idle session still holds only its weights; a run's
-    /// measured peak, and so what the engine reserves, is higher than without the arena, and
-    /// throughput on one core is close to the kept arena's (not the default yet: ADR 0015).
+    /// The default (ADR 0015). Runs allocate from the arena, so tensors freed during a run are
+    /// reused by later ones, and give it back at their end (ADR 0012): an idle session still holds
+    /// only its weights; a run's measured peak, and so what the engine reserves, is higher than
+    /// without the arena, and throughput on one core is close to the kept arena's.
+    #[default]
     PerRun,
     /// Sessions keep the arena between runs (ADR 0011): what the largest runs needed stays
     /// resident, measured by one run at every batch size up to `max_batch` when the engine starts.
