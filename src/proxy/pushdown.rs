@@ -152,7 +152,7 @@ impl Gateway {
             // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
             let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
             let object = job.read_source(resp.into_body(), declared).await?;
-            let fetch = started.elapsed();
+            let fetch = started.elapsed().saturating_sub(job.engine_wait());
             let source_bytes = object.len();
             let out = job.run(object).await?;
             self.metrics.observe_pushdown(

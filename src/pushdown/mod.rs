@@ -244,7 +244,7 @@ impl Pushdown {
         self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
-        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, engine: None, source: None }))
+        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, engine: None, engine_wait: Duration::ZERO, source: None }))
     }
 
     fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
@@ -455,6 +455,8 @@ pub struct Job<'a> {
     plan: Option<String>,
     /// The split's engine and its memory model, from before the source is held.
     engine: Option<(Arc<Engine>, memory::MemoryModel, usize)>,
+    /// How long [`Self::read_source`] waited for the engine (not part of the source's fetch).
+    engine_wait: Duration,
     source: Option<governor::Held>,
 }
 
@@ -476,6 +478,13 @@ impl Job<'_> {
     #[must_use]
     pub fn variant(&self) -> String {
         format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name())
+    }
+
+    /// How long reading the source waited for the split's engine to start (a fetch's time
+    /// without it is the store's).
+    #[must_use]
+    pub fn engine_wait(&self) -> Duration {
+        self.engine_wait
     }
 
     /// The split's engine (started if need be) and its memory model and batch cap.
@@ -505,7 +514,9 @@ impl Job<'_> {
         declared: Option<u64>,
     ) -> Result<Bytes, PushdownError> {
         use http_body_util::BodyExt;
+        let waited = Instant::now();
         let engine = self.engine().await?;
+        self.engine_wait = waited.elapsed();
         let one_sample = engine.1.queued_bytes_per_sample + engine.1.held_bytes_per_sample;
         self.engine = Some(engine);
         let limit = self.service.cfg.max_object_bytes;
