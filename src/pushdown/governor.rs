@@ -332,11 +332,11 @@ impl Governor {
     }
 
     /// Reserves a request's source object, as [`Self::hold`] does, while room for one request's
-    /// outputs and one sample (at least `floor`) stays free beside it ([`State::source_reserve`]). The request is
-    /// *pending* until it opens its stream ([`Self::open`]) with this hold: a request that holds
-    /// its source waits for its outputs, and sources admitted without that room could take the
-    /// whole budget while each waits for the rest (hold and wait: a 64-request burst once
-    /// deadlocked so, ADR 0015).
+    /// outputs and one sample (at least `floor`) stays free beside it
+    /// ([`State::source_reserve`]). The request is *pending* until it opens its stream
+    /// ([`Self::open`]) with this hold: a request that holds its source waits for its outputs,
+    /// and sources admitted without that room could take the whole budget while each waits for
+    /// the rest (hold and wait: a 64-request burst once deadlocked so, ADR 0015).
     ///
     /// # Errors
     /// As [`Self::hold`].
