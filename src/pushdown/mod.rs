@@ -244,7 +244,17 @@ impl Pushdown {
         self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
-        Ok(Some(Job { service: self, spec, model, split, tenant: tenant.to_owned(), plan, engine: None, engine_wait: Duration::ZERO, source: None }))
+        Ok(Some(Job {
+            service: self,
+            spec,
+            model,
+            split,
+            tenant: tenant.to_owned(),
+            plan,
+            engine: None,
+            engine_wait: Duration::ZERO,
+            source: None,
+        }))
     }
 
     fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
