@@ -334,6 +334,18 @@ impl Governor {
         self.hold_for(bytes, Purpose::Plain).await
     }
 
+    /// Refuses at once what the budget could never hold (`ExceedsBudget`), before anything is
+    /// started or read for it.
+    ///
+    /// # Errors
+    /// `ExceedsBudget` when `bytes` is more than the whole budget (with adaptation).
+    pub fn could_ever_hold(&self, bytes: u64) -> Result<(), PushdownError> {
+        if self.cfg.adaptive && bytes > self.cfg.budget {
+            return Err(PushdownError::ExceedsBudget { needed: bytes, budget: self.cfg.budget });
+        }
+        Ok(())
+    }
+
     /// Reserves a request's source object, as [`Self::hold`] does, while room for one request's
     /// outputs and one sample (at least `floor`) stays free beside it
     /// ([`State::source_reserve`]). The request is *pending* until it opens its stream

@@ -524,13 +524,14 @@ impl Job<'_> {
         declared: Option<u64>,
     ) -> Result<Bytes, PushdownError> {
         use http_body_util::BodyExt;
+        let limit = self.service.cfg.max_object_bytes;
+        let bound = declared.map_or(limit, |n| n.min(limit));
+        self.service.governor.could_ever_hold(bound)?;
         let waited = Instant::now();
         let engine = self.engine().await?;
         self.engine_wait = waited.elapsed();
         let one_sample = engine.1.queued_bytes_per_sample + engine.1.held_bytes_per_sample;
         self.engine = Some(engine);
-        let limit = self.service.cfg.max_object_bytes;
-        let bound = declared.map_or(limit, |n| n.min(limit));
         let mut hold = self.service.governor.hold_source(bound, one_sample).await?;
         let timeout = self.service.cfg.source_timeout;
         let read = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();

@@ -6,6 +6,7 @@ import concurrent.futures
 import io
 import json
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -163,6 +164,52 @@ def test_a_64_client_burst_stays_within_the_budget(tmp_path):
         assert grown <= budget - sessions + (64 << 20), f"grew {grown >> 20} MiB"
         assert report["reserved_bytes"] == engine["reserved_bytes"], "requests left reservations behind"
         assert metric(admin, "tensorgate_pushdown_admission_deferrals_total") > 0, "the budget never bit"
+
+
+def test_a_cold_burst_whose_sources_fill_the_budget_gives_way_and_every_client_is_served(tmp_path):
+    """64 clients at once on a cold engine, each asking for a shard whose outputs (8 x 2.4 MB) are
+    four times its source (4.8 MB): 64 sources alone take more than the budget leaves beside the
+    engine, in either arena mode, and nothing had opened yet to say how much a request needs. The
+    youngest requests holding a source give it back with 503 SlowDown (Retry-After) so the oldest
+    go on; clients that retry as the header says are all served, and nobody waits for a deadlock
+    to time out (each attempt is bounded far below the edge's request timeout)."""
+    budget = 384 << 20
+    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_wait_ms = 600000\n" + NO_CACHE
+    with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
+        rng = np.random.default_rng(3)
+        shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(8)])
+        for i in range(64):
+            s3.put_object(Bucket="demo", Key=f"cold/{i}.tar", Body=shard)
+        signer = sigv4(s3)
+        urls = [presigned(signer, "demo", f"cold/{i}.tar") for i in range(64)]
+        http = urllib3.PoolManager(maxsize=64)
+        headers = {"x-tensorgate-model": "resnet18", "x-tensorgate-split": "layer1", "x-tensorgate-batch": "64"}
+
+        def fetch(url):
+            answers = []
+            for _ in range(30):
+                r = http.request("GET", url, headers=headers, retries=False, timeout=urllib3.Timeout(read=120))
+                answers.append(r.status)
+                if r.status != 503:
+                    return r, answers
+                assert r.headers.get("retry-after") == "1", r.data[:300]
+                time.sleep(int(r.headers["retry-after"]))
+            return r, answers
+
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(fetch, urls))
+        statuses = [s for _, answers in results for s in answers]
+        assert all(r.status == 200 for r, _ in results), statuses
+        assert features(results[0][0].data).shape == (8, 64, 56, 56)
+        gave_way = metric(admin, "tensorgate_pushdown_admission_yields_total")
+        print(f"{statuses.count(503)} answers 503, {gave_way} requests gave way")
+        assert gave_way > 0, "the sources never filled the budget"
+        # Each request that gave way answered its client 503 once; none waited past max_wait.
+        assert statuses.count(503) >= gave_way
+        assert metric(admin, "tensorgate_pushdown_admission_timeouts_total") == 0
+        with urllib.request.urlopen(f"{admin}/v1/memory") as resp:
+            report = json.load(resp)
+        assert report["reserved_bytes"] == report["engines"][0]["reserved_bytes"], "requests left reservations behind"
 
 
 def held_after_every_batch_size(tmp_path, arena: str, seed: int, back: bool):
