@@ -131,19 +131,27 @@ def rss(pid: int, field: str) -> int:
     raise AssertionError(field)
 
 
+BURST_BUDGET = 384 << 20
+# A wait bound no run reaches (10 minutes): every client must be served, however slow the machine.
+BURST_CONFIG = f"[pushdown]\nmemory_budget = {BURST_BUDGET}\nmax_wait_ms = 600000\n" + NO_CACHE
+BURST_HEADERS = {"x-tensorgate-model": "resnet18", "x-tensorgate-split": "layer1", "x-tensorgate-batch": "64"}
+
+
+def burst_urls(s3, prefix: str, samples: int, seed: int) -> list[str]:
+    """64 copies of a shard of `samples` random ResNet inputs (600 kB each), presigned."""
+    rng = np.random.default_rng(seed)
+    shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(samples)])
+    for i in range(64):
+        s3.put_object(Bucket="demo", Key=f"{prefix}/{i}.tar", Body=shard)
+    signer = sigv4(s3)
+    return [presigned(signer, "demo", f"{prefix}/{i}.tar") for i in range(64)]
+
+
 def test_a_64_client_burst_stays_within_the_budget(tmp_path):
-    budget = 384 << 20
-    # A wait bound no run reaches (10 minutes): every client must be served, however slow the machine.
-    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_wait_ms = 600000\n" + NO_CACHE
-    with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
-        rng = np.random.default_rng(2)
-        shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(4)])
-        for i in range(64):
-            s3.put_object(Bucket="demo", Key=f"burst/{i}.tar", Body=shard)
-        signer = sigv4(s3)
-        urls = [presigned(signer, "demo", f"burst/{i}.tar") for i in range(64)]
+    with run_gateway(tmp_path, BURST_CONFIG) as (_, admin, s3, pid):
+        urls = burst_urls(s3, "burst", samples=4, seed=2)
         http = urllib3.PoolManager(maxsize=64)
-        headers = {"x-tensorgate-model": "resnet18", "x-tensorgate-split": "layer1", "x-tensorgate-batch": "64"}
+        headers = BURST_HEADERS
         assert http.request("GET", urls[0], headers=headers).status == 200  # engine started and measured
         baseline = rss(pid, "VmRSS:")
         Path(f"/proc/{pid}/clear_refs").write_text("5")
@@ -158,10 +166,11 @@ def test_a_64_client_burst_stays_within_the_budget(tmp_path):
         engine = report["engines"][0]
         sessions = engine["workers"] * engine["memory"]["session_bytes"]
         grown = peak - baseline
-        print(f"baseline {baseline >> 20} MiB, peak {peak >> 20} MiB, budget {budget >> 20} MiB, sessions {sessions >> 20} MiB")
+        print(f"baseline {baseline >> 20} MiB, peak {peak >> 20} MiB, budget {BURST_BUDGET >> 20} MiB, "
+              f"sessions {sessions >> 20} MiB")
         # The sessions are resident in the baseline and reserved in the budget; the burst may add
         # the rest of the budget plus the documented overhead (docs/pushdown.md: 64 MiB).
-        assert grown <= budget - sessions + (64 << 20), f"grew {grown >> 20} MiB"
+        assert grown <= BURST_BUDGET - sessions + (64 << 20), f"grew {grown >> 20} MiB"
         assert report["reserved_bytes"] == engine["reserved_bytes"], "requests left reservations behind"
         assert metric(admin, "tensorgate_pushdown_admission_deferrals_total") > 0, "the budget never bit"
 
@@ -173,22 +182,14 @@ def test_a_cold_burst_whose_sources_fill_the_budget_gives_way_and_every_client_i
     youngest requests holding a source give it back with 503 SlowDown (Retry-After) so the oldest
     go on; clients that retry as the header says are all served, and nobody waits for a deadlock
     to time out (each attempt is bounded far below the edge's request timeout)."""
-    budget = 384 << 20
-    cfg = f"[pushdown]\nmemory_budget = {budget}\nmax_wait_ms = 600000\n" + NO_CACHE
-    with run_gateway(tmp_path, cfg) as (_, admin, s3, pid):
-        rng = np.random.default_rng(3)
-        shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(8)])
-        for i in range(64):
-            s3.put_object(Bucket="demo", Key=f"cold/{i}.tar", Body=shard)
-        signer = sigv4(s3)
-        urls = [presigned(signer, "demo", f"cold/{i}.tar") for i in range(64)]
+    with run_gateway(tmp_path, BURST_CONFIG) as (_, admin, s3, _):
+        urls = burst_urls(s3, "cold", samples=8, seed=3)
         http = urllib3.PoolManager(maxsize=64)
-        headers = {"x-tensorgate-model": "resnet18", "x-tensorgate-split": "layer1", "x-tensorgate-batch": "64"}
 
         def fetch(url):
             answers = []
             for _ in range(30):
-                r = http.request("GET", url, headers=headers, retries=False, timeout=urllib3.Timeout(read=120))
+                r = http.request("GET", url, headers=BURST_HEADERS, retries=False, timeout=urllib3.Timeout(read=120))
                 answers.append(r.status)
                 if r.status != 503:
                     return r, answers
