@@ -115,13 +115,16 @@ impl State {
         self.fixed + self.held + self.reserved
     }
 
-    /// The room a new source hold must leave: at least `floor` (one sample's need on its
-    /// engine), what the last request to open needed, or more if a request holding its source
-    /// waits for more. At most what the budget has beside the engines and this source, so that a
-    /// source that would fit alone is admitted alone.
-    fn source_reserve(&self, budget: u64, bytes: u64, floor: u64) -> u64 {
+    /// Whether a new source of `bytes` may be held: beside everything reserved it leaves room for
+    /// one request's outputs and one sample: at least `floor` (one sample's need on its engine),
+    /// what the last request to open needed, or more if a request holding its source waits for
+    /// more. Opened requests need that room too (their samples are admitted one by one), so it
+    /// is kept beside them as well. A room larger than what the budget has beside the engines
+    /// and this source admits the source only while nothing else is held.
+    fn source_fits(&self, budget: u64, bytes: u64, floor: u64) -> bool {
         let waiting = self.pending.values().map(|p| p.need).max().unwrap_or(0);
-        floor.max(self.last_need).max(waiting).min(budget.saturating_sub(self.fixed + bytes))
+        let room = floor.max(self.last_need).max(waiting).min(budget.saturating_sub(self.fixed + bytes));
+        self.total() + bytes + room <= budget
     }
 
     /// Whether the request holding source `id`, waiting for `need` bytes, should give its source
@@ -143,7 +146,7 @@ enum Purpose {
     /// Fits or waits (an engine's start).
     Plain,
     /// A request's source: it leaves room for one request's outputs, at least `floor`
-    /// ([`State::source_reserve`]).
+    /// ([`State::source_fits`]).
     Source { floor: u64 },
     /// A request's outputs, admitted with room for `headroom` more (one sample); `source` is the
     /// request's pending source hold, if any.
@@ -192,7 +195,7 @@ pub struct Stream {
     governor: Arc<Governor>,
     id: u64,
     per_sample: u64,
-    /// The request's own output reservation (it stays while the request waits).
+    /// The request's own outputs and source (they stay while the request waits).
     held: u64,
 }
 
@@ -348,7 +351,7 @@ impl Governor {
 
     /// Reserves a request's source object, as [`Self::hold`] does, while room for one request's
     /// outputs and one sample (at least `floor`) stays free beside it
-    /// ([`State::source_reserve`]). The request is *pending* until it opens its stream
+    /// ([`State::source_fits`]). The request is *pending* until it opens its stream
     /// ([`Self::open`]) with this hold: a request that holds its source waits for its outputs,
     /// and sources admitted without that room could take the whole budget while each waits for
     /// the rest (hold and wait: a 64-request burst once deadlocked so, ADR 0015).
@@ -372,11 +375,11 @@ impl Governor {
             notified.as_mut().enable();
             let refused = {
                 let mut s = self.lock();
-                let room = match purpose {
-                    Purpose::Source { floor } => s.source_reserve(self.cfg.budget, bytes, floor),
-                    _ => headroom,
+                let fits = match purpose {
+                    Purpose::Source { floor } => s.source_fits(self.cfg.budget, bytes, floor),
+                    _ => s.total() + bytes + headroom <= self.cfg.budget,
                 };
-                if !self.cfg.adaptive || s.total() + bytes + room <= self.cfg.budget {
+                if !self.cfg.adaptive || fits {
                     s.held += bytes;
                     let pending = match purpose {
                         Purpose::Source { .. } => {
@@ -404,8 +407,10 @@ impl Governor {
                     self.metrics.admission_yields.inc();
                     return Err(PushdownError::Overloaded);
                 }
-                (self.cfg.adaptive && s.fixed + bytes + headroom > self.cfg.budget)
-                    .then(|| self.refusal(bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)))
+                // The request's own source stays whatever happens; engines are what may give way.
+                let own = source.and_then(|id| s.pending.get(&id)).map_or(0, |p| p.bytes);
+                (self.cfg.adaptive && s.fixed + own + bytes + headroom > self.cfg.budget)
+                    .then(|| self.refusal(own + bytes + headroom, self.cfg.budget.saturating_sub(s.fixed)))
             };
             // Engines stand in the way: the ones no request holds make room, and their
             // reservations come back while this waits.
@@ -453,6 +458,8 @@ impl Governor {
         let chosen = s.streams.get(&id).map_or(0, |o| o.allotment);
         self.metrics.storage_batch_chosen.observe(chosen as f64);
         drop(s);
+        // What the request keeps while its samples wait: its outputs and its source.
+        let held = held + source.map_or(0, |h| h.bytes);
         Ok((Stream { governor: self.clone(), id, per_sample, held }, outputs))
     }
 
@@ -805,10 +812,17 @@ mod tests {
         let held = g.hold(700).await.expect("room was made");
         assert_eq!((g.reserved(), calls.load(std::sync::atomic::Ordering::SeqCst)), (700, 2));
         drop(held);
+        // And a request whose outputs fit beside the engine but not beside its own source too.
+        let (_, third) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
+        parked.lock().unwrap().push(third);
+        let source = g.hold_source(200, 0).await.expect("fits beside the engine");
+        let (_s, _out) = g.open("a", (0, 150), (None, 1), Some(&source)).await.expect("room was made");
+        assert_eq!((g.reserved(), calls.load(std::sync::atomic::Ordering::SeqCst)), (350, 3));
+        drop((_s, _out, source));
         // An engine a request holds is not stopped: refused at once, as before.
         let (_, _busy) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
         assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
     #[tokio::test]
