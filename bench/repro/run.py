@@ -110,8 +110,8 @@ class Tiers:
     """Starts SeaweedFS and the gateway (storage tier) and runs trainers (compute tier), in
     namespaces or, for the smoke mode, on loopback."""
 
-    def __init__(self, namespaces: bool, workdir: Path, cache: bool):
-        self.ns, self.workdir, self.cache = namespaces, workdir, cache
+    def __init__(self, namespaces: bool, workdir: Path, cache: bool, dtype: str | None = None):
+        self.ns, self.workdir, self.cache, self.dtype = namespaces, workdir, cache, dtype
         self.host = S_IP if namespaces else "127.0.0.1"
         self.procs: list[subprocess.Popen] = []
 
@@ -188,7 +188,7 @@ class Tiers:
         argv = [sys.executable, str(ROOT / "bench/repro/trainer.py"), "--endpoint", self.endpoint, "--admin", self.admin,
                 "--access-key", KEY, "--secret-key", SECRET, "--model", model, "--mode", mode,
                 "--batch-size", str(batch), "--epochs", str(epochs), "--overlap", str(int(overlap)),
-                "--train-secs", str(train_secs)]
+                "--train-secs", str(train_secs), *(["--dtype", self.dtype] if self.dtype else [])]
         try:
             out = subprocess.run(self.compute_cmd(argv), capture_output=True, text=True, timeout=limit * epochs)
             if out.returncode != 0:  # recorded (the report lists it), and the sweep goes on
@@ -200,10 +200,12 @@ class Tiers:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def split_bytes(self, model: str) -> dict[str, float]:
-        """Output bytes per sample of each candidate split, as the gateway reports them."""
+        """Output bytes per sample of each candidate split (of the run's dtype), as the gateway
+        reports them."""
+        query = f"{model}&dtype={self.dtype}" if self.dtype else model
         code = ("import json, sys, urllib.request; "
                 "print(urllib.request.urlopen(sys.argv[1] + '/v1/storage?model=' + sys.argv[2]).read().decode())")
-        out = json.loads(self.in_storage([sys.executable, "-c", code, self.admin, model]))
+        out = json.loads(self.in_storage([sys.executable, "-c", code, self.admin, query]))
         return {s["split"]: s["bytes_per_sample"] for s in out["splits"]}
 
     def prefetch_graphs(self, models: list[str]) -> None:
@@ -268,13 +270,16 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None, help="results JSONL (default bench/results/repro-MODE.jsonl)")
     ap.add_argument("--models", nargs="+", help="override the mode's models")
     ap.add_argument("--rates", nargs="+", type=int, help="override the mode's rates (Mbit/s)")
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
+                    help="features' element type on the wire for pushdown runs (the baselines move raw bytes)")
     args = ap.parse_args(argv)
     # SIGTERM (a stopped run) unwinds through the finally below: servers stopped, topology removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cfg = dict(MODES[args.mode], **({"models": args.models} if args.models else {}),
                **({"rates": args.rates} if args.rates else {}))
     namespaces = args.mode != "smoke"
-    out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}.jsonl"
+    suffix = "" if args.dtype == "f32" else f"-{args.dtype}"
+    out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}{suffix}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
     workdir = Path(tempfile.mkdtemp(prefix="repro-"))
@@ -285,7 +290,7 @@ def main(argv=None):
     tiers = None
     started = time.time()
     try:
-        tiers = Tiers(namespaces, workdir, cache=False)
+        tiers = Tiers(namespaces, workdir, cache=False, dtype=None if args.dtype == "f32" else args.dtype)
         tiers.start()
         tiers.upload(objects)
         shape(1000 if namespaces else None)
@@ -317,7 +322,7 @@ def main(argv=None):
                 r = tiers.train(model, mode, cfg["batch"], epochs, overlap, cfg["limit"], train_secs)
                 cpu1, peak = tiers.usage()
             row = dict(model=model, rate=rate, mode=mode, overlap=overlap, repeat=repeat, images=cfg["images"],
-                       train_secs=train_secs,
+                       train_secs=train_secs, dtype=args.dtype,
                        batch=cfg["batch"], jpeg_bytes=jpeg_bytes, storage_cpu_secs=cpu1 - cpu0, storage_peak_rss=peak, **r,
                        **(extra or {}))
             with out.open("a") as f:

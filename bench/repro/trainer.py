@@ -6,7 +6,8 @@ Modes (HAPI's names): `images` (baseline images: raw JPEG shards, decoded and ru
 frozen layer here), `tensors` (baseline tensors: pre-transformed input shards, every frozen layer
 here), `split:NAME` (pushdown at a fixed split), `auto` (the planner chooses). A `+local` suffix
 keeps finished features on the compute tier across epochs (`ShardLoader(local_cache_bytes=...)`,
-revalidated each epoch with If-None-Match)."""
+revalidated each epoch with If-None-Match). `--dtype f16` asks for half-precision features (and
+plans for them)."""
 
 import argparse
 import json
@@ -51,6 +52,7 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--dtype", default=None, help="features' element type on the wire (f16, bf16; default f32)")
     ap.add_argument("--train-secs", type=float, default=0.0,
                     help="extra seconds per batch, emulating the trainable layers on an accelerator (no CPU)")
     args = ap.parse_args(argv)
@@ -74,7 +76,7 @@ def main(argv=None):
         if loader is None:  # one loader: an auto plan is made once, in the first epoch
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
                                  prefetch=4 if args.overlap else 1, overlap=bool(args.overlap),
-                                 local_cache_bytes=local)
+                                 local_cache_bytes=local, dtype=args.dtype)
         before = loader.bytes_received
         for features, labels, _ in loader:
             head.step(features, labels)

@@ -21,6 +21,7 @@ use crate::cache::TensorCache;
 use crate::metrics::Metrics;
 use crate::proxy::admit::Admission;
 use crate::pushdown::Pushdown;
+use crate::pushdown::spec::Dtype;
 
 /// What the admin API reports on and controls.
 #[derive(Debug, Clone)]
@@ -195,6 +196,9 @@ struct PlanRequest {
     /// A presigned `GET /` URL signed with the tenant's key ([`proof`]).
     #[serde(default)]
     proof: Option<String>,
+    /// The element type the client will ask for (`dtype` of its GETs): sizes the outputs.
+    #[serde(default)]
+    dtype: Dtype,
 }
 
 /// Plans a model for a client profile and remembers it for `split=auto` of the tenant the proof
@@ -225,7 +229,7 @@ async fn plan(State(s): State<AdminState>, body: Bytes) -> Reply {
         }
         Err(e) => return refused(&e),
     };
-    match pd.plan(&req.model, &req.profile, Some(&tenant)).await {
+    match pd.plan(&req.model, &req.profile, Some(&tenant), req.dtype).await {
         Ok((plan, storage)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": req.model, "plan": plan, "storage": storage }))
         }
@@ -238,6 +242,9 @@ struct ModelQuery {
     model: String,
     /// As in [`PlanRequest`].
     tenant: Option<String>,
+    /// As in [`PlanRequest`] (`/v1/storage` only).
+    #[serde(default)]
+    dtype: Dtype,
 }
 
 /// The storage-side terms of the cost model for a model, measured now (what a client needs to
@@ -247,7 +254,7 @@ async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Re
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.storage_profile(&q.model, q.tenant.as_deref()).await {
+    match pd.storage_profile(&q.model, q.tenant.as_deref(), q.dtype).await {
         Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
         Err(e) => failure(e),
     }

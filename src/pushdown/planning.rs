@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::error::PushdownError;
+use super::spec::Dtype;
 use super::{Pushdown, SplitCost, engine, prefix, split_def};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
@@ -83,10 +84,17 @@ impl Pushdown {
     /// `tenant` (an access key): its load factor counts the other tenants with requests open, each
     /// of which gets an equal share of the node (the governor's fair allotments). The asking
     /// tenant's own requests are not load: a client re-planning mid-epoch has its shards queued.
+    /// Output bytes are those of `dtype` (a client asking for f16 features moves half the f32
+    /// bytes, which can move the best split).
     ///
     /// # Errors
     /// Unknown model, ONNX Runtime unavailable, or a split that cannot be measured.
-    pub async fn storage_profile(&self, model: &str, tenant: Option<&str>) -> Result<StorageProfile, PushdownError> {
+    pub async fn storage_profile(
+        &self,
+        model: &str,
+        tenant: Option<&str>,
+        dtype: Dtype,
+    ) -> Result<StorageProfile, PushdownError> {
         let decode = self.preprocess_secs_per_sample();
         let mut splits = Vec::new();
         for split in self.candidate_splits(model)? {
@@ -98,7 +106,7 @@ impl Pushdown {
             splits.push(StorageSplit {
                 split,
                 secs_per_sample: observed.unwrap_or(c.secs_per_sample) + decode,
-                bytes_per_sample: c.bytes_per_sample,
+                bytes_per_sample: c.bytes_per_sample * dtype.size() as f64 / Dtype::F32.size() as f64,
                 shape: c.shape,
             });
         }
@@ -106,8 +114,8 @@ impl Pushdown {
         Ok(StorageProfile { splits, parallelism: self.cfg.engine.workers as f64, load_factor: 1.0 + others as f64 })
     }
 
-    /// Plans `model` for a client profile and remembers the choice for `split=auto`; also returns
-    /// the storage-side terms it used.
+    /// Plans `model` for a client profile that will ask for `dtype` outputs and remembers the
+    /// choice for `split=auto`; also returns the storage-side terms it used.
     ///
     /// # Errors
     /// As [`Self::storage_profile`], or a profile the planner cannot use.
@@ -116,8 +124,9 @@ impl Pushdown {
         model: &str,
         client: &ClientProfile,
         tenant: Option<&str>,
+        dtype: Dtype,
     ) -> Result<(Plan, StorageProfile), PushdownError> {
-        let storage = self.storage_profile(model, tenant).await?;
+        let storage = self.storage_profile(model, tenant, dtype).await?;
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
         let tenant = tenant.unwrap_or_default();

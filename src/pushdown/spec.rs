@@ -21,9 +21,11 @@ pub enum Format {
     Tar,
 }
 
-/// Output element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Output element type (also what a plan request sizes outputs by: `"f32"`, `"f16"`, `"bf16"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    #[default]
     F32,
     F16,
     Bf16,

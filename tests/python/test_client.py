@@ -210,6 +210,37 @@ def test_a_plan_needs_a_proof_and_changes_only_the_proven_tenants_split(gw):
     assert plan_of("someone-else") is None
 
 
+def test_f16_features_move_half_the_bytes_and_the_plan_is_sized_for_them(gw):
+    """`dtype="f16"`: the loader yields float32 features within f16's rounding of the reference,
+    having received about half the bytes; `/v1/storage` and `/v1/plan` size outputs by dtype."""
+    client, admin, data = gw
+    full = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=8)
+    half = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=8, dtype="f16")
+    f32 = np.concatenate([f for f, _, _ in full])
+    f16 = np.concatenate([f for f, _, _ in half])
+    assert f16.dtype == np.float32 and f16.shape == f32.shape
+    want = reference(MODEL, "block2", np.stack([data[k] for k in sorted(data)]))
+    np.testing.assert_allclose(f16, want, rtol=2**-10, atol=1e-4)
+    assert not np.array_equal(f16, f32), "f16 rounding must show: these were f32 features"
+    assert half.bytes_received < 0.6 * full.bytes_received, (half.bytes_received, full.bytes_received)
+
+    def sizes(splits):
+        return {s["split"]: s["bytes_per_sample"] for s in splits}
+
+    s32, s16 = sizes(client.storage(MODEL)["splits"]), sizes(client.storage(MODEL, "f16")["splits"])
+    assert s16 == {k: v / 2 for k, v in s32.items()}
+    profile = {"batch_size": 8, "samples": 800, "train_secs_per_batch": 0.001, "raw_bytes_per_sample": 1e6,
+               "bandwidth_bytes_per_sec": 1e4,
+               "compute_secs_per_sample": {"none": 0.0001, "stem": 0.00005, "block1": 0.00002, "block2": 0.0}}
+    p16 = post_plan(admin, MODEL, profile, client.proof(), dtype="f16")
+    p32 = post_plan(admin, MODEL, profile, client.proof())
+    c16, c32 = sizes(p16["plan"]["candidates"]), sizes(p32["plan"]["candidates"])
+    assert c16 == {k: (v if k == "none" else v / 2) for k, v in c32.items()}
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        post_plan(admin, MODEL, profile, client.proof(), dtype="f8")
+    assert bad.value.code == 400
+
+
 def test_the_loader_profiles_and_plans_by_itself(gw):
     client, _, data = gw
     loader = ShardLoader(client, "shards", "train/", MODEL, "auto", batch_size=8)

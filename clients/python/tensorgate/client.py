@@ -265,16 +265,17 @@ class Client:
         q = f"from={split}" + (f"&to={to}" if to else "")
         return self._admin(f"/v1/models/{model}/suffix?{q}")
 
-    def storage(self, model: str) -> dict:
+    def storage(self, model: str, dtype: str | None = None) -> dict:
         """The storage side's cost-model terms for `model`: per candidate split, seconds and bytes
-        per sample and the output shape."""
-        q = urllib.parse.urlencode({"model": model, "tenant": self.tenant})
+        per sample (of `dtype` outputs, default f32) and the output shape."""
+        q = urllib.parse.urlencode({"model": model, "tenant": self.tenant, **({"dtype": dtype} if dtype else {})})
         return json.loads(self._admin(f"/v1/storage?{q}"))
 
-    def plan(self, model: str, profile: dict) -> dict:
-        """Asks the gateway's planner; returns {"plan": {"chosen", "candidates"}, "storage": ...}."""
+    def plan(self, model: str, profile: dict, dtype: str | None = None) -> dict:
+        """Asks the gateway's planner, for outputs of `dtype` (default f32); returns
+        {"plan": {"chosen", "candidates"}, "storage": ...}."""
         return json.loads(self._admin("/v1/plan", {"model": model, "profile": profile, "tenant": self.tenant,
-                                                   "proof": self.proof()}))
+                                                   "proof": self.proof(), **({"dtype": dtype} if dtype else {})}))
 
     def proof(self, expires: int = 300) -> str:
         """A presigned `GET /` (ListBuckets) URL signed with this client's key: what the admin API

@@ -228,7 +228,8 @@ class ShardDataset(_IterBase, _Ranked):
     - `drop_last`: equal per-rank sample counts by dropping (True) or padding (False); in
       pre-batched mode it also drops each worker's last partial batch.
     - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `train_secs_per_batch`,
-      `replan_threshold`, `replan_every`: as in `ShardLoader` (only the planning process re-plans).
+      `replan_threshold`, `replan_every`, `dtype`: as in `ShardLoader` (only the planning process
+      re-plans).
     """
 
     def __init__(self, source, bucket: str, model: str, split: str, *, prefix: str = "",
@@ -237,7 +238,8 @@ class ShardDataset(_IterBase, _Ranked):
                  index: str | None = None, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, prefetch: int = 4, storage_batch: int | None = None,
                  local_cache_bytes: int = 0, suffix_threads: int = 1, tensors: str | None = None,
-                 train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50):
+                 train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50,
+                 dtype: str | None = None):
         self.endpoint = _endpoint(source)
         self.bucket, self.model, self.split, self.prefix = bucket, model, split, prefix
         self.keys = list(keys) if keys is not None else None
@@ -247,7 +249,7 @@ class ShardDataset(_IterBase, _Ranked):
         self.drop_last = drop_last
         self.prefetch, self.storage_batch = prefetch, storage_batch
         self.local_cache_bytes, self.suffix_threads = local_cache_bytes, suffix_threads
-        self.train_secs_per_batch = train_secs_per_batch
+        self.train_secs_per_batch, self.dtype = train_secs_per_batch, dtype
         self.replan = (replan_threshold, replan_every)
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
         if self.tensors == "torch" and torch is None:
@@ -351,7 +353,7 @@ class ShardDataset(_IterBase, _Ranked):
                 prefetch=self.prefetch, storage_batch=self.storage_batch, suffix_threads=self.suffix_threads,
                 local_cache_bytes=self.local_cache_bytes, keys=[], plan=plan,
                 train_secs_per_batch=self.train_secs_per_batch, replan_threshold=self.replan[0],
-                replan_every=self.replan[1])
+                replan_every=self.replan[1], dtype=self.dtype)
         return cache["loader"]
 
     def _shard_features(self, loader, keys: list[str]):

@@ -45,6 +45,8 @@ class ShardLoader:
       the gateway apply the plan someone else posted for this tenant (one plan per job), running
       the suffix of whatever split the response names.
     - `history`: how many `events` and `fetches` are kept (the newest; for measurements).
+    - `dtype`: the features' element type on the wire (`"f16"`, `"bf16"`; default f32): half the
+      bytes, and the plan of `split="auto"` is sized for it. Batches are yielded as float32.
 
     Nothing touches the network before iteration starts.
     """
@@ -54,7 +56,7 @@ class ShardLoader:
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
-                 history: int = HISTORY):
+                 history: int = HISTORY, dtype: str | None = None):
         from .data import _dist
 
         #: The ranks given (`torch()` passes these on, so its dataset resolves the rest itself).
@@ -75,7 +77,7 @@ class ShardLoader:
         self.local_cache_bytes = local_cache_bytes
         self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
         self._held_bytes = 0
-        self.keys, self.planning = keys, plan
+        self.keys, self.planning, self.dtype = keys, plan, dtype
         self._info: dict | None = None
         #: ("fetch_start"|"fetch_end"|"yield", shard, time), the newest `history`.
         self.events: deque[tuple[str, int, float]] = deque(maxlen=history)
@@ -135,7 +137,7 @@ class ShardLoader:
                 got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait)
             else:
                 got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch,
-                                      if_none_match=etag, before_body=wait)
+                                      dtype=self.dtype, if_none_match=etag, before_body=wait)
         finally:
             turns.done(index)
         ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
@@ -146,7 +148,8 @@ class ShardLoader:
             feats.features = self._runner(NO_PUSHDOWN)(feats.features)
         else:
             feats = got.result
-            feats.features = self._runner(ran)(feats.features)
+            # f16/bf16 on the wire; float32 to the trainer whether or not a suffix ran.
+            feats.features = np.asarray(self._runner(ran)(feats.features), dtype=np.float32)
         if self.local_cache_bytes and got.etag and not got.not_modified:
             self._keep((key, split), got.etag, feats)
         with self._lock:  # the record without its body: the history must not hold features
@@ -181,7 +184,7 @@ class ShardLoader:
             self._adopt(profile)
 
     def _adopt(self, profile: dict) -> None:
-        answer = self.client.plan(self.model, profile)
+        answer = self.client.plan(self.model, profile, self.dtype)
         self.plans.append({"profile": profile, **answer})
         self.split = answer["plan"]["chosen"]
 
@@ -191,7 +194,7 @@ class ShardLoader:
 
             prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
                            shards=len(shards), train_secs_per_batch=self.train_secs_per_batch,
-                           threads=self.suffix_threads, storage=storage)
+                           threads=self.suffix_threads, storage=storage, dtype=self.dtype)
             self._adopt(prof)
             self.profile_seconds = time.perf_counter() - t
 
@@ -225,7 +228,7 @@ class ShardLoader:
                 # slow link). Any split's output serves: the suffix matches what ran. When the plan
                 # is another split, shard 0 still ran on the otherwise idle storage tier, and it
                 # reads outside the transfer order so that it holds nothing up.
-                storage = self.client.storage(self.model)
+                storage = self.client.storage(self.model, self.dtype)
                 fewest = min(reversed(storage["splits"]), key=lambda s: s["bytes_per_sample"])["split"]
                 turns.next = 1
                 pending.append(pool.submit(self._fetch, 0, shards[0], fewest))
@@ -288,7 +291,7 @@ class ShardLoader:
                             keys=self.keys, batch_size=self.batch_size, rank=self._given[0],
                             world_size=self._given[1], drop_last=self.drop_last, prefetch=self.prefetch,
                             storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
-                            suffix_threads=self.suffix_threads)
+                            suffix_threads=self.suffix_threads, dtype=self.dtype)
 
 
 class _Turns:

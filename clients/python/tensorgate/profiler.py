@@ -107,13 +107,13 @@ def _suffix_secs(client, model: str, split: str, shape, threads: int) -> float:
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
             shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
             memory_limit: int | None = None, threads: int = 1, cached: bool = True,
-            storage: dict | None = None) -> dict:
+            storage: dict | None = None, dtype: str | None = None) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
     the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
     the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
     every suffix instead of using the timings kept on disk; `storage` is a `/v1/storage` answer the
-    caller already has."""
-    storage = storage or client.storage(model)  # the gateway's terms, if the caller has them
+    caller already has; `dtype` the features' element type the caller will ask for."""
+    storage = storage or client.storage(model, dtype)  # the gateway's terms, if the caller has them
     info = client.models()[model]
     timings = _Timings(info, threads)
     if not cached:
@@ -163,7 +163,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     }
 
 
-def plan(client, model: str, profile: dict) -> dict:
-    """The gateway planner's answer for `profile`: `{"plan": {"chosen", "candidates"}, "storage"}`.
-    Later `split=auto` requests for the model use the chosen split."""
-    return client.plan(model, profile)
+def plan(client, model: str, profile: dict, dtype: str | None = None) -> dict:
+    """The gateway planner's answer for `profile` and `dtype` outputs: `{"plan": {"chosen",
+    "candidates"}, "storage"}`. Later `split=auto` requests for the model use the chosen split."""
+    return client.plan(model, profile, dtype)
