@@ -245,9 +245,11 @@ def report(results: list[Path], out: Path, command: str) -> str:
             ax.set_title(model)
             ax.legend()
             fig.tight_layout()
-            fig.savefig(plots / f"epoch-vs-bandwidth-{model}.png", dpi=100)
+            # Another report beside docs/REPRODUCTION.md keeps its own plots.
+            name = ("" if out.stem == "REPRODUCTION" else f"{out.stem}-") + f"epoch-vs-bandwidth-{model}.png"
+            fig.savefig(plots / name, dpi=100)
             plt.close(fig)
-            lines.append(f"![epoch time vs bandwidth, {model}](repro/epoch-vs-bandwidth-{model}.png)")
+            lines.append(f"![epoch time vs bandwidth, {model}](repro/{name})")
         lines.append("")
     except ImportError:
         lines += ["(matplotlib not installed: no plots)", ""]

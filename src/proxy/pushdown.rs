@@ -144,8 +144,12 @@ impl Gateway {
         let spec = job.spec().clone();
         let method = parts.method.clone();
         let compute = async move |(resp, started, source_etag): (Response<Body>, Instant, String)| {
-            if as_caller && (method == Method::HEAD || resp.status() == http::StatusCode::PARTIAL_CONTENT) {
+            let partial = resp.status() == http::StatusCode::PARTIAL_CONTENT
+                && !whole_object(header_str(resp.headers(), &http::header::CONTENT_RANGE));
+            if as_caller && (method == Method::HEAD || partial) {
                 // The caller's signed HEAD or Range read the store's answer, not the whole source.
+                // A Range the store answered with every byte (`bytes=0-`, or a block larger than
+                // the object, as s3fs and pyarrow ask for small objects) is the whole source.
                 return Err(PushdownError::WholeReadFirst.into());
             }
             let declared = header_str(resp.headers(), &http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
@@ -317,6 +321,18 @@ fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
     (start <= end && start < len).then_some((start, end))
 }
 
+/// Whether a `206`'s `Content-Range` (`bytes a-b/n`) covers all `n` bytes of the object.
+fn whole_object(content_range: Option<&str>) -> bool {
+    let parse = |v: &str| -> Option<bool> {
+        let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b, n) =
+            (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, total.trim().parse::<u64>().ok()?);
+        Some(a == 0 && b.checked_add(1) == Some(n))
+    };
+    content_range.and_then(parse).unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,5 +361,17 @@ mod tests {
         assert_eq!(byte_range("bytes=100-", 100), None);
         assert_eq!(byte_range("bytes=0-1,4-5", 100), None);
         assert_eq!(byte_range("lines=1-2", 100), None);
+    }
+
+    #[test]
+    fn a_content_range_covering_every_byte_is_the_whole_object() {
+        assert!(whole_object(Some("bytes 0-99/100")));
+        assert!(whole_object(Some("bytes 0-0/1")));
+        assert!(!whole_object(Some("bytes 0-9/100")));
+        assert!(!whole_object(Some("bytes 1-99/100")));
+        assert!(!whole_object(Some("bytes 0-99/*")));
+        assert!(!whole_object(Some("bytes */100")));
+        assert!(!whole_object(Some("bytes 0-18446744073709551615/0")));
+        assert!(!whole_object(None));
     }
 }
