@@ -98,7 +98,7 @@ def report(results: list[Path], out: Path, command: str) -> str:
         "# Reproducing HAPI under emulated bandwidth",
         "",
         f"Command: `{command}` (results: {', '.join(f'`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`' for p in results)}; "
-        f"report: `.venv/bin/python bench/repro/report.py {' '.join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in results)}`). Setup: `bench/repro/README.md`.",
+        f"report: `.venv/bin/python bench/repro/report.py {' '.join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in results)}{'' if out.stem == 'REPRODUCTION' else ' --out ' + str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)}`). Setup: `bench/repro/README.md`.",
         "",
         "Storage tier (SeaweedFS + tensorgate, 1 inference worker) pinned to CPU 0, compute tier (the trainer:",
         "suffix or baseline frozen layers with onnxruntime on 1 thread, a softmax-regression head) pinned to CPU 1,",

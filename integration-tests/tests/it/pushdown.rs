@@ -237,12 +237,12 @@ async fn split_auto_follows_each_tenants_own_plan() {
     // Another tenant plans for a network so fast that nothing is pushed down.
     let fast = fast_network();
     let pd = server.gateway.pushdown().expect("pushdown").clone();
-    let (plan, _) = pd.plan(MODEL, &fast, Some("other-tenant")).await.expect("plan");
+    let (plan, _) = pd.plan(MODEL, &fast, Some("other-tenant"), Dtype::F32).await.expect("plan");
     assert_eq!(plan.chosen, "none");
     let mine = get(&server, &auto, &[]).await;
     assert_eq!(header(&mine, "x-tensorgate-split"), "block2", "another tenant's plan is not mine");
     // My own plan is followed: no pushdown, the object's bytes.
-    pd.plan(MODEL, &fast, Some(CLIENT_AK)).await.expect("my plan");
+    pd.plan(MODEL, &fast, Some(CLIENT_AK), Dtype::F32).await.expect("my plan");
     let raw_bytes = get(&server, &auto, &[]).await;
     assert_eq!(raw_bytes.status, 200);
     assert_eq!(raw_bytes.body, sample(7));
@@ -267,12 +267,12 @@ async fn the_plans_table_and_its_tenant_names_are_bounded() {
     let pd = server.gateway.pushdown().expect("pushdown").clone();
     let fast = fast_network();
     for t in 0..MAX_PLANS {
-        pd.plan(MODEL, &fast, Some(&format!("tenant-{t}"))).await.expect("room for it");
+        pd.plan(MODEL, &fast, Some(&format!("tenant-{t}")), Dtype::F32).await.expect("room for it");
     }
-    let full = pd.plan(MODEL, &fast, Some("one-more")).await;
+    let full = pd.plan(MODEL, &fast, Some("one-more"), Dtype::F32).await;
     assert!(matches!(full, Err(PushdownError::TooManyPlans { .. })), "{full:?}");
-    pd.plan(MODEL, &fast, Some("tenant-0")).await.expect("a tenant with a plan re-plans");
-    let long = pd.plan(MODEL, &fast, Some(&"k".repeat(MAX_TENANT_BYTES + 1))).await;
+    pd.plan(MODEL, &fast, Some("tenant-0"), Dtype::F32).await.expect("a tenant with a plan re-plans");
+    let long = pd.plan(MODEL, &fast, Some(&"k".repeat(MAX_TENANT_BYTES + 1)), Dtype::F32).await;
     assert!(matches!(long, Err(PushdownError::InvalidArgument { .. })), "{long:?}");
     let text = http_get(&format!("http://{}/metrics", server.admin_addr)).await;
     let labels = text.lines().filter(|l| l.starts_with("tensorgate_pushdown_plans_total{")).count();
