@@ -103,7 +103,7 @@ def report(results: list[Path], out: Path, command: str) -> str:
         "Storage tier (SeaweedFS + tensorgate, 1 inference worker) pinned to CPU 0, compute tier (the trainer:",
         "suffix or baseline frozen layers with onnxruntime on 1 thread, a softmax-regression head) pinned to CPU 1,",
         "joined by a veth pair shaped with `tc tbf` (`bench/repro/topology.sh measure`: 9.58 Mbit/s at 10). Synthetic labeled ImageNet-like",
-        "JPEGs (bench/dataset.py, ~105 kB), WebDataset shards of 64, batch 64. Times are first-epoch seconds",
+        f"JPEGs (bench/dataset.py, ~105 kB), WebDataset shards of 64, batch {'/'.join(str(b) for b in sorted({r['batch'] for r in rows}))}. Times are first-epoch seconds",
         "(medians over repeats), `auto` includes its profiling. `≥N`: a lower bound: stopped at the per-run limit, or",
         "not run because its bytes alone need N seconds on the link, over 1.1x the fastest option measured.",
         "",

@@ -270,15 +270,16 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None, help="results JSONL (default bench/results/repro-MODE.jsonl)")
     ap.add_argument("--models", nargs="+", help="override the mode's models")
     ap.add_argument("--rates", nargs="+", type=int, help="override the mode's rates (Mbit/s)")
+    ap.add_argument("--batch", type=int, help="override the mode's training batch size (the planner's B)")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="features' element type on the wire for pushdown runs (the baselines move raw bytes)")
     args = ap.parse_args(argv)
     # SIGTERM (a stopped run) unwinds through the finally below: servers stopped, topology removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cfg = dict(MODES[args.mode], **({"models": args.models} if args.models else {}),
-               **({"rates": args.rates} if args.rates else {}))
+               **({"rates": args.rates} if args.rates else {}), **({"batch": args.batch} if args.batch else {}))
     namespaces = args.mode != "smoke"
-    suffix = "" if args.dtype == "f32" else f"-{args.dtype}"
+    suffix = ("" if args.dtype == "f32" else f"-{args.dtype}") + (f"-b{args.batch}" if args.batch else "")
     out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}{suffix}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
