@@ -234,9 +234,6 @@ impl Server {
             let _ = stop.send(());
         }
         let drained = tokio::time::timeout(self.grace, &mut self.task).await.is_ok();
-        if let Some(p) = self.gateway.pushdown() {
-            p.shutdown();
-        }
         if drained {
             tracing::info!("Shutdown finished: all requests drained.");
         } else {
@@ -244,6 +241,11 @@ impl Server {
             tracing::warn!("Shutdown deadline reached: abandoning the requests still in flight.");
         }
         self.admin_task.abort();
+        // Last: the process may exit as soon as this returns, and must not while an inference
+        // thread is inside ONNX Runtime.
+        if let Some(p) = self.gateway.pushdown() {
+            p.shutdown().await;
+        }
         drained
     }
 }

@@ -20,10 +20,10 @@
 //! engine's memory reservation returns to the governor.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::time::Instant;
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::Tensor as OrtTensor;
@@ -161,7 +161,7 @@ impl Engine {
         (split, tensor): (&str, &str),
         cfg: EngineConfig,
         metrics: &Metrics,
-        (governor, probe_lock): (&Arc<Governor>, &Arc<Mutex<()>>),
+        (governor, probe_lock, threads): (&Arc<Governor>, &Arc<Mutex<()>>, &Arc<Threads>),
         start_hold: Held,
     ) -> Result<Self, PushdownError> {
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
@@ -210,7 +210,8 @@ impl Engine {
                 start_hold: Arc::clone(&start_hold),
             };
             alive.fetch_add(1, Ordering::SeqCst);
-            let running = Running(alive.clone());
+            *threads.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+            let running = Running(alive.clone(), threads.clone());
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))
                 .spawn(move || {
@@ -311,12 +312,38 @@ impl Engine {
     }
 }
 
-/// Counts a worker as running until its thread ends, however it ends.
-struct Running(Arc<AtomicUsize>);
+/// Counts a worker as running, in its engine and in the service, until its thread ends, however
+/// it ends.
+struct Running(Arc<AtomicUsize>, Arc<Threads>);
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+        let mut running = self.1.running.lock().unwrap_or_else(PoisonError::into_inner);
+        *running -= 1;
+        if *running == 0 {
+            self.1.ended.notify_all();
+        }
+    }
+}
+
+/// The inference threads still running, of every engine a service started. The service waits for
+/// them when it stops: a process that exits while one of them is inside ONNX Runtime (dropping its
+/// session after its queue closed) aborts, because the exit destroys the library's static objects
+/// under the thread ("pure virtual method called", SIGABRT instead of a clean exit).
+#[derive(Debug, Default)]
+pub struct Threads {
+    running: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl Threads {
+    /// Blocks until no inference thread runs, at most `within`; returns whether none does.
+    pub fn wait_ended(&self, within: Duration) -> bool {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let (running, _) =
+            self.ended.wait_timeout_while(running, within, |n| *n > 0).unwrap_or_else(PoisonError::into_inner);
+        *running == 0
     }
 }
 

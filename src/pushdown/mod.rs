@@ -54,6 +54,11 @@ use self::tensor::Tensor;
 /// arena, the model being 45 MB.
 const START_TRANSIENT_MODEL_COPIES: u64 = 2;
 
+/// How long stopping the service waits for the inference threads to end once their queues are
+/// closed: a thread finishes the batch it runs (seconds at most, at `pushdown.max_batch`) and
+/// drops its session.
+const ENGINE_STOP_WAIT: Duration = Duration::from_secs(30);
+
 /// Largest source object pushdown reads (it is held in memory while decoded). 64 MiB covers a
 /// 128-sample shard of ImageNet-size JPEGs several times over.
 pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
@@ -113,6 +118,8 @@ pub struct Pushdown {
     governor: Arc<Governor>,
     /// Serializes memory probes: the resident peak they read is process-wide.
     probe_lock: Arc<Mutex<()>>,
+    /// Every engine's inference threads still running (shutdown waits for them).
+    threads: Arc<engine::Threads>,
     /// Measured prefix costs per (model, split), for planning.
     split_costs: Mutex<SplitCosts>,
     /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
@@ -135,6 +142,15 @@ pub struct EngineMemory {
     pub batch_cap: Option<usize>,
     /// Bytes reserved for the engine (all workers).
     pub reserved_bytes: Option<u64>,
+}
+
+/// Whatever way the service ends (a graceful shutdown did this already), the process does not go
+/// on to exit while an inference thread is inside ONNX Runtime ([`engine::Threads`]).
+impl Drop for Pushdown {
+    fn drop(&mut self) {
+        self.engines.clear();
+        self.threads.wait_ended(ENGINE_STOP_WAIT);
+    }
 }
 
 impl Pushdown {
@@ -167,6 +183,7 @@ impl Pushdown {
             engines,
             governor,
             probe_lock: Arc::default(),
+            threads: Arc::default(),
             split_costs: Mutex::default(),
             preprocessed: Arc::default(),
             plans: Mutex::default(),
@@ -272,7 +289,7 @@ impl Pushdown {
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
         let (model, split, cfg, metrics) = (model.clone(), split.to_owned(), self.cfg.engine, self.cfg.metrics.clone());
-        let (governor, probe_lock) = (self.governor.clone(), self.probe_lock.clone());
+        let (governor, probe_lock, threads) = (self.governor.clone(), self.probe_lock.clone(), self.threads.clone());
         // What a start holds before the engine's own reservation: cutting the prefix decodes the
         // whole model, and the first worker checks the prefix against a session of the whole
         // model (docs/BENCHMARKS.md, "The per-run arena by default"). Held from before the cut
@@ -281,7 +298,15 @@ impl Pushdown {
         let start_hold = self.governor.hold(transient);
         self.engines
             .get_or_start(&key, start_hold, move |start_hold| {
-                Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, (&governor, &probe_lock), start_hold)
+                Engine::start(
+                    &env,
+                    &model,
+                    (&split, &tensor),
+                    cfg,
+                    &metrics,
+                    (&governor, &probe_lock, &threads),
+                    start_hold,
+                )
             })
             .await
     }
@@ -300,9 +325,17 @@ impl Pushdown {
         });
     }
 
-    /// Stops every engine (each when its last request is done).
-    pub fn shutdown(&self) {
+    /// Stops every engine (each when its last request is done) and waits, at most
+    /// [`ENGINE_STOP_WAIT`], for their inference threads to end ([`engine::Threads`]); returns
+    /// whether they all did.
+    pub async fn shutdown(&self) -> bool {
         self.engines.clear();
+        let threads = self.threads.clone();
+        let ended = tokio::task::spawn_blocking(move || threads.wait_ended(ENGINE_STOP_WAIT)).await.unwrap_or(false);
+        if !ended {
+            tracing::warn!(wait_secs = ENGINE_STOP_WAIT.as_secs(), "Inference threads still running after shutdown.");
+        }
+        ended
     }
 
     /// Fault injection for the supervision tests: the next run of this engine panics. `false` if
