@@ -9,6 +9,7 @@
 #      off), the OSD binds in PORT+10..PORT+29 (it takes 4 of them).
 #      RGW_ACCESS_KEY / RGW_SECRET_KEY (default rgw-ak / rgw-sk): user "tester";
 #      RGW_ALT_ACCESS_KEY / RGW_ALT_SECRET_KEY (default rgw-alt-ak / rgw-alt-sk): user "alt".
+#      RGW_DOMAIN (default localhost): virtual-host addressing, a Host of <bucket>.<domain>.
 #      STS is on (rgw sts key), and "tester" may manage roles, so tests can assume one.
 # Every start wipes the state: buckets and users do not survive a stop.
 set -euo pipefail
@@ -128,6 +129,8 @@ osd crush update on start = true
 rgw data = $DIR/rgw
 rgw frontends = beast endpoint=127.0.0.1:$PORT
 rgw crypt require ssl = false
+# Virtual-host addressing: a Host of <bucket>.<domain> (path style keeps working).
+rgw dns name = ${RGW_DOMAIN:-localhost}
 # STS (AssumeRole, temporary credentials with a session token): the tests' session users.
 rgw sts key = tensorgatestskey
 rgw s3 auth use sts = true

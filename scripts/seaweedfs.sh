@@ -8,6 +8,8 @@
 #      SEAWEED_ALT_ACCESS_KEY / SEAWEED_ALT_SECRET_KEY (default seaweed-alt-ak / seaweed-alt-sk):
 #        identity "alt", a second user confined to buckets named alt-* (it sees none of the
 #        first user's buckets: the multi-user tests and s3-tests' alt user),
+#      SEAWEED_DOMAIN (default localhost): virtual-host addressing, a Host of <bucket>.<domain>
+#        (path style keeps working),
 #      SEAWEED_KEEP=1 (start on the data of the last run instead of wiping it: a restart after a
 #        crash, as bench/soak.py does).
 set -euo pipefail
@@ -38,7 +40,7 @@ case "${1:-start}" in
  "actions":["Admin:alt-*","Read:alt-*","List:alt-*","Tagging:alt-*","Write:alt-*"]}]}
 JSON
     nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
-      -s3.config="$DIR/s3.json" -s3.port="$PORT" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
+      -s3.config="$DIR/s3.json" -s3.port="$PORT" -s3.domainName="${SEAWEED_DOMAIN:-localhost}" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
       -filer.port=$((PORT+3)) -admin.port=$((PORT+4)) -webdav=false -admin.ui=false \
       -s3.port.iceberg=0 -s3.port.lance=0 -master.volumeSizeLimitMB=64 > "$DIR/weed.log" 2>&1 9>&- &
     echo $! > "$DIR/pid"

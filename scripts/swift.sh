@@ -14,6 +14,7 @@
 #        ACCOUNT:USER (letters, digits and '-' only here).
 #      SWIFT_ALT_ACCESS_KEY / SWIFT_ALT_SECRET_KEY (default test2:tester2 / testing2): a second
 #        .admin user in its own account (AUTH_test2), so it sees none of the first user's buckets.
+#      SWIFT_DOMAIN (default localhost): virtual-host addressing, a Host of <bucket>.<domain>.
 # Swift reads the hash path prefix/suffix only from /etc/swift/swift.conf: start writes that file
 # if it is missing, or adds a [swift-hash] section to it; it never changes existing values.
 # A start that finds this instance running leaves it be; any other start wipes the state, so
@@ -194,6 +195,8 @@ account_autocreate = true
 [filter:s3api]
 use = egg:swift#s3api
 location = us-east-1
+# Virtual-host addressing: a Host of <bucket>.<domain> (path style keeps working).
+storage_domain = ${SWIFT_DOMAIN:-localhost}
 s3_acl = false
 allow_multipart_uploads = true
 # S3's limit (Swift's default is 1000); slo's max_manifest_segments is raised to match.

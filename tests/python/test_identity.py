@@ -8,6 +8,7 @@ import contextlib
 import io
 import itertools
 import os
+import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -225,6 +226,62 @@ def test_head_and_range_are_served_once_the_output_is_cached(users):
     r = ranged()
     assert r["ResponseMetadata"]["HTTPStatusCode"] == 206 and len(r["Body"].read()) == 10
     assert cache_state(r) == "revalidated"
+
+
+@pytest.fixture()
+def vhost_names(monkeypatch):
+    """<bucket>.localhost resolves to loopback in this process (the stores' scripts and the
+    gateway below take `localhost` as their virtual-host domain; glibc does not resolve
+    subdomains of localhost by itself)."""
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".localhost"):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+
+def test_virtual_host_requests_reach_the_store_as_signed(store, tmp_path, vhost_names):
+    """Virtual-host addressing (Host `<bucket>.localhost:<port>`, as SDKs send by default): the
+    gateway routes by its `domains`, forwards the Host the client signed, and the store, set up
+    with the same domain, decides. Every answer equals the store's own to the same request, and
+    a pushdown reads its source with the caller's virtual-host request."""
+    with transparent_gateway(store, tmp_path, 'domains = ["localhost"]') as (endpoint, _, _):
+
+        def vclient(at, ak, sk):
+            c = boto3.client("s3", endpoint_url=at.replace("127.0.0.1", "localhost"), aws_access_key_id=ak,
+                             aws_secret_access_key=sk, region_name="us-east-1",
+                             config=Config(s3={"addressing_style": "virtual"}, retries={"max_attempts": 1}))
+            hosts = []
+            c.meta.events.register("before-send.s3", lambda request, **_: hosts.append(request.url.split("/")[2]))
+            return c, hosts
+
+        keys = (store["access_key"], store["secret_key"]), (store["alt_access_key"], store["alt_secret_key"])
+        (a, a_hosts), (b, _) = (vclient(endpoint, *k) for k in keys)
+        (a_direct, _), (b_direct, _) = (vclient(store["endpoint"], *k) for k in keys)
+        bucket = f"vh-{os.getpid()}-{next(_names)}"
+        a.create_bucket(Bucket=bucket)
+        x = np.random.default_rng(11).random(MODELS[MODEL][1], dtype=np.float32)
+        a.put_object(Bucket=bucket, Key="x.npy", Body=npy_bytes(x))
+        assert a.get_object(Bucket=bucket, Key="x.npy")["Body"].read() == npy_bytes(x)
+        assert [o["Key"] for o in a.list_objects_v2(Bucket=bucket)["Contents"]] == ["x.npy"]
+        assert a_direct.get_object(Bucket=bucket, Key="x.npy")["Body"].read() == npy_bytes(x)
+        first = pushdown_get(a, bucket, "x.npy", model=MODEL, split=SPLIT)
+        y = np.load(io.BytesIO(first["Body"].read()))
+        assert rel_l2(y, reference(MODEL, SPLIT, x[None])[0]) <= 1e-5
+        assert cache_state(first) == "miss"
+        assert cache_state(pushdown_get(a, bucket, "x.npy", model=MODEL, split=SPLIT)) == "revalidated"
+        # B gets the store's own answer, for the object and for its features alike.
+        refused = answer(lambda: b_direct.get_object(Bucket=bucket, Key="x.npy"))
+        assert refused[0] in (403, 404)
+        assert answer(lambda: b.get_object(Bucket=bucket, Key="x.npy")) == refused
+        assert answer(lambda: pushdown_get(b, bucket, "x.npy", model=MODEL, split=SPLIT)) == refused
+        # Every request through the gateway went as virtual-host style.
+        assert a_hosts and all(h.startswith(f"{bucket}.localhost:") for h in a_hosts), a_hosts
+        a.delete_object(Bucket=bucket, Key="x.npy")
+        a.delete_bucket(Bucket=bucket)
 
 
 # The second user's id in the store's ACL grants.
