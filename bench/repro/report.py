@@ -23,6 +23,12 @@ def load(paths: list[Path]) -> list[dict]:
     for r in rows:  # runs with an emulated training step are a separate configuration
         if r.get("train_secs"):
             r["mode"] = f"{r['mode']} (+{r['train_secs']:g} s train/batch)"
+    # So is each training batch size (`run.py --batch`): rows at any but the most common one are
+    # reported as their own model, `<model>-b<batch>`, beside the rest, never merged with them.
+    usual = Counter(r.get("batch", 64) for r in rows).most_common(1)
+    for r in rows:
+        if usual and r.get("batch", 64) != usual[0][0]:
+            r["model"] = f"{r['model']}-b{r['batch']}"
     return rows
 
 

@@ -271,13 +271,17 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", help="override the mode's models")
     ap.add_argument("--rates", nargs="+", type=int, help="override the mode's rates (Mbit/s)")
     ap.add_argument("--batch", type=int, help="override the mode's training batch size (the planner's B)")
+    ap.add_argument("--splits-only", action="store_true",
+                    help="only the first-epoch sweep (splits, baselines, auto): no overlap ablation, no cache run "
+                         "(another batch size's configurations for the planner's choice quality)")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="features' element type on the wire for pushdown runs (the baselines move raw bytes)")
     args = ap.parse_args(argv)
     # SIGTERM (a stopped run) unwinds through the finally below: servers stopped, topology removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cfg = dict(MODES[args.mode], **({"models": args.models} if args.models else {}),
-               **({"rates": args.rates} if args.rates else {}), **({"batch": args.batch} if args.batch else {}))
+               **({"rates": args.rates} if args.rates else {}), **({"batch": args.batch} if args.batch else {}),
+               **({"ablation": [], "cache_epochs": 0} if args.splits_only else {}))
     namespaces = args.mode != "smoke"
     suffix = ("" if args.dtype == "f32" else f"-{args.dtype}") + (f"-b{args.batch}" if args.batch else "")
     out = args.out or ROOT / "bench" / "results" / f"repro-{args.mode}{suffix}.jsonl"
