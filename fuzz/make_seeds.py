@@ -175,6 +175,25 @@ def shard_seeds() -> None:
     write("shard", "mixed.tar", b.getvalue())
 
 
+def parquet_seeds() -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    imgs = small_images()
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    tables = {
+        "hf.parquet": pa.table({"image": pa.array([{"bytes": imgs["rgb.jpg"], "path": "a.jpg"},
+                                                   {"bytes": imgs["p.png"], "path": None}], type=image),
+                                "label": pa.array([3, 7], pa.int64())}),
+        "bare.parquet": pa.table({"image": pa.array([imgs["p.png"], None], pa.binary()),
+                                  "label": pa.array([1, None], pa.int16())}),
+    }
+    for (name, table), codec in zip(tables.items(), ["snappy", "none"]):
+        b = io.BytesIO()
+        pq.write_table(table, b, row_group_size=1, compression=codec, store_schema=False, write_statistics=False)
+        write("parquet", name, b.getvalue())
+
+
 def npy_seeds() -> None:
     write("npy", "f32-batch.npy", npy(np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2)))
     write("npy", "f16.npy", npy(np.array([1.5, -2, np.inf], np.float16)))
@@ -229,7 +248,7 @@ def post_form_seeds() -> None:
 
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
-    for make in [sigv4_seeds, chunked_seeds, route_seeds, spec_seeds, image_seeds, shard_seeds, npy_seeds,
+    for make in [sigv4_seeds, chunked_seeds, route_seeds, spec_seeds, image_seeds, shard_seeds, parquet_seeds, npy_seeds,
                  disk_entry_seeds, prefix_seeds, post_form_seeds, fs_listing_seeds]:
         make()
     for d in sorted(OUT.iterdir()):

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFL_VERSION=0.18.2
-TARGETS=(sigv4 aws_chunked route spec shard npy image disk_entry prefix post_form fs_listing)
+TARGETS=(sigv4 aws_chunked route spec shard parquet npy image disk_entry prefix post_form fs_listing)
 # Each input gets this long (ms) before AFL counts it as a hang: every input must be answered
 # within a second.
 HANG_MS=1000

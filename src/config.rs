@@ -383,6 +383,8 @@ pub struct AliasConfig {
     pub split: String,
     pub format: Option<String>,
     pub dtype: Option<String>,
+    /// A Parquet target's input column (default `image`).
+    pub column: Option<String>,
 }
 
 impl AliasConfig {
@@ -397,6 +399,10 @@ impl AliasConfig {
         }
         if let Some(d) = &self.dtype {
             q.push_str(&format!("&tensorgate-dtype={d}"));
+        }
+        if let Some(c) = &self.column {
+            let c = percent_encoding::utf8_percent_encode(c, percent_encoding::NON_ALPHANUMERIC);
+            q.push_str(&format!("&tensorgate-column={c}"));
         }
         crate::pushdown::spec::parse(&http::HeaderMap::new(), Some(&q))
             .map_err(|e| invalid("pushdown.aliases", e.to_string()))?
@@ -1059,6 +1065,7 @@ mod tests {
             split: "pool".into(),
             format: None,
             dtype: None,
+            column: None,
         });
         assert!(err(c).contains("cannot be forwarded as signed"));
         let c = Config::from_toml("[backend]\nidentity = \"transparent\"\n").expect("toml");

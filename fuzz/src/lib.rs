@@ -17,7 +17,7 @@ use tensorgate::pushdown::manifest::Layout;
 use tensorgate::pushdown::manifest::{Channels, Preprocess};
 use tensorgate::pushdown::preprocess;
 use tensorgate::pushdown::spec::Dtype;
-use tensorgate::pushdown::{prefix, shard, spec, tensor};
+use tensorgate::pushdown::{prefix, shard, spec, table, tensor};
 use tensorgate::s3::checksum::Algorithm;
 use tensorgate::s3::credentials::{CredentialStore, SecretKey};
 use tensorgate::s3::sigv4::chunked::{self, ChunkSigner, ChunkedMode};
@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("route", route_request),
     ("spec", pushdown_spec),
     ("shard", webdataset_shard),
+    ("parquet", parquet_table),
     ("npy", npy_round_trip),
     ("image", image_preprocess),
     ("disk_entry", disk_entry),
@@ -178,6 +179,20 @@ pub fn webdataset_shard(data: &[u8]) {
         for (a, b) in again.iter().zip(&samples) {
             assert_eq!((&a.key, &a.others, a.label), (&b.key, &b.others, b.label));
         }
+    }
+}
+
+/// Parquet files: the footer, then the input columns' rows, as many as the footer states.
+pub fn parquet_table(data: &[u8]) {
+    let object = Bytes::copy_from_slice(data);
+    if !table::is_parquet(&object) {
+        return;
+    }
+    let Ok(footer) = table::Footer::read(&object, None, 1 << 24) else { return };
+    let claimed = footer.row_count();
+    assert!(claimed <= shard::MAX_SAMPLES);
+    if let Ok(rows) = footer.rows(object) {
+        assert_eq!(rows.len(), claimed);
     }
 }
 

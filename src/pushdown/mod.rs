@@ -29,6 +29,7 @@ pub mod registry;
 pub mod runtime;
 pub mod shard;
 pub mod spec;
+pub mod table;
 pub mod tensor;
 
 use std::collections::HashMap;
@@ -355,36 +356,62 @@ impl Pushdown {
         let parse_model = model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
         let want_tar = spec.format == Some(Format::Tar);
-        let (parsed, scratch) = tokio::task::spawn_blocking(move || {
-            let parsed = parse(&object, &parse_model.manifest)?;
+        let source = SourceLimits { column: spec.column.clone(), max_decoded: self.cfg.max_object_bytes };
+        // A Parquet file's pages are decoded after the governor holds what that takes.
+        let table_source = table::is_parquet(&object).then(|| object.clone());
+        let (mut parsed, scratch) = tokio::task::spawn_blocking(move || {
+            let parsed = parse(&object, &parse_model.manifest, &source)?;
             if want_tar && parsed.kind != Kind::Shard {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
-                    message: "tar is for WebDataset shards; this object is one image or tensor (use npy)".into(),
+                    message: "tar is for WebDataset shards; this object is not one (use npy or safetensors)".into(),
                 });
             }
+            // A Parquet file's images are known once its rows are decoded (below).
             let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
             Ok::<_, PushdownError>((parsed, scratch))
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
-        let decode_time = t0.elapsed();
+        let mut decode_time = t0.elapsed();
 
         let t1 = Instant::now();
         let max_pixels = self.cfg.max_image_pixels;
-        let n = parsed.items.len() as u64;
-        // A tar body also holds copies of the samples' other members and its framing.
+        let samples_n = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
+        let n = samples_n as u64;
+        // A tar body also holds copies of the samples' other members and its framing; a Parquet
+        // file's decoded input columns live as long as its samples.
         let tar_bytes =
             if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
+        let decoded_bytes = parsed.table.as_ref().map_or(0, table::Footer::decoded_bytes);
         let (stream, outputs_held) = self
             .governor
             .open(
                 tenant,
-                (memory.queued_bytes_per_sample, (memory.held_bytes_per_sample * n).saturating_add(tar_bytes)),
-                (spec.batch, parsed.items.len()),
+                (
+                    memory.queued_bytes_per_sample,
+                    (memory.held_bytes_per_sample * n).saturating_add(tar_bytes).saturating_add(decoded_bytes),
+                ),
+                (spec.batch, samples_n),
                 job.source.as_ref(),
             )
             .await?;
+        let scratch = if let Some(object) = table_source.filter(|_| parsed.table.is_some()) {
+            let t = Instant::now();
+            let manifest_model = model.clone();
+            let (decoded, scratch) = tokio::task::spawn_blocking(move || {
+                decode_table(object, &mut parsed)?;
+                let scratch = image_costs(&parsed, &manifest_model.manifest, limits)?;
+                Ok::<_, PushdownError>((parsed, scratch))
+            })
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))??;
+            parsed = decoded;
+            decode_time += t.elapsed();
+            scratch
+        } else {
+            scratch
+        };
         // Adaptive: samples of all requests batch together up to the engine's cap (what its
         // reservation covers). Comparison mode: batches as large as the requested storage batch
         // (HAPI without adaptation runs the training batch as one storage batch).
@@ -433,7 +460,7 @@ impl Pushdown {
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
-        let format = spec.format.unwrap_or(if parsed.kind == Kind::Shard || spec.dtype == Dtype::Bf16 {
+        let format = spec.format.unwrap_or(if parsed.kind.keyed() || spec.dtype == Dtype::Bf16 {
             Format::Safetensors
         } else {
             Format::Npy
@@ -441,7 +468,7 @@ impl Pushdown {
         let dtype = spec.dtype;
         let mut meta =
             HashMap::from([("model".to_owned(), model.manifest.name.clone()), ("split".to_owned(), split.clone())]);
-        if parsed.kind == Kind::Shard {
+        if parsed.kind.keyed() {
             // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
             meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
         }
@@ -517,10 +544,15 @@ impl Job<'_> {
     }
 
     /// What determines the output beside the source object: the model's digest (which covers
-    /// its preprocessing), the split, the format and the dtype (the cache key's variant).
+    /// its preprocessing), the split, the format, the dtype and a Parquet input column (the cache
+    /// key's variant).
     #[must_use]
     pub fn variant(&self) -> String {
-        format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name())
+        let v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
+        match &self.spec.column {
+            Some(c) => format!("{v}|column={c}"),
+            None => v,
+        }
     }
 
     /// How long reading the source waited for the split's engine to start (a fetch's time
@@ -605,6 +637,15 @@ enum Kind {
     Batch,
     /// A WebDataset shard.
     Shard,
+    /// A Parquet file's rows ([`table`]).
+    Table,
+}
+
+impl Kind {
+    /// Many samples with keys (and labels): safetensors by default, keys in its metadata.
+    fn keyed(self) -> bool {
+        matches!(self, Self::Shard | Self::Table)
+    }
 }
 
 /// A sample's model input: ready, or an image still to preprocess.
@@ -620,6 +661,8 @@ struct Parsed {
     labels: Option<Vec<i64>>,
     /// A shard's samples' other members (`format=tar` writes them back).
     others: Vec<Vec<(String, Bytes)>>,
+    /// A Parquet file whose rows are still to decode, once the governor holds what that takes.
+    table: Option<table::Footer>,
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.
@@ -670,24 +713,31 @@ fn image_costs(
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
-fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, PushdownError> {
-    let one = |kind, item| Parsed { kind, items: vec![item], keys: Vec::new(), labels: None, others: Vec::new() };
+fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -> Result<Parsed, PushdownError> {
+    let one = |kind, items| Parsed { kind, items, keys: Vec::new(), labels: None, others: Vec::new(), table: None };
+    if source.column.is_some() && !table::is_parquet(object) {
+        return Err(PushdownError::InvalidArgument {
+            field: "column".into(),
+            message: "names a Parquet file's input column; this object is not a Parquet file".into(),
+        });
+    }
+    if table::is_parquet(object) {
+        if manifest.preprocess.is_none() {
+            return Err(no_preprocess(&manifest.name));
+        }
+        let footer = table::Footer::read(object, source.column.as_deref(), source.max_decoded)?;
+        return Ok(Parsed { table: Some(footer), ..one(Kind::Table, Vec::new()) });
+    }
     if preprocess::is_image(object) {
         if manifest.preprocess.is_none() {
             return Err(no_preprocess(&manifest.name));
         }
-        return Ok(one(Kind::Single, Item::Image(object.clone())));
+        return Ok(one(Kind::Single, vec![Item::Image(object.clone())]));
     }
     if object.starts_with(b"\x93NUMPY") {
         let (batched, samples) = npy_samples(object, &manifest.input_shape)?;
         let kind = if batched { Kind::Batch } else { Kind::Single };
-        return Ok(Parsed {
-            kind,
-            items: samples.into_iter().map(Item::Ready).collect(),
-            keys: Vec::new(),
-            labels: None,
-            others: Vec::new(),
-        });
+        return Ok(one(kind, samples.into_iter().map(Item::Ready).collect()));
     }
     if shard::is_tar(object) {
         let samples = shard::read(object)?;
@@ -718,11 +768,29 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, Pushdo
             keys.push(s.key);
             others.push(s.others);
         }
-        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others });
+        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others, table: None });
     }
     Err(PushdownError::Unsupported(
-        "the object is not a JPEG or PNG image, a .npy tensor or a WebDataset tar shard".into(),
+        "the object is not a JPEG or PNG image, a .npy tensor, a WebDataset tar shard or a Parquet file".into(),
     ))
+}
+
+/// What parsing a source may take beside the source: a Parquet input column (`column`) and the
+/// most bytes its decoded columns may hold (`pushdown.max_object_bytes`).
+struct SourceLimits {
+    column: Option<String>,
+    max_decoded: u64,
+}
+
+/// A Parquet file's rows as the items, keys and labels of its samples.
+fn decode_table(object: Bytes, parsed: &mut Parsed) -> Result<(), PushdownError> {
+    let Some(footer) = parsed.table.take() else { return Ok(()) };
+    let rows = footer.rows(object)?;
+    parsed.labels = rows.iter().map(|r| r.label).collect();
+    parsed.keys = rows.iter().map(|r| r.key.clone()).collect();
+    parsed.others = vec![Vec::new(); rows.len()];
+    parsed.items = rows.into_iter().map(|r| Item::Image(r.image)).collect();
+    Ok(())
 }
 
 /// Splits a `.npy` into per-sample inputs; `true` if it carried a batch dimension.

@@ -1,6 +1,6 @@
-//! The pushdown request: which model, split, output format and dtype a GET asks for, from request
-//! headers (`x-tensorgate-*`) or query parameters (`tensorgate-*`). Pure. Bad values name the
-//! field; DESIGN.md section 2 is the contract.
+//! The pushdown request: which model, split, output format, dtype, storage batch and Parquet input
+//! column a GET asks for, from request headers (`x-tensorgate-*`) or query parameters
+//! (`tensorgate-*`). Pure. Bad values name the field; DESIGN.md section 2 is the contract.
 
 use http::HeaderMap;
 
@@ -10,6 +10,8 @@ pub const HEADER_PREFIX: &str = "x-tensorgate-";
 pub const QUERY_PREFIX: &str = "tensorgate-";
 /// Largest storage batch a request may ask for (HAPI's logged training batches reach 8,000).
 pub const MAX_STORAGE_BATCH: usize = 65_536;
+/// Longest Parquet column name a request may name (names of datasets' columns are words).
+pub const MAX_COLUMN_NAME: usize = 256;
 
 /// Output container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,6 +63,9 @@ pub struct PushdownSpec {
     /// batch): an upper bound the memory governor may lower, never raise. Does not change the
     /// output.
     pub batch: Option<usize>,
+    /// The input column of a Parquet source (default `image`, as Hugging Face `datasets` names
+    /// it); refused for other sources.
+    pub column: Option<String>,
 }
 
 /// `query` without its trigger parameters, their names read as [`parse`] reads them (percent-
@@ -109,7 +114,7 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     if fields.is_empty() {
         return Ok(None);
     }
-    let (mut model, mut split, mut format, mut dtype, mut batch) = (None, None, None, None, None);
+    let (mut model, mut split, mut format, mut dtype, mut batch, mut column) = (None, None, None, None, None, None);
     for (field, value) in fields {
         let slot = match field.as_str() {
             "model" => &mut model,
@@ -117,7 +122,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             "format" => &mut format,
             "dtype" => &mut dtype,
             "batch" => &mut batch,
-            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype, batch)")),
+            "column" => &mut column,
+            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype, batch, column)")),
         };
         if slot.replace(value).is_some() {
             return Err(invalid(&field, "is given more than once"));
@@ -148,7 +154,13 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             _ => return Err(invalid("batch", &format!("{b:?} is not a whole number from 1 to {MAX_STORAGE_BATCH}"))),
         },
     };
-    Ok(Some(PushdownSpec { model, split, format, dtype, batch }))
+    let column = match column {
+        Some(c) if c.is_empty() || c.len() > MAX_COLUMN_NAME => {
+            return Err(invalid("column", &format!("is empty or longer than {MAX_COLUMN_NAME} bytes")));
+        }
+        c => c,
+    };
+    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column }))
 }
 
 impl PushdownSpec {
@@ -162,6 +174,9 @@ impl PushdownSpec {
         }
         if let Some(b) = self.batch {
             out.push(("batch", b.to_string()));
+        }
+        if let Some(c) = &self.column {
+            out.push(("column", c.clone()));
         }
         out
     }
@@ -222,6 +237,7 @@ mod tests {
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-dtype", "f64")]), "dtype"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-colour", "red")]), "colour"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-batch", "0")]), "batch"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-column", "")]), "column"),
             (
                 h(&[
                     ("x-tensorgate-model", "m"),
@@ -238,6 +254,11 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
+        let spec = parse(&HeaderMap::new(), Some("tensorgate-model=m&tensorgate-split=s&tensorgate-column=my%20img"))
+            .expect("ok")
+            .expect("spec");
+        assert_eq!(spec.column.as_deref(), Some("my img"));
+        assert!(spec.fields().contains(&("column", "my img".to_owned())));
         let dup = parse(&h(&[("x-tensorgate-model", "m")]), Some("tensorgate-model=n&tensorgate-split=s"));
         assert!(matches!(dup, Err(PushdownError::InvalidArgument { field, .. }) if field == "model"));
     }

@@ -190,6 +190,7 @@ async fn alias_buckets_read_as_pushdowns_list_the_target_and_refuse_writes() {
             split: "pool".into(),
             format: None,
             dtype: None,
+            column: None,
         });
     })
     .await;

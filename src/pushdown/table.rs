@@ -1,0 +1,394 @@
+//! Parquet objects as batches of samples (issue 31, ADR 0016): the rows of one image column, in
+//! the layout Hugging Face `datasets` writes (a struct of `bytes` and `path`, or plain binary),
+//! with their labels (an integer `label` column) and keys (the image's `path`, else the row
+//! number). Pure: bytes in, samples out.
+//!
+//! Reading happens in two steps so that the memory governor can hold what decoding costs before
+//! it is paid: [`Footer::read`] parses only the footer (its length checked first) and states how
+//! many rows and how many decoded bytes the input columns take; [`Footer::rows`] then decodes
+//! those columns alone, and refuses a file whose pages decode to more than its footer claimed.
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use bytes::Bytes;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::basic::Compression;
+
+use super::error::PushdownError;
+use super::shard::MAX_SAMPLES;
+
+/// Parquet's magic, at the start and at the end of every file.
+const MAGIC: &[u8; 4] = b"PAR1";
+
+/// Largest footer read. The footers of datasets' files are kilobytes (a schema and a few row
+/// groups of a few column chunks each); the bound keeps a hostile one from costing more than a
+/// page of memory and parse time.
+pub const MAX_FOOTER_BYTES: usize = 256 * 1024;
+
+/// Stack of the thread that parses a footer: the schema is built recursively, one frame per
+/// nesting level, and a footer of [`MAX_FOOTER_BYTES`] can nest some 40,000 levels, more than a
+/// 2 MiB stack holds. Reserved, not resident: only a deep schema touches it.
+const FOOTER_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+/// Rows decoded per batch: a batch that decodes to more than the footer claimed is refused
+/// before the next one is read.
+const ROWS_PER_BATCH: usize = 256;
+
+/// What decoding may take beyond the footer's uncompressed sizes: Arrow's buffers are rounded up
+/// and grown in steps, and a row's offsets sit beside its bytes. Rows that take more than
+/// `DECODE_FACTOR x` the claim `+ DECODE_SLACK` are refused (the footer understated its pages);
+/// this is also what the governor holds for them.
+const DECODE_FACTOR: u64 = 2;
+const DECODE_SLACK: u64 = 1024 * 1024;
+
+/// The image column when the request names none (Hugging Face's `Image` feature's usual name).
+pub const DEFAULT_COLUMN: &str = "image";
+
+/// The labels, when the file has an integer column of this name.
+const LABEL_COLUMN: &str = "label";
+
+/// Whether the object is a Parquet file (its magic at both ends).
+#[must_use]
+pub fn is_parquet(object: &[u8]) -> bool {
+    object.len() >= 2 * MAGIC.len() + 4 && object.starts_with(MAGIC) && object.ends_with(MAGIC)
+}
+
+/// One row: its key, its encoded image, its label.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub key: String,
+    pub image: Bytes,
+    pub label: Option<i64>,
+}
+
+/// A checked footer: which columns to read and what reading them costs.
+#[derive(Debug)]
+pub struct Footer {
+    metadata: ArrowReaderMetadata,
+    /// Root indices of the image column and, if any, the label column.
+    image: usize,
+    label: Option<usize>,
+    /// The image column's name (a decoded batch's columns are in the file's order).
+    column: String,
+    rows: usize,
+    decoded_bytes: u64,
+}
+
+impl Footer {
+    /// Parses and checks the footer of `object` ([`is_parquet`]): the input column `column`
+    /// (default [`DEFAULT_COLUMN`]) is binary or a struct with a binary `bytes` field, there are
+    /// at most [`MAX_SAMPLES`] rows, and its column chunks claim at most `max_decoded` bytes.
+    ///
+    /// # Errors
+    /// `BadInput` for an unreadable footer, a missing or mistyped column, too many rows or too
+    /// many decoded bytes; `Unsupported` for a compression this build does not read.
+    pub fn read(object: &Bytes, column: Option<&str>, max_decoded: u64) -> Result<Self, PushdownError> {
+        let len = object.len();
+        let footer_len = u32::from_le_bytes(object[len - 8..len - 4].try_into().expect("4 bytes")) as usize;
+        if footer_len > MAX_FOOTER_BYTES || footer_len + 12 > len {
+            return Err(PushdownError::BadInput(format!(
+                "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
+            )));
+        }
+        let source = object.clone();
+        let metadata = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("parquet-footer".into())
+                .stack_size(FOOTER_STACK_BYTES)
+                .spawn_scoped(s, move || ArrowReaderMetadata::load(&source, ArrowReaderOptions::new()))
+                .map_err(|e| PushdownError::Internal(format!("cannot start the footer thread: {e}")))?
+                .join()
+                .map_err(|_| PushdownError::BadInput("the Parquet footer could not be parsed".into()))
+        })?
+        .map_err(|e| parquet_error(&e))?;
+
+        let name = column.unwrap_or(DEFAULT_COLUMN);
+        let schema = metadata.schema();
+        let (image, field) = schema.column_with_name(name).ok_or_else(|| {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!("the Parquet file has no column {name:?}; its columns: {}", names.join(", ")),
+            }
+        })?;
+        if !is_image_column(field.data_type()) {
+            return Err(PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!(
+                    "column {name:?} is {}, not encoded images (binary, or a struct with a binary `bytes` field)",
+                    field.data_type()
+                ),
+            });
+        }
+        let label = schema
+            .column_with_name(LABEL_COLUMN)
+            .filter(|(i, f)| *i != image && f.data_type().is_integer())
+            .map(|(i, _)| i);
+
+        let meta = metadata.metadata();
+        let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(usize::MAX);
+        if rows > MAX_SAMPLES {
+            return Err(PushdownError::BadInput(format!("the Parquet file has {rows} rows, at most {MAX_SAMPLES}")));
+        }
+        // What decoding the two columns takes: their chunks' uncompressed bytes as the footer
+        // states them, and the offsets arrays beside them.
+        let roots: Vec<&str> = std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).collect();
+        let mut decoded = 16 * rows as u64;
+        for group in meta.row_groups() {
+            for chunk in group.columns() {
+                if chunk.column_path().parts().first().is_some_and(|p| roots.contains(&p.as_str())) {
+                    if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
+                        return Err(PushdownError::Unsupported(format!(
+                            "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
+                             pages (pyarrow's and Hugging Face datasets' default)",
+                            chunk.column_path().string(),
+                            chunk.compression()
+                        )));
+                    }
+                    decoded = decoded.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
+                }
+            }
+        }
+        if decoded > max_decoded {
+            return Err(PushdownError::BadInput(format!(
+                "the Parquet file's input columns decode to {decoded} bytes, more than pushdown.max_object_bytes \
+                 ({max_decoded})"
+            )));
+        }
+        Ok(Self { metadata, image, label, column: name.to_owned(), rows, decoded_bytes: decoded })
+    }
+
+    /// Rows in the file.
+    #[must_use]
+    pub fn row_count(&self) -> usize {
+        self.rows
+    }
+
+    /// The most bytes the decoded rows may take (held by the governor while they live): what the
+    /// footer states, with room for Arrow's rounding ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
+    #[must_use]
+    pub fn decoded_bytes(&self) -> u64 {
+        self.decoded_bytes.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
+    }
+
+    /// Decodes the input columns' rows.
+    ///
+    /// # Errors
+    /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes than the
+    /// footer claimed.
+    pub fn rows(self, object: Bytes) -> Result<Vec<Row>, PushdownError> {
+        let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
+        let (column, labelled) = (self.column.clone(), self.label.is_some());
+        let mask = ProjectionMask::roots(
+            self.metadata.parquet_schema(),
+            std::iter::once(self.image).chain(self.label).collect::<Vec<_>>(),
+        );
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object, self.metadata)
+            .with_projection(mask)
+            .with_batch_size(ROWS_PER_BATCH)
+            .build()
+            .map_err(|e| parquet_error(&e))?;
+        let mut out = Vec::with_capacity(expected);
+        let mut decoded = 0u64;
+        for batch in reader {
+            let batch = batch.map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
+            decoded = decoded.saturating_add(batch.get_array_memory_size() as u64);
+            if decoded > limit {
+                return Err(PushdownError::BadInput(format!(
+                    "the Parquet file's pages decode to more than its footer states ({claimed} bytes)"
+                )));
+            }
+            rows_of(&batch, (&column, labelled), out.len(), &mut out)?;
+        }
+        if out.len() != expected {
+            return Err(PushdownError::BadInput(format!(
+                "the Parquet file has {} rows, its footer states {expected}",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// Binary, or a struct with a binary `bytes` field.
+fn is_image_column(t: &DataType) -> bool {
+    let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
+    match t {
+        DataType::Struct(fields) => fields.iter().any(|f| f.name() == "bytes" && binary(f.data_type())),
+        t => binary(t),
+    }
+}
+
+/// The rows of one decoded batch (the images in `column`, the labels in [`LABEL_COLUMN`] when
+/// `labelled`), numbered from `first`.
+fn rows_of(
+    batch: &RecordBatch,
+    (column, labelled): (&str, bool),
+    first: usize,
+    out: &mut Vec<Row>,
+) -> Result<(), PushdownError> {
+    let missing = || PushdownError::Internal(format!("the decoded batch has no column {column:?}"));
+    let column = batch.column_by_name(column).ok_or_else(missing)?;
+    let (images, paths): (ArrayRef, Option<ArrayRef>) = match column.as_struct_opt() {
+        Some(s) => (
+            s.column_by_name("bytes").cloned().ok_or_else(|| PushdownError::BadInput("no `bytes` field".into()))?,
+            s.column_by_name("path").cloned(),
+        ),
+        None => (column.clone(), None),
+    };
+    let labels = batch.column_by_name(LABEL_COLUMN).filter(|_| labelled).map(|l| integers(l.as_ref())).transpose()?;
+    for i in 0..batch.num_rows() {
+        let n = first + i;
+        let path = paths.as_ref().and_then(|p| string_at(p.as_ref(), i));
+        let key = path.unwrap_or_else(|| n.to_string());
+        if column.is_null(i) || images.is_null(i) {
+            return Err(PushdownError::BadInput(format!("row {n} ({key:?}) has no image")));
+        }
+        let image =
+            binary_at(&images, i).ok_or_else(|| PushdownError::BadInput("the image column is not binary".into()))?;
+        let label = labels.as_ref().and_then(|l| l[i]);
+        out.push(Row { key, image, label });
+    }
+    Ok(())
+}
+
+/// Row `i` of a binary array, as a slice of its buffer (no copy).
+fn binary_at(array: &ArrayRef, i: usize) -> Option<Bytes> {
+    fn slice(values: &arrow_buffer::Buffer, start: usize, end: usize) -> Bytes {
+        Bytes::from_owner(values.clone()).slice(start..end)
+    }
+    if let Some(a) = array.as_binary_opt::<i32>() {
+        let o = a.value_offsets();
+        return Some(slice(a.values(), o[i] as usize, o[i + 1] as usize));
+    }
+    if let Some(a) = array.as_binary_opt::<i64>() {
+        let o = a.value_offsets();
+        return Some(slice(a.values(), o[i] as usize, o[i + 1] as usize));
+    }
+    array.as_binary_view_opt().map(|a| Bytes::copy_from_slice(a.value(i)))
+}
+
+fn string_at(array: &dyn Array, i: usize) -> Option<String> {
+    if array.is_null(i) {
+        return None;
+    }
+    if let Some(a) = array.as_string_opt::<i32>() {
+        return Some(a.value(i).to_owned());
+    }
+    if let Some(a) = array.as_string_opt::<i64>() {
+        return Some(a.value(i).to_owned());
+    }
+    array.as_string_view_opt().map(|a| a.value(i).to_owned())
+}
+
+/// An integer column's values as `i64` (nulls as `None`).
+fn integers(array: &dyn Array) -> Result<Vec<Option<i64>>, PushdownError> {
+    use arrow_array::types::{
+        Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    };
+    macro_rules! each {
+        ($($t:ty),*) => {$(
+            if let Some(a) = array.as_primitive_opt::<$t>() {
+                return a.iter().map(|v| v.map(|v| i64::try_from(v).map_err(|_| {
+                    PushdownError::BadInput(format!("label {v} does not fit in 64 bits"))
+                })).transpose()).collect();
+            }
+        )*};
+    }
+    each!(Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type);
+    Err(PushdownError::BadInput(format!("the label column is {}, not integers", array.data_type())))
+}
+
+/// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest
+/// is a damaged or hostile file (`400`).
+fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
+    if matches!(e, parquet::errors::ParquetError::NYI(_)) {
+        PushdownError::Unsupported(format!("Parquet: {e}"))
+    } else {
+        PushdownError::BadInput(format!("not a readable Parquet file: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{BinaryArray, Int64Array, StringArray, StructArray};
+    use arrow_schema::{Field, Fields};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// A file of `columns`, `per_group` rows to a row group, Snappy pages.
+    fn file(columns: Vec<(&str, ArrayRef)>, per_group: usize) -> Bytes {
+        let batch = RecordBatch::try_from_iter(columns).expect("batch");
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(per_group))
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).expect("writer");
+        w.write(&batch).expect("write");
+        Bytes::from(w.into_inner().expect("close"))
+    }
+
+    fn images(paths: &[Option<&str>], data: &[&[u8]]) -> ArrayRef {
+        let fields =
+            Fields::from(vec![Field::new("bytes", DataType::Binary, true), Field::new("path", DataType::Utf8, true)]);
+        let bytes: ArrayRef = Arc::new(BinaryArray::from(data.to_vec()));
+        let paths: ArrayRef = Arc::new(StringArray::from(paths.to_vec()));
+        Arc::new(StructArray::new(fields, vec![bytes, paths], None))
+    }
+
+    #[test]
+    fn rows_carry_their_image_key_and_label_in_file_order_whatever_the_column_order() {
+        let object = file(
+            vec![
+                ("label", Arc::new(Int64Array::from(vec![3, 1, 4])) as ArrayRef),
+                ("image", images(&[Some("a.jpg"), None, Some("c.png")], &[b"A", b"BB", b"CCC"])),
+            ],
+            2,
+        );
+        assert!(is_parquet(&object));
+        let footer = Footer::read(&object, None, 1 << 20).expect("footer");
+        assert_eq!(footer.row_count(), 3);
+        assert!(footer.decoded_bytes() > 0);
+        let rows = footer.rows(object).expect("rows");
+        let got: Vec<(&str, &[u8], Option<i64>)> =
+            rows.iter().map(|r| (r.key.as_str(), &r.image[..], r.label)).collect();
+        assert_eq!(got, [("a.jpg", &b"A"[..], Some(3)), ("1", &b"BB"[..], Some(1)), ("c.png", &b"CCC"[..], Some(4))]);
+    }
+
+    #[test]
+    fn a_missing_or_mistyped_column_and_too_large_columns_are_refused_from_the_footer() {
+        let object = file(
+            vec![
+                ("img", Arc::new(BinaryArray::from(vec![&b"x"[..]; 4])) as ArrayRef),
+                ("n", Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef),
+            ],
+            4,
+        );
+        let err = |column, max| Footer::read(&object, column, max).expect_err("refused").to_string();
+        assert!(err(None, 1 << 20).contains("no column \"image\"; its columns: img, n"), "{}", err(None, 1 << 20));
+        assert!(err(Some("n"), 1 << 20).contains("not encoded images"));
+        assert!(err(Some("img"), 10).contains("more than pushdown.max_object_bytes"));
+        let rows = Footer::read(&object, Some("img"), 1 << 20).expect("footer").rows(object.clone()).expect("rows");
+        assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
+        assert!(rows.iter().all(|r| r.label.is_none()));
+    }
+
+    #[test]
+    fn a_footer_longer_than_its_bound_or_its_file_is_refused_before_parsing() {
+        let object = file(vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]])) as ArrayRef)], 1);
+        let mut long = object[..object.len() - 8].to_vec();
+        long.extend_from_slice(&u32::try_from(MAX_FOOTER_BYTES + 1).expect("fits").to_le_bytes());
+        long.extend_from_slice(MAGIC);
+        for bad in [Bytes::from(long), Bytes::from_static(b"PAR1\0\0\0\0\xff\xff\0\0PAR1")] {
+            assert!(is_parquet(&bad));
+            assert!(Footer::read(&bad, None, 1 << 20).expect_err("refused").to_string().contains("footer claims"));
+        }
+        assert!(!is_parquet(b"PAR1PAR1"));
+    }
+}

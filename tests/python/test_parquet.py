@@ -1,0 +1,127 @@
+"""Parquet inputs (issue 31, ADR 0016): a dataset file in the layout Hugging Face `datasets`
+writes (an `image` struct of `bytes` and `path`, an integer `label`), pushed down as one request:
+every row's features equal PIL + onnxruntime's, with the labels and keys beside them; bad files
+get a clear 4xx and the gateway keeps serving."""
+
+import io
+import json
+
+import botocore.exceptions
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2, synthetic_photo
+
+
+def jpeg(seed: int, size=(160, 120)) -> bytes:
+    buf = io.BytesIO()
+    synthetic_photo(*size, seed=seed).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def parquet_bytes(table: pa.Table, **kw) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **kw)
+    return buf.getvalue()
+
+
+def hf_table(images: list[bytes], labels: list[int], column: str = "image") -> pa.Table:
+    """The columns `datasets` writes for an Image feature and a ClassLabel."""
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    cells = [{"bytes": b, "path": f"train/{i:05d}.jpg"} for i, b in enumerate(images)]
+    return pa.table({column: pa.array(cells, type=image_type), "label": pa.array(labels, type=pa.int64()),
+                     "caption": pa.array([f"picture {i}" for i in range(len(images))])})
+
+
+def safetensors_of(raw: bytes) -> tuple[dict, dict]:
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = {"F32": np.float32, "I64": np.int64, "F16": np.float16}[info["dtype"]]
+        out[name] = np.frombuffer(data[slice(*info["data_offsets"])], dtype=dtype).reshape(info["shape"])
+    return out, header.get("__metadata__", {})
+
+
+def test_a_dataset_file_of_three_row_groups_gives_every_rows_features_labels_and_keys(s3, bucket):
+    """200 rows in 3 row groups (Snappy pages, pyarrow's default) through ResNet-18 at `pool`."""
+    images = [jpeg(1000 + i) for i in range(200)]
+    labels = [i % 10 for i in range(200)]
+    data = parquet_bytes(hf_table(images, labels), row_group_size=67)
+    assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == 3
+    s3.put_object(Bucket=bucket, Key="train-00000.parquet", Body=data)
+
+    got = pushdown_get(s3, bucket, "train-00000.parquet", model="resnet18", split="pool")
+    assert got["ContentType"] == "application/vnd.safetensors"
+    tensors, meta = safetensors_of(got["Body"].read())
+    assert json.loads(meta["keys"]) == [f"train/{i:05d}.jpg" for i in range(200)]
+    assert tensors["labels"].tolist() == labels
+    x = np.stack([reference_preprocess(Image.open(io.BytesIO(b)), "resnet18") for b in images]).astype(np.float32)
+    want = np.concatenate([reference("resnet18", "pool", x[i : i + 50]) for i in range(0, 200, 50)])
+    assert tensors["features"].shape == want.shape
+    err = rel_l2(tensors["features"], want)
+    print(f"Parquet, 200 rows: rel L2 {err:.2e}")
+    assert err <= 1e-3  # JPEG: libjpeg-turbo's IDCT against PIL's, as for single JPEGs
+
+
+def test_the_column_may_be_named_plain_binary_or_unlabelled_and_npy_stacks_the_rows(s3, bucket):
+    images = [jpeg(2000 + i, (64, 48)) for i in range(5)]
+    x = np.stack([reference_preprocess(Image.open(io.BytesIO(b)), "tiny-cnn") for b in images]).astype(np.float32)
+    want = reference("tiny-cnn", "pool", x)
+    # CIFAR-10's column is `img`; some datasets store bare bytes and no labels.
+    s3.put_object(Bucket=bucket, Key="img.parquet", Body=parquet_bytes(hf_table(images, [1, 2, 3, 4, 5], "img")))
+    s3.put_object(Bucket=bucket, Key="bare.parquet", Body=parquet_bytes(pa.table({"png": pa.array(images, pa.binary())})))
+    for key, column in [("img.parquet", "img"), ("bare.parquet", "png")]:
+        got = pushdown_get(s3, bucket, key, model="tiny-cnn", split="pool", column=column)
+        tensors, meta = safetensors_of(got["Body"].read())
+        assert rel_l2(tensors["features"], want) <= 1e-3
+        assert ("labels" in tensors) == (key == "img.parquet")
+        if key == "bare.parquet":
+            assert json.loads(meta["keys"]) == ["0", "1", "2", "3", "4"]  # the row numbers
+    npy = pushdown_get(s3, bucket, "img.parquet", model="tiny-cnn", split="pool", column="img", format="npy")
+    assert rel_l2(np.load(io.BytesIO(npy["Body"].read())), want) <= 1e-3
+
+
+def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
+    """(key, body, pushdown fields, status, what the message names)."""
+    images = [jpeg(3000 + i, (64, 48)) for i in range(3)]
+    good = parquet_bytes(hf_table(images, [0, 1, 2]))
+    footer_len = int.from_bytes(good[-8:-4], "little")
+    damaged = bytearray(good)
+    damaged[-8 - footer_len : -8 - footer_len + 64] = bytes(64)  # the footer's first bytes zeroed
+    huge_footer = good[:-8] + (2**31).to_bytes(4, "little") + b"PAR1"
+    many_rows = parquet_bytes(pa.table({"image": pa.array([b"x"] * 10_001, pa.binary())}))
+    zstd = parquet_bytes(hf_table(images, [0, 1, 2]), compression="zstd")
+    numbers = parquet_bytes(pa.table({"image": pa.array([1, 2, 3])}))
+    null_image = parquet_bytes(pa.table({"image": pa.array([images[0], None], pa.binary())}))
+    return [
+        ("missing-column.parquet", good, {"column": "pixels"}, 400, "its columns: image, label, caption"),
+        ("numbers.parquet", numbers, {}, 400, "not encoded images"),
+        ("damaged.parquet", bytes(damaged), {}, 400, "Parquet"),
+        ("huge-footer.parquet", huge_footer, {}, 400, "footer claims"),
+        ("many-rows.parquet", many_rows, {}, 400, "10001 rows"),
+        ("zstd.parquet", zstd, {}, 415, "Snappy"),
+        ("null-image.parquet", null_image, {}, 400, "row 1"),
+        ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "not a Parquet file"),
+    ]
+
+
+def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, bucket):
+    for key, body, fields, status, needle in hostile_files():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(s3, bucket, key, model="tiny-cnn", split="pool", **fields)
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == status, (key, r["Error"])
+        assert needle in r["Error"]["Message"], (key, r["Error"])
+    images = [jpeg(4000, (64, 48))]
+    s3.put_object(Bucket=bucket, Key="after.parquet", Body=parquet_bytes(hf_table(images, [7])))
+    got = pushdown_get(s3, bucket, "after.parquet", model="tiny-cnn", split="pool")
+    tensors, _ = safetensors_of(got["Body"].read())
+    assert tensors["labels"].tolist() == [7]
