@@ -4,7 +4,8 @@
 //! number). Pure: bytes in, samples out.
 //!
 //! Reading happens in two steps so that the memory governor can hold what decoding costs before
-//! it is paid: [`Footer::read`] parses only the footer (its length checked first) and states how
+//! it is paid: [`Footer::read`] parses only the footer (its length and its schema's shape checked
+//! first) and states how
 //! many rows and how many decoded bytes the input columns take; [`Footer::rows`] then decodes
 //! those columns alone, and refuses a file whose pages decode to more than its footer claimed.
 
@@ -27,10 +28,14 @@ const MAGIC: &[u8; 4] = b"PAR1";
 /// page of memory and parse time.
 pub const MAX_FOOTER_BYTES: usize = 256 * 1024;
 
-/// Stack of the thread that parses a footer: the schema is built recursively, one frame per
-/// nesting level, and a footer of [`MAX_FOOTER_BYTES`] can nest some 40,000 levels, more than a
-/// 2 MiB stack holds. Reserved, not resident: only a deep schema touches it.
-const FOOTER_STACK_BYTES: usize = 64 * 1024 * 1024;
+/// Most elements (groups and columns) a schema may have, and how deep it may nest. The parquet
+/// crate builds the schema recursively, one stack frame per level, and gives every leaf column a
+/// copy of its whole path: a footer of [`MAX_FOOTER_BYTES`] nesting tens of thousands of levels
+/// overflows a thread's stack (the whole gateway aborts), and one with thousands of leaves under
+/// thousands of levels asks for gigabytes of paths. Datasets' schemas have a few columns, a few
+/// levels deep (an image struct, a list of captions).
+const MAX_SCHEMA_ELEMENTS: usize = 10_000;
+const MAX_NESTING: usize = 64;
 
 /// Rows decoded per batch: a batch that decodes to more than the footer claimed is refused
 /// before the next one is read.
@@ -92,17 +97,8 @@ impl Footer {
                 "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
             )));
         }
-        let source = object.clone();
-        let metadata = std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .name("parquet-footer".into())
-                .stack_size(FOOTER_STACK_BYTES)
-                .spawn_scoped(s, move || ArrowReaderMetadata::load(&source, ArrowReaderOptions::new()))
-                .map_err(|e| PushdownError::Internal(format!("cannot start the footer thread: {e}")))?
-                .join()
-                .map_err(|_| PushdownError::BadInput("the Parquet footer could not be parsed".into()))
-        })?
-        .map_err(|e| parquet_error(&e))?;
+        check_schema_shape(&object[len - 8 - footer_len..len - 8])?;
+        let metadata = ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))?;
 
         let name = column.unwrap_or(DEFAULT_COLUMN);
         let schema = metadata.schema();
@@ -210,6 +206,68 @@ impl Footer {
         }
         Ok(out)
     }
+}
+
+/// Reads the footer's schema (Thrift compact protocol, the `thrift` crate) as a flat list of
+/// elements with their child counts, before the parquet crate builds a tree of it, and refuses
+/// one with more than [`MAX_SCHEMA_ELEMENTS`] elements or nested deeper than [`MAX_NESTING`].
+/// What else the footer holds is left to the parquet crate, which checks it.
+fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
+    use thrift::protocol::{TCompactInputProtocol, TInputProtocol, TType};
+    let bad = |what: String| PushdownError::BadInput(format!("the Parquet footer's schema {what}"));
+    let unreadable = |e: thrift::Error| bad(format!("cannot be read: {e}"));
+    let mut p = TCompactInputProtocol::new(footer);
+    p.read_struct_begin().map_err(unreadable)?;
+    loop {
+        let field = p.read_field_begin().map_err(unreadable)?;
+        match (field.field_type, field.id) {
+            // No schema: the parquet crate refuses the footer.
+            (TType::Stop, _) => return Ok(()),
+            // FileMetaData field 2: list<SchemaElement>.
+            (TType::List, Some(2)) => break,
+            (t, _) => p.skip(t).map_err(unreadable)?,
+        }
+    }
+    let list = p.read_list_begin().map_err(unreadable)?;
+    let n = usize::try_from(list.size).map_err(|_| bad("has a negative length".into()))?;
+    if list.element_type != TType::Struct || n > MAX_SCHEMA_ELEMENTS {
+        return Err(bad(format!("has {n} elements; at most {MAX_SCHEMA_ELEMENTS}")));
+    }
+    // The children each open group still expects, outermost first: its length is the depth.
+    let mut open: Vec<i64> = Vec::new();
+    for i in 0..n {
+        // SchemaElement field 5: num_children (absent or 0 for a column).
+        let mut children = 0i64;
+        p.read_struct_begin().map_err(unreadable)?;
+        loop {
+            let field = p.read_field_begin().map_err(unreadable)?;
+            match (field.field_type, field.id) {
+                (TType::Stop, _) => break,
+                (TType::I32, Some(5)) => children = i64::from(p.read_i32().map_err(unreadable)?),
+                (t, _) => p.skip(t).map_err(unreadable)?,
+            }
+        }
+        p.read_struct_end().map_err(unreadable)?;
+        if i > 0 {
+            match open.last_mut() {
+                Some(left) => *left -= 1,
+                None => return Err(bad("has elements outside its root".into())),
+            }
+        }
+        if children < 0 {
+            return Err(bad("has a negative child count".into()));
+        }
+        if children > 0 {
+            open.push(children);
+            if open.len() > MAX_NESTING + 1 {
+                return Err(bad(format!("nests deeper than {MAX_NESTING} levels")));
+            }
+        }
+        while open.last() == Some(&0) {
+            open.pop();
+        }
+    }
+    Ok(())
 }
 
 /// Binary, or a struct with a binary `bytes` field.

@@ -88,6 +88,34 @@ def test_the_column_may_be_named_plain_binary_or_unlabelled_and_npy_stacks_the_r
     assert rel_l2(np.load(io.BytesIO(npy["Body"].read())), want) <= 1e-3
 
 
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def hostile_schema(depth: int, leaves: int = 1) -> bytes:
+    """A Parquet file whose schema nests `depth` groups with `leaves` binary columns in the
+    innermost (its footer written by hand in Thrift's compact protocol, as no writer makes such
+    a file)."""
+
+    def zigzag(n):
+        return varint((n << 1) ^ (n >> 63))
+
+    def group(children):  # optional
+        return b"\x35" + zigzag(1) + b"\x18\x01a" + b"\x15" + zigzag(children) + b"\x00"
+
+    root = b"\x48" + varint(6) + b"schema" + b"\x15" + zigzag(1 if depth else leaves) + b"\x00"
+    leaf = b"\x15" + zigzag(6) + b"\x25" + zigzag(1) + b"\x18\x01a" + b"\x00"  # optional BYTE_ARRAY
+    groups = group(1) * (depth - 1) + group(leaves) if depth else b""
+    schema = b"\x19\xfc" + varint(1 + depth + leaves) + root + groups + leaf * leaves
+    meta = b"\x15" + zigzag(1) + schema + b"\x16" + zigzag(0) + b"\x19\x0c" + b"\x00"
+    return b"PAR1" + meta + len(meta).to_bytes(4, "little") + b"PAR1"
+
+
 def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
     """(key, body, pushdown fields, status, what the message names)."""
     images = [jpeg(3000 + i, (64, 48)) for i in range(3)]
@@ -109,6 +137,12 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
         ("zstd.parquet", zstd, {}, 415, "Snappy"),
         ("null-image.parquet", null_image, {}, 400, "row 1"),
         ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "not a Parquet file"),
+        # Deeper than a schema may nest (the parquet crate builds and drops a schema recursively:
+        # 30,000 levels aborted the gateway before the check), and wider.
+        ("deep.parquet", hostile_schema(9_000), {}, 400, "nests deeper than 64 levels"),
+        ("deeper.parquet", hostile_schema(30_000), {}, 400, "has 30002 elements"),
+        ("wide.parquet", hostile_schema(1, 20_000), {}, 400, "has 20002 elements"),
+        ("fine-schema.parquet", hostile_schema(3, 2), {}, 400, "no column"),
     ]
 
 
