@@ -125,8 +125,10 @@ impl Footer {
 
         let meta = metadata.metadata();
         let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(usize::MAX);
-        if rows > MAX_SAMPLES {
-            return Err(PushdownError::BadInput(format!("the Parquet file has {rows} rows, at most {MAX_SAMPLES}")));
+        if rows == 0 || rows > MAX_SAMPLES {
+            return Err(PushdownError::BadInput(format!(
+                "the Parquet file has {rows} rows; a pushdown reads 1 to {MAX_SAMPLES}"
+            )));
         }
         // What decoding the two columns takes: their chunks' uncompressed bytes as the footer
         // states them, and the offsets arrays beside them.

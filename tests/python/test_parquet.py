@@ -134,6 +134,7 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
         ("damaged.parquet", bytes(damaged), {}, 400, "Parquet"),
         ("huge-footer.parquet", huge_footer, {}, 400, "footer claims"),
         ("many-rows.parquet", many_rows, {}, 400, "10001 rows"),
+        ("no-rows.parquet", parquet_bytes(hf_table([], [])), {}, 400, "0 rows"),
         ("zstd.parquet", zstd, {}, 415, "Snappy"),
         ("null-image.parquet", null_image, {}, 400, "row 1"),
         ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "not a Parquet file"),
