@@ -5,9 +5,9 @@
 //!
 //! Reading happens in two steps so that the memory governor can hold what decoding costs before
 //! it is paid: [`Footer::read`] parses only the footer (its length and its schema's shape checked
-//! first) and states how
-//! many rows and how many decoded bytes the input columns take; [`Footer::rows`] then decodes
-//! those columns alone, and refuses a file whose pages decode to more than its footer claimed.
+//! first) and states how many rows and how many decoded bytes the input columns take;
+//! [`Footer::rows`] then decodes those columns alone, and refuses a file whose pages decode to
+//! more than its footer claimed.
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -23,9 +23,9 @@ use super::shard::MAX_SAMPLES;
 /// Parquet's magic, at the start and at the end of every file.
 const MAGIC: &[u8; 4] = b"PAR1";
 
-/// Largest footer read. The footers of datasets' files are kilobytes (a schema and a few row
-/// groups of a few column chunks each); the bound keeps a hostile one from costing more than a
-/// page of memory and parse time.
+/// Largest footer read. The footers of datasets' files are kilobytes to tens of kilobytes (a
+/// schema, and `datasets` writes a row group per 100 image rows, each with a few column chunks);
+/// the bound caps what a hostile one costs to parse.
 pub const MAX_FOOTER_BYTES: usize = 256 * 1024;
 
 /// Most elements (groups and columns) a schema may have, and how deep it may nest. The parquet
