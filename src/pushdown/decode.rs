@@ -21,7 +21,7 @@ use std::io::Cursor;
 
 use image::{DynamicImage, ImageReader};
 
-use super::error::PushdownError;
+use super::error::{PushdownError, guarded};
 
 /// The image formats pushdown decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,19 +111,6 @@ fn png_chunks_check(bytes: &[u8]) -> Result<(), PushdownError> {
     Ok(())
 }
 
-/// Runs a decoder, turning its panics into a 400: libjpeg reports fatal errors by unwinding (the
-/// `mozjpeg` contract), and a decoder bug must cost one request, never the process or a 500.
-fn guarded<T>(f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let msg = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("corrupt image data");
-        Err(bad(format!("cannot decode image: {msg}")))
-    })
-}
-
 /// Most scans a JPEG may have. Every scan of a progressive JPEG passes over the whole image's
 /// coefficients, and libjpeg only warns about a progression that repeats itself: a few bytes per
 /// repeated scan would buy unbounded CPU (minutes for a small file). Encoders write 1 (baseline) to
@@ -176,7 +163,7 @@ fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
 /// Not a JPEG or PNG, or an unreadable header.
 pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
     match sniff(bytes) {
-        Some(Format::Jpeg) => guarded(|| {
+        Some(Format::Jpeg) => guarded("cannot decode image", || {
             let scans = jpeg_scans(bytes, MAX_JPEG_SCANS);
             if scans > MAX_JPEG_SCANS {
                 return Err(bad(format!(
@@ -236,7 +223,7 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Vec<u8>, PushdownError> {
         return Err(bad("cannot decode image: the JPEG data is truncated (no end-of-image marker)"));
     }
     let failed = |e: std::io::Error| bad(format!("cannot decode image: {e}"));
-    guarded(|| {
+    guarded("cannot decode image", || {
         let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| bad(format!("cannot read image header: {e}")))?;
         if is_cmyk(d.color_space()) {
             let mut started = d.to_colorspace(mozjpeg::ColorSpace::JCS_CMYK).map_err(failed)?;
@@ -279,7 +266,7 @@ fn decode_png(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
     limits.max_image_height = Some(head.height);
     limits.max_alloc = Some(head.native_bytes.max(1));
     reader.limits(limits);
-    let img = guarded(|| reader.decode().map_err(|e| bad(format!("cannot decode image: {e}"))))?;
+    let img = guarded("cannot decode image", || reader.decode().map_err(|e| bad(format!("cannot decode image: {e}"))))?;
     // 16-bit grey is PIL's `I;16`, clamped to 8 bits; tRNS may have given it an alpha channel here.
     let clamp_gray16 = depth == 16 && color == png_color::GRAY;
     let hi = |v: u16| (v >> 8) as u8;
@@ -339,7 +326,7 @@ mod tests {
         let e = header(found).expect_err("refused");
         assert!(e.to_string().contains("palette has 49 bytes"), "{e}");
         // Whatever a decoder panics on is a 400 of its own.
-        let e = guarded::<()>(|| panic!("decoder bug")).expect_err("caught");
+        let e = guarded::<()>("cannot decode image", || panic!("decoder bug")).expect_err("caught");
         assert!(e.to_string().contains("decoder bug"), "{e}");
     }
 

@@ -46,3 +46,21 @@ pub enum PushdownError {
     #[error("internal pushdown error: {0}")]
     Internal(String),
 }
+
+/// Runs a third-party parser of untrusted bytes, turning its panics into `400 BadInput` (`what`:
+/// the message's prefix, e.g. "cannot decode image"): a parser bug must cost that one request,
+/// never the process or a `500`. libjpeg reports fatal errors by unwinding (the `mozjpeg`
+/// contract); the parquet crate panics on some damaged files (`super::table`).
+///
+/// # Errors
+/// What `f` returns, or `BadInput` if it panicked.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("damaged data");
+        Err(PushdownError::BadInput(format!("{what}: {msg}")))
+    })
+}

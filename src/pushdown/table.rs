@@ -17,7 +17,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::Compression;
 
-use super::error::PushdownError;
+use super::error::{PushdownError, guarded};
 use super::shard::MAX_SAMPLES;
 
 /// Parquet's magic, at the start and at the end of every file.
@@ -50,6 +50,12 @@ const DECODE_SLACK: u64 = 1024 * 1024;
 
 /// The image column when the request names none (Hugging Face's `Image` feature's usual name).
 pub const DEFAULT_COLUMN: &str = "image";
+
+/// What a panic of the parquet crate is answered with (a `400`, [`guarded`]). The crate panics on
+/// some damaged files instead of returning an error: AFL found asserts in its column-chunk
+/// metadata, its byte-array and level decoders and Arrow's bit utilities within seconds
+/// (`fuzz/regressions/parquet/`).
+const UNREADABLE: &str = "not a readable Parquet file";
 
 /// The labels, when the file has an integer column of this name.
 const LABEL_COLUMN: &str = "label";
@@ -98,7 +104,9 @@ impl Footer {
             )));
         }
         check_schema_shape(&object[len - 8 - footer_len..len - 8])?;
-        let metadata = ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))?;
+        let metadata = guarded(UNREADABLE, || {
+            ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))
+        })?;
 
         let name = column.unwrap_or(DEFAULT_COLUMN);
         let schema = metadata.schema();
@@ -177,6 +185,10 @@ impl Footer {
     /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes than the
     /// footer claimed.
     pub fn rows(self, object: Bytes) -> Result<Vec<Row>, PushdownError> {
+        guarded(UNREADABLE, || self.decode(object))
+    }
+
+    fn decode(self, object: Bytes) -> Result<Vec<Row>, PushdownError> {
         let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
         let (column, labelled) = (self.column.clone(), self.label.is_some());
         let mask = ProjectionMask::roots(
@@ -367,7 +379,7 @@ fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
     if matches!(e, parquet::errors::ParquetError::NYI(_)) {
         PushdownError::Unsupported(format!("Parquet: {e}"))
     } else {
-        PushdownError::BadInput(format!("not a readable Parquet file: {e}"))
+        PushdownError::BadInput(format!("{UNREADABLE}: {e}"))
     }
 }
 
@@ -437,6 +449,18 @@ mod tests {
         let rows = Footer::read(&object, Some("img"), 1 << 20).expect("footer").rows(object.clone()).expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
+    }
+
+    #[test]
+    fn files_the_parquet_crate_panics_on_are_refused() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions/parquet");
+        let mut refused = 0;
+        for entry in std::fs::read_dir(dir).expect("regressions") {
+            let object = Bytes::from(std::fs::read(entry.expect("entry").path()).expect("read"));
+            let outcome = Footer::read(&object, None, 1 << 24).and_then(|f| f.rows(object.clone()));
+            refused += usize::from(outcome.is_err());
+        }
+        assert!(refused >= 12, "{refused}");
     }
 
     #[test]
