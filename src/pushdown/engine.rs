@@ -215,7 +215,10 @@ impl Engine {
             std::thread::Builder::new()
                 .name(format!("infer-{}-{split}-{n}", model.manifest.name))
                 .spawn(move || {
+                    // Dropped last: the count falls only once the thread holds nothing of ONNX
+                    // Runtime (its session in `worker`, the environment handle in `shared`).
                     let _running = running;
+                    let shared = shared;
                     worker(&shared, n == 0);
                 })
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
@@ -338,6 +341,12 @@ pub struct Threads {
 }
 
 impl Threads {
+    /// Inference threads that still hold anything of ONNX Runtime.
+    #[must_use]
+    pub fn running(&self) -> usize {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Blocks until no inference thread runs, at most `within`; returns whether none does.
     pub fn wait_ended(&self, within: Duration) -> bool {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);

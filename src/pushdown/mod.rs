@@ -339,6 +339,12 @@ impl Pushdown {
         ended
     }
 
+    /// Inference threads of this service's engines that still hold anything of ONNX Runtime.
+    #[must_use]
+    pub fn inference_threads(&self) -> usize {
+        self.threads.running()
+    }
+
     /// Fault injection for the supervision tests: the next run of this engine panics. `false` if
     /// it is not running.
     #[doc(hidden)]

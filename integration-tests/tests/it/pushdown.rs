@@ -308,11 +308,12 @@ async fn a_worker_panic_is_answered_with_an_error_and_the_engine_recovers() {
     assert_eq!(next.status, 200, "the engine runs again: {}", next.text());
     let third = get(&server, &pushdown_path("g3.npy", "stem"), &[]).await;
     assert_eq!(third.status, 200);
-    // Shutdown returns only once the inference threads have ended: a process that exits while one
-    // still drops its session inside ONNX Runtime aborts (seen in CI as "pure virtual method called").
-    assert!(threads_named("infer-tiny-cnn") > 0);
+    // Shutdown returns only once the inference threads hold nothing of ONNX Runtime: a process
+    // that exits while one still drops its session inside it aborts (seen in CI as "pure virtual
+    // method called").
+    assert!(pd.inference_threads() > 0);
     assert!(server.shutdown().await);
-    assert_eq!(threads_named("infer-tiny-cnn"), 0);
+    assert_eq!(pd.inference_threads(), 0);
 }
 
 #[tokio::test]
