@@ -182,17 +182,26 @@ pub fn webdataset_shard(data: &[u8]) {
     }
 }
 
-/// Parquet files: the footer, then the input columns' rows, as many as the footer states.
+/// Parquet files: the footer, then the rows (every column kept, as for a Parquet output), as
+/// many as the footer states; a file that decodes is written back with a feature per row, and
+/// the output reads back with as many rows.
 pub fn parquet_table(data: &[u8]) {
     let object = Bytes::copy_from_slice(data);
     if !table::is_parquet(&object) {
         return;
     }
-    let Ok(footer) = table::Footer::read(&object, None, 1 << 24) else { return };
+    let Ok(footer) = table::Footer::read(&object, None, 1 << 24, true) else { return };
     let claimed = footer.row_count();
     assert!(claimed <= shard::MAX_SAMPLES);
-    if let Ok(rows) = footer.rows(object) {
+    if let Ok((rows, kept)) = footer.rows(object) {
         assert_eq!(rows.len(), claimed);
+        let kept = kept.expect("kept columns");
+        let out = table::write(&kept, vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
+            .expect("decoded rows write back");
+        let out = Bytes::from(out);
+        let back = table::Footer::read(&out, Some(table::FEATURES_COLUMN), 1 << 26, false);
+        // The features column is not an image column: the output's footer reads, the column is refused.
+        assert!(back.is_err_and(|e| e.to_string().contains("not encoded images")));
     }
 }
 

@@ -4,6 +4,7 @@
 //! here.
 
 pub mod admit;
+mod alias;
 pub mod owner;
 mod post_object;
 mod pushdown;
@@ -294,7 +295,7 @@ impl Gateway {
             }
             target.bucket = Some(alias.target.clone());
         }
-        let (job, planned_none) = match requested.or_else(|| alias.map(|a| a.spec)) {
+        let (job, planned_none) = match requested.or_else(|| alias.as_ref().map(|a| a.spec.clone())) {
             Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => {
                 let job = self.prepare(spec, identity.name())?;
                 let none = job.is_none();
@@ -371,18 +372,30 @@ impl Gateway {
                 self.prepared_body(op, checked(data, header_checksum), decoded_length, &mut headers, None).await?
             }
         };
+        // An alias listing's entries each may cost a pushdown: its pages are bounded.
+        let listing = alias.filter(|_| matches!(op, S3Op::ListObjects | S3Op::ListObjectsV2));
+        let query = match &listing {
+            Some(_) => Some(crate::s3::listing::capped_page(
+                forwarded_query(parts.uri.query()).as_deref(),
+                alias::ALIAS_LISTING_PAGE,
+            )),
+            None => forwarded_query(parts.uri.query()),
+        };
         let fwd = ForwardRequest {
             op,
             method: parts.method,
             target,
-            query: forwarded_query(parts.uri.query()),
+            query,
             headers,
             body,
             payload: fwd_payload,
-            authority,
+            authority: authority.clone(),
             expect_continue: expects_continue(&parts.headers),
         };
-        let resp = self.send_passthrough(fwd, planned_none).await?;
+        let mut resp = self.send_passthrough(fwd, planned_none).await?;
+        if let Some(alias) = &listing {
+            resp = self.alias_listing(resp, alias, (identity.name(), &authority)).await?;
+        }
         Ok((resp, identity.name().to_owned()))
     }
 

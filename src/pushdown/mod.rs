@@ -362,10 +362,21 @@ impl Pushdown {
         let parse_model = model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
         let want_tar = spec.format == Some(Format::Tar);
-        let source = SourceLimits { column: spec.column.clone(), max_decoded: self.cfg.max_object_bytes };
+        let want_parquet = spec.format == Some(Format::Parquet);
+        let source = SourceLimits {
+            column: spec.column.clone(),
+            max_decoded: self.cfg.max_object_bytes,
+            keep_columns: want_parquet,
+        };
         // A Parquet file's pages are decoded after the governor holds what that takes.
         let table_source = table::is_parquet(&object).then(|| object.clone());
         let (mut parsed, scratch) = tokio::task::spawn_blocking(move || {
+            if want_parquet && !table::is_parquet(&object) {
+                return Err(PushdownError::InvalidArgument {
+                    field: "format".into(),
+                    message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
+                });
+            }
             let parsed = parse(&object, &parse_model.manifest, &source)?;
             if want_tar && parsed.kind != Kind::Shard {
                 return Err(PushdownError::InvalidArgument {
@@ -386,10 +397,11 @@ impl Pushdown {
         let samples_n = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
         let n = samples_n as u64;
         // A tar body also holds copies of the samples' other members and its framing; a Parquet
-        // file's decoded input columns live as long as its samples.
+        // file's decoded columns live as long as its samples, and a Parquet body holds its kept
+        // columns again.
         let tar_bytes =
             if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
-        let decoded_bytes = parsed.table.as_ref().map_or(0, table::Footer::decoded_bytes);
+        let decoded_bytes = parsed.table.as_ref().map_or(0, |t| t.decoded_bytes().saturating_add(t.output_bytes()));
         let (stream, outputs_held) = self
             .governor
             .open(
@@ -478,7 +490,8 @@ impl Pushdown {
             // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
             meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
         }
-        let (kind, labels, keys, others) = (parsed.kind, parsed.labels, parsed.keys, parsed.others);
+        let (kind, labels, keys, others, kept) = (parsed.kind, parsed.labels, parsed.keys, parsed.others, parsed.kept);
+        let names = (model.manifest.name.clone(), split.clone());
         let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
             if format == Format::Tar {
                 return write_tar(&outputs, &keys, &others, dtype);
@@ -488,6 +501,12 @@ impl Pushdown {
                 Format::Npy => tensor::write_npy(&out, dtype),
                 Format::Safetensors => {
                     tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?
+                }
+                Format::Parquet => {
+                    let kept = kept.ok_or_else(|| PushdownError::Internal("no kept columns".into()))?;
+                    let shape = out.shape.clone();
+                    let body = table::write(&kept, out.data, &shape, dtype, (&names.0, &names.1))?;
+                    return Ok((body, shape));
                 }
                 Format::Tar => unreachable!("written above"),
             };
@@ -500,6 +519,7 @@ impl Pushdown {
             Format::Npy => "application/x-npy",
             Format::Safetensors => "application/vnd.safetensors",
             Format::Tar => "application/x-tar",
+            Format::Parquet => "application/vnd.apache.parquet",
         };
         Ok(Output {
             body: Bytes::from(body),
@@ -669,6 +689,8 @@ struct Parsed {
     others: Vec<Vec<(String, Bytes)>>,
     /// A Parquet file whose rows are still to decode, once the governor holds what that takes.
     table: Option<table::Footer>,
+    /// A Parquet file's other columns, for a Parquet output.
+    kept: Option<table::Kept>,
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.
@@ -720,7 +742,15 @@ fn image_costs(
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
 fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -> Result<Parsed, PushdownError> {
-    let one = |kind, items| Parsed { kind, items, keys: Vec::new(), labels: None, others: Vec::new(), table: None };
+    let one = |kind, items| Parsed {
+        kind,
+        items,
+        keys: Vec::new(),
+        labels: None,
+        others: Vec::new(),
+        table: None,
+        kept: None,
+    };
     if source.column.is_some() && !table::is_parquet(object) {
         return Err(PushdownError::InvalidArgument {
             field: "column".into(),
@@ -731,7 +761,7 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -
         if manifest.preprocess.is_none() {
             return Err(no_preprocess(&manifest.name));
         }
-        let footer = table::Footer::read(object, source.column.as_deref(), source.max_decoded)?;
+        let footer = table::Footer::read(object, source.column.as_deref(), source.max_decoded, source.keep_columns)?;
         return Ok(Parsed { table: Some(footer), ..one(Kind::Table, Vec::new()) });
     }
     if preprocess::is_image(object) {
@@ -774,24 +804,27 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -
             keys.push(s.key);
             others.push(s.others);
         }
-        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others, table: None });
+        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others, table: None, kept: None });
     }
     Err(PushdownError::Unsupported(
         "the object is not a JPEG or PNG image, a .npy tensor, a WebDataset tar shard or a Parquet file".into(),
     ))
 }
 
-/// What parsing a source may take beside the source: a Parquet input column (`column`) and the
-/// most bytes its decoded columns may hold (`pushdown.max_object_bytes`).
+/// What parsing a source may take beside the source: a Parquet input column (`column`), the
+/// most bytes its decoded columns may hold (`pushdown.max_object_bytes`), and whether its other
+/// columns are decoded too (a Parquet output).
 struct SourceLimits {
     column: Option<String>,
     max_decoded: u64,
+    keep_columns: bool,
 }
 
 /// A Parquet file's rows as the items, keys and labels of its samples.
 fn decode_table(object: Bytes, parsed: &mut Parsed) -> Result<(), PushdownError> {
     let Some(footer) = parsed.table.take() else { return Ok(()) };
-    let rows = footer.rows(object)?;
+    let (rows, kept) = footer.rows(object)?;
+    parsed.kept = kept;
     parsed.labels = rows.iter().map(|r| r.label).collect();
     parsed.keys = rows.iter().map(|r| r.key.clone()).collect();
     parsed.others = vec![Vec::new(); rows.len()];

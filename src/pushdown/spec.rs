@@ -21,6 +21,9 @@ pub enum Format {
     /// A WebDataset shard (tar) of per-sample `.npy` features beside the shard's other members:
     /// for shards only.
     Tar,
+    /// A Parquet file: the source's columns but the input one, and the features as a
+    /// fixed-size list column (`features`), in the source's row groups: for Parquet sources only.
+    Parquet,
 }
 
 /// Output element type (also what a plan request sizes outputs by: `"f32"`, `"f16"`, `"bf16"`).
@@ -136,7 +139,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         Some("npy") => Some(Format::Npy),
         Some("safetensors") => Some(Format::Safetensors),
         Some("tar") => Some(Format::Tar),
-        Some(other) => return Err(invalid("format", &format!("{other:?} is not npy, safetensors or tar"))),
+        Some("parquet") => Some(Format::Parquet),
+        Some(other) => return Err(invalid("format", &format!("{other:?} is not npy, safetensors, tar or parquet"))),
     };
     let dtype = match dtype.as_deref() {
         None | Some("f32") => Dtype::F32,
@@ -144,8 +148,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         Some("bf16") => Dtype::Bf16,
         Some(other) => return Err(invalid("dtype", &format!("{other:?} is not f32, f16 or bf16"))),
     };
-    if matches!(format, Some(Format::Npy | Format::Tar)) && dtype == Dtype::Bf16 {
-        return Err(invalid("dtype", "bf16 has no .npy encoding: use format=safetensors"));
+    if matches!(format, Some(Format::Npy | Format::Tar | Format::Parquet)) && dtype == Dtype::Bf16 {
+        return Err(invalid("dtype", "bf16 has no .npy or Parquet encoding: use format=safetensors"));
     }
     let batch = match batch.as_deref() {
         None => None,
@@ -189,6 +193,7 @@ impl Format {
             Self::Npy => "npy",
             Self::Safetensors => "safetensors",
             Self::Tar => "tar",
+            Self::Parquet => "parquet",
         }
     }
 }

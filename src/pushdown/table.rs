@@ -9,16 +9,22 @@
 //! [`Footer::rows`] then decodes those columns alone, and refuses a file whose pages decode to
 //! more than its footer claimed.
 
+use std::sync::Arc;
+
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::DataType;
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
-use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use super::error::{PushdownError, guarded};
 use super::shard::MAX_SAMPLES;
+use super::spec::Dtype;
 
 /// Parquet's magic, at the start and at the end of every file.
 const MAGIC: &[u8; 4] = b"PAR1";
@@ -60,6 +66,13 @@ const UNREADABLE: &str = "not a readable Parquet file";
 /// The labels, when the file has an integer column of this name.
 const LABEL_COLUMN: &str = "label";
 
+/// The column a Parquet output adds ([`write`]).
+pub const FEATURES_COLUMN: &str = "features";
+
+/// What a Parquet output's footer may take beyond its columns (a schema and a few row groups'
+/// chunk descriptions, as [`MAX_FOOTER_BYTES`] bounds the source's).
+const OUTPUT_FOOTER_BYTES: u64 = MAX_FOOTER_BYTES as u64;
+
 /// Whether the object is a Parquet file (its magic at both ends).
 #[must_use]
 pub fn is_parquet(object: &[u8]) -> bool {
@@ -85,17 +98,22 @@ pub struct Footer {
     column: String,
     rows: usize,
     decoded_bytes: u64,
+    /// Whether every other column is decoded too, for a Parquet output ([`Kept`]).
+    keep: bool,
+    /// What the kept columns take decoded, as the footer states it.
+    kept_bytes: u64,
 }
 
 impl Footer {
     /// Parses and checks the footer of `object` ([`is_parquet`]): the input column `column`
     /// (default [`DEFAULT_COLUMN`]) is binary or a struct with a binary `bytes` field, there are
-    /// at most [`MAX_SAMPLES`] rows, and its column chunks claim at most `max_decoded` bytes.
+    /// at most [`MAX_SAMPLES`] rows, and the column chunks to decode claim at most `max_decoded`
+    /// bytes. `keep`: every other column is decoded too, for a Parquet output ([`Kept`]).
     ///
     /// # Errors
     /// `BadInput` for an unreadable footer, a missing or mistyped column, too many rows or too
     /// many decoded bytes; `Unsupported` for a compression this build does not read.
-    pub fn read(object: &Bytes, column: Option<&str>, max_decoded: u64) -> Result<Self, PushdownError> {
+    pub fn read(object: &Bytes, column: Option<&str>, max_decoded: u64, keep: bool) -> Result<Self, PushdownError> {
         let len = object.len();
         let footer_len = u32::from_le_bytes(object[len - 8..len - 4].try_into().expect("4 bytes")) as usize;
         if footer_len > MAX_FOOTER_BYTES || footer_len + 12 > len {
@@ -130,6 +148,15 @@ impl Footer {
             .column_with_name(LABEL_COLUMN)
             .filter(|(i, f)| *i != image && f.data_type().is_integer())
             .map(|(i, _)| i);
+        if keep && schema.column_with_name(FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
+            return Err(PushdownError::InvalidArgument {
+                field: "format".into(),
+                message: format!(
+                    "the Parquet file has a column {FEATURES_COLUMN:?} already, which a Parquet output adds; \
+                     use format=safetensors"
+                ),
+            });
+        }
 
         let meta = metadata.metadata();
         let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(usize::MAX);
@@ -138,13 +165,22 @@ impl Footer {
                 "the Parquet file has {rows} rows; a pushdown reads 1 to {MAX_SAMPLES}"
             )));
         }
-        // What decoding the two columns takes: their chunks' uncompressed bytes as the footer
-        // states them, and the offsets arrays beside them.
-        let roots: Vec<&str> = std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).collect();
+        // What decoding the columns takes: their chunks' uncompressed bytes as the footer states
+        // them, and the offsets arrays beside them.
+        let roots: Vec<&str> = if keep {
+            schema.fields().iter().map(|f| f.name().as_str()).collect()
+        } else {
+            std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).collect()
+        };
         let mut decoded = 16 * rows as u64;
+        let mut kept_bytes = 0u64;
         for group in meta.row_groups() {
             for chunk in group.columns() {
-                if chunk.column_path().parts().first().is_some_and(|p| roots.contains(&p.as_str())) {
+                let root = chunk.column_path().parts().first().map(String::as_str);
+                if root.is_some_and(|p| roots.contains(&p)) {
+                    if root != Some(name) {
+                        kept_bytes = kept_bytes.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(0));
+                    }
                     if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
                         return Err(PushdownError::Unsupported(format!(
                             "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
@@ -163,7 +199,8 @@ impl Footer {
                  ({max_decoded})"
             )));
         }
-        Ok(Self { metadata, image, label, column: name.to_owned(), rows, decoded_bytes: decoded })
+        let kept_bytes = if keep { kept_bytes } else { 0 };
+        Ok(Self { metadata, image, label, column: name.to_owned(), rows, decoded_bytes: decoded, keep, kept_bytes })
     }
 
     /// Rows in the file.
@@ -179,22 +216,49 @@ impl Footer {
         self.decoded_bytes.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
     }
 
-    /// Decodes the input columns' rows.
+    /// What a Parquet output's body holds beside the features: the kept columns, re-encoded
+    /// (at most their decoded size), and its footer.
+    #[must_use]
+    pub fn output_bytes(&self) -> u64 {
+        if self.keep { self.kept_bytes.saturating_add(OUTPUT_FOOTER_BYTES) } else { 0 }
+    }
+
+    /// Decodes the input columns' rows, and the other columns when the footer was read to keep
+    /// them.
     ///
     /// # Errors
     /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes than the
     /// footer claimed.
-    pub fn rows(self, object: Bytes) -> Result<Vec<Row>, PushdownError> {
+    pub fn rows(self, object: Bytes) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
         guarded(UNREADABLE, || self.decode(object))
     }
 
-    fn decode(self, object: Bytes) -> Result<Vec<Row>, PushdownError> {
+    fn decode(self, object: Bytes) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
         let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
         let (column, labelled) = (self.column.clone(), self.label.is_some());
-        let mask = ProjectionMask::roots(
-            self.metadata.parquet_schema(),
-            std::iter::once(self.image).chain(self.label).collect::<Vec<_>>(),
-        );
+        let schema = self.metadata.schema().clone();
+        let mask = if self.keep {
+            ProjectionMask::all()
+        } else {
+            ProjectionMask::roots(
+                self.metadata.parquet_schema(),
+                std::iter::once(self.image).chain(self.label).collect::<Vec<_>>(),
+            )
+        };
+        // The kept columns, in the file's order; the output's row groups are the source's.
+        let kept_columns: Vec<usize> = (0..schema.fields().len()).filter(|i| *i != self.image).collect();
+        let mut kept = self.keep.then(|| Kept {
+            schema: Arc::new(schema.project(&kept_columns).expect("indices within the schema")),
+            batches: Vec::new(),
+            group_rows: self
+                .metadata
+                .metadata()
+                .row_groups()
+                .iter()
+                .map(|g| usize::try_from(g.num_rows()).unwrap_or(0))
+                .collect(),
+            column: column.clone(),
+        });
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object, self.metadata)
             .with_projection(mask)
             .with_batch_size(ROWS_PER_BATCH)
@@ -211,6 +275,12 @@ impl Footer {
                 )));
             }
             rows_of(&batch, (&column, labelled), out.len(), &mut out)?;
+            if let Some(kept) = kept.as_mut() {
+                let columns = kept_columns.iter().map(|i| batch.column(*i).clone()).collect();
+                let batch = RecordBatch::try_new(kept.schema.clone(), columns)
+                    .map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
+                kept.batches.push(batch);
+            }
         }
         if out.len() != expected {
             return Err(PushdownError::BadInput(format!(
@@ -218,8 +288,143 @@ impl Footer {
                 out.len()
             )));
         }
-        Ok(out)
+        Ok((out, kept))
     }
+}
+
+/// A Parquet source's columns but the input one, decoded, with the row counts of its row groups:
+/// what a Parquet output ([`write`]) keeps.
+#[derive(Debug)]
+pub struct Kept {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    group_rows: Vec<usize>,
+    /// The input column, which the output leaves out.
+    column: String,
+}
+
+/// What the output's `tensorgate` metadata entry says of its features.
+#[derive(Debug, serde::Serialize)]
+pub struct Provenance<'a> {
+    pub model: &'a str,
+    pub split: &'a str,
+    /// One row's feature shape (the column holds it flattened, row-major).
+    pub shape: &'a [usize],
+    pub dtype: &'a str,
+    /// The input column.
+    pub column: &'a str,
+}
+
+/// A Parquet output: `kept`'s columns, then the features (`rows x per-row values`, row-major) as
+/// a fixed-size list column [`FEATURES_COLUMN`] of `f32` or `f16`, in the source's row groups,
+/// Snappy pages. The file's key-value metadata is kept, with Hugging Face `datasets`' feature
+/// description updated (the input column gone, the features added) and a `tensorgate` entry
+/// naming the model, the split and the feature shape.
+///
+/// # Errors
+/// `Internal` if the arrays disagree on their row counts (a bug); `InvalidArgument` for `bf16`.
+pub fn write(
+    kept: &Kept,
+    features: Vec<f32>,
+    shape: &[usize],
+    dtype: Dtype,
+    model: (&str, &str),
+) -> Result<Vec<u8>, PushdownError> {
+    let internal = |e: &dyn std::fmt::Display| PushdownError::Internal(format!("writing the Parquet output: {e}"));
+    let rows = shape.first().copied().unwrap_or(0);
+    let per = shape[1..].iter().product::<usize>();
+    let (item, values): (DataType, ArrayRef) = match dtype {
+        Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(features))),
+        Dtype::F16 => (
+            DataType::Float16,
+            Arc::new(Float16Array::from(features.into_iter().map(half::f16::from_f32).collect::<Vec<_>>())),
+        ),
+        Dtype::Bf16 => {
+            return Err(PushdownError::InvalidArgument {
+                field: "dtype".into(),
+                message: "bf16 has no Parquet encoding: use format=safetensors".into(),
+            });
+        }
+    };
+    let item_field = Arc::new(Field::new("item", item, false));
+    let size = i32::try_from(per).map_err(|e| internal(&e))?;
+    let column = FixedSizeListArray::try_new(item_field.clone(), size, values, None).map_err(|e| internal(&e))?;
+    if column.len() != rows || kept.group_rows.iter().sum::<usize>() != rows {
+        return Err(internal(&format!("{} feature rows, {rows} expected", column.len())));
+    }
+
+    let provenance =
+        Provenance { model: model.0, split: model.1, shape: &shape[1..], dtype: dtype.name(), column: &kept.column };
+    let mut metadata = kept.schema.metadata().clone();
+    metadata.remove("ARROW:schema");
+    if let Some(updated) =
+        metadata.remove(HF_METADATA).and_then(|hf| hf_features(&hf, &kept.column, (item_name(dtype), per)))
+    {
+        metadata.insert(HF_METADATA.to_owned(), updated);
+    }
+    metadata.insert("tensorgate".to_owned(), serde_json::to_string(&provenance).expect("serializable"));
+    let mut fields: Vec<Arc<Field>> = kept.schema.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(FEATURES_COLUMN, DataType::FixedSizeList(item_field, size), false)));
+    let schema = Arc::new(Schema::new_with_metadata(fields, metadata));
+
+    // As key-value entries too: pyarrow (and so `datasets`) reads a schema's metadata from those,
+    // not from the Arrow schema the writer embeds.
+    let entries = schema.metadata().iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(entries))
+        // Feature values rarely repeat: a dictionary would be tried, then written beside the
+        // plain pages it falls back to.
+        .set_column_dictionary_enabled(
+            ColumnPath::new(vec![FEATURES_COLUMN.into(), "list".into(), "item".into()]),
+            false,
+        )
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(rows.max(1)))
+        .build();
+    let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props)).map_err(|e| internal(&e))?;
+    let mut groups = kept.group_rows.iter().copied().filter(|n| *n > 0);
+    let (mut left, mut done) = (groups.next().unwrap_or(usize::MAX), 0usize);
+    for batch in &kept.batches {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let n = (batch.num_rows() - offset).min(left);
+            let mut columns = batch.slice(offset, n).columns().to_vec();
+            columns.push(Arc::new(column.slice(done, n)));
+            writer
+                .write(&RecordBatch::try_new(schema.clone(), columns).map_err(|e| internal(&e))?)
+                .map_err(|e| internal(&e))?;
+            (offset, done, left) = (offset + n, done + n, left - n);
+            if left == 0 {
+                writer.flush().map_err(|e| internal(&e))?;
+                left = groups.next().unwrap_or(usize::MAX);
+            }
+        }
+    }
+    writer.into_inner().map_err(|e| internal(&e))
+}
+
+/// Hugging Face `datasets`' entry in a Parquet file's key-value metadata: `{"info": {"features":
+/// {column: feature}}}`, which `datasets` reads the columns' types from.
+const HF_METADATA: &str = "huggingface";
+
+/// `datasets`' value type of the features.
+fn item_name(dtype: Dtype) -> &'static str {
+    if dtype == Dtype::F16 { "float16" } else { "float32" }
+}
+
+/// `datasets`' feature description with the input column gone and the features added as a
+/// sequence of `len` values (the `Sequence` spelling, which `datasets` reads from 2.x to 5.x);
+/// `None` when the entry is not in that shape (then it is left out, and `datasets` reads the
+/// columns' types from the Arrow schema).
+fn hf_features(entry: &str, input: &str, (item, len): (&str, usize)) -> Option<String> {
+    let mut doc: serde_json::Value = serde_json::from_str(entry).ok()?;
+    let features = doc.get_mut("info")?.get_mut("features")?.as_object_mut()?;
+    features.remove(input);
+    features.insert(
+        FEATURES_COLUMN.to_owned(),
+        serde_json::json!({"feature": {"dtype": item, "_type": "Value"}, "length": len, "_type": "Sequence"}),
+    );
+    serde_json::to_string(&doc).ok()
 }
 
 /// Reads the footer's schema (Thrift compact protocol, the `thrift` crate) as a flat list of
@@ -385,14 +590,9 @@ fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
+    use super::*;
     use arrow_array::{BinaryArray, Int64Array, StringArray, StructArray};
     use arrow_schema::{Field, Fields};
-    use parquet::arrow::ArrowWriter;
-    use parquet::file::properties::WriterProperties;
-
-    use super::*;
 
     /// A file of `columns`, `per_group` rows to a row group, Snappy pages.
     fn file(columns: Vec<(&str, ArrayRef)>, per_group: usize) -> Bytes {
@@ -424,13 +624,71 @@ mod tests {
             2,
         );
         assert!(is_parquet(&object));
-        let footer = Footer::read(&object, None, 1 << 20).expect("footer");
+        let footer = Footer::read(&object, None, 1 << 20, false).expect("footer");
         assert_eq!(footer.row_count(), 3);
         assert!(footer.decoded_bytes() > 0);
-        let rows = footer.rows(object).expect("rows");
+        let (rows, _) = footer.rows(object).expect("rows");
         let got: Vec<(&str, &[u8], Option<i64>)> =
             rows.iter().map(|r| (r.key.as_str(), &r.image[..], r.label)).collect();
         assert_eq!(got, [("a.jpg", &b"A"[..], Some(3)), ("1", &b"BB"[..], Some(1)), ("c.png", &b"CCC"[..], Some(4))]);
+    }
+
+    #[test]
+    fn a_parquet_output_keeps_the_other_columns_and_row_groups_and_adds_the_features() {
+        let hf = r#"{"info": {"features": {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["a"]}, "caption": {"dtype": "string", "_type": "Value"}}}}"#;
+        let captions: ArrayRef =
+            Arc::new(StringArray::from(vec![Some("one"), None, Some("three"), Some("four"), Some("five")]));
+        let batch = RecordBatch::try_from_iter(vec![
+            ("caption", captions.clone()),
+            (
+                "image",
+                images(&[Some("a"), Some("b"), Some("c"), Some("d"), Some("e")], &[b"A", b"B", b"C", b"D", b"E"]),
+            ),
+            ("label", Arc::new(Int64Array::from(vec![0, 1, 2, 3, 4])) as ArrayRef),
+        ])
+        .expect("batch");
+        let schema = Arc::new(Schema::new_with_metadata(
+            batch.schema().fields().clone(),
+            std::collections::HashMap::from([("huggingface".to_owned(), hf.to_owned())]),
+        ));
+        let batch = batch.with_schema(schema.clone()).expect("schema");
+        let props = WriterProperties::builder().set_max_row_group_row_count(Some(2)).build();
+        let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props)).expect("writer");
+        w.write(&batch).expect("write");
+        let object = Bytes::from(w.into_inner().expect("close"));
+
+        let footer = Footer::read(&object, None, 1 << 20, true).expect("footer");
+        assert!(footer.output_bytes() > OUTPUT_FOOTER_BYTES);
+        let (rows, kept) = footer.rows(object).expect("rows");
+        assert_eq!(rows.len(), 5);
+        let features: Vec<f32> = (0..10).map(|v| v as f32 / 4.0).collect();
+        let out = write(&kept.expect("kept"), features.clone(), &[5, 2, 1], Dtype::F16, ("m", "pool")).expect("write");
+
+        let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(out)).expect("output");
+        let groups: Vec<i64> = reader.metadata().row_groups().iter().map(|g| g.num_rows()).collect();
+        assert_eq!(groups, [2, 2, 1]);
+        let meta = reader.schema().metadata().clone();
+        let names: Vec<String> = reader.schema().fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names, ["caption", "label", "features"]);
+        let (mut texts, mut values) = (Vec::new(), Vec::new());
+        for batch in reader.build().expect("reader") {
+            let batch = batch.expect("batch");
+            texts.extend((0..batch.num_rows()).map(|i| string_at(batch.column(0).as_ref(), i)));
+            let list = batch.column(2).as_fixed_size_list();
+            assert_eq!(list.value_length(), 2);
+            let half = list.values().as_primitive::<arrow_array::types::Float16Type>();
+            values.extend(half.values().iter().map(|v| v.to_f32()));
+        }
+        let expected: Vec<Option<String>> = (0..5).map(|i| string_at(captions.as_ref(), i)).collect();
+        assert_eq!(texts, expected);
+        assert_eq!(values, features);
+        let hf: serde_json::Value = serde_json::from_str(&meta["huggingface"]).expect("json");
+        let described: Vec<&String> = hf["info"]["features"].as_object().expect("features").keys().collect();
+        assert_eq!(described, ["caption", "features", "label"]);
+        assert_eq!(hf["info"]["features"]["features"]["length"], 2);
+        let provenance: serde_json::Value = serde_json::from_str(&meta["tensorgate"]).expect("json");
+        assert_eq!(provenance["shape"], serde_json::json!([2, 1]));
+        assert_eq!(provenance["column"], "image");
     }
 
     #[test]
@@ -442,11 +700,12 @@ mod tests {
             ],
             4,
         );
-        let err = |column, max| Footer::read(&object, column, max).expect_err("refused").to_string();
+        let err = |column, max| Footer::read(&object, column, max, false).expect_err("refused").to_string();
         assert!(err(None, 1 << 20).contains("no column \"image\"; its columns: img, n"), "{}", err(None, 1 << 20));
         assert!(err(Some("n"), 1 << 20).contains("not encoded images"));
         assert!(err(Some("img"), 10).contains("more than pushdown.max_object_bytes"));
-        let rows = Footer::read(&object, Some("img"), 1 << 20).expect("footer").rows(object.clone()).expect("rows");
+        let (rows, _) =
+            Footer::read(&object, Some("img"), 1 << 20, false).expect("footer").rows(object.clone()).expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
     }
@@ -457,7 +716,7 @@ mod tests {
         let mut refused = 0;
         for entry in std::fs::read_dir(dir).expect("regressions") {
             let object = Bytes::from(std::fs::read(entry.expect("entry").path()).expect("read"));
-            let outcome = Footer::read(&object, None, 1 << 24).and_then(|f| f.rows(object.clone()));
+            let outcome = Footer::read(&object, None, 1 << 24, true).and_then(|f| f.rows(object.clone()));
             refused += usize::from(outcome.is_err());
         }
         assert!(refused >= 12, "{refused}");
@@ -471,7 +730,9 @@ mod tests {
         long.extend_from_slice(MAGIC);
         for bad in [Bytes::from(long), Bytes::from_static(b"PAR1\0\0\0\0\xff\xff\0\0PAR1")] {
             assert!(is_parquet(&bad));
-            assert!(Footer::read(&bad, None, 1 << 20).expect_err("refused").to_string().contains("footer claims"));
+            assert!(
+                Footer::read(&bad, None, 1 << 20, false).expect_err("refused").to_string().contains("footer claims")
+            );
         }
         assert!(!is_parquet(b"PAR1PAR1"));
     }

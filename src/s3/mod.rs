@@ -5,6 +5,7 @@ pub mod checksum;
 pub mod credentials;
 pub mod form;
 pub mod headers;
+pub mod listing;
 pub mod post_policy;
 pub mod route;
 pub mod sigv2;

@@ -170,6 +170,9 @@ def gateway(store, tmp_path_factory):
     config.write_text(
         "" if TRANSPARENT else
         '[[pushdown.aliases]]\nbucket = "alias-tiny-pool"\ntarget = "alias-target"\nmodel = "tiny-cnn"\nsplit = "pool"\n'
+        # Parquet datasets read through an alias by Parquet readers (test_clients.py).
+        '[[pushdown.aliases]]\nbucket = "alias-parquet"\ntarget = "alias-parquet-src"\nmodel = "tiny-cnn"\n'
+        'split = "pool"\nformat = "parquet"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
     env.update(

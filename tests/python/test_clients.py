@@ -408,3 +408,77 @@ def test_crt_based_pytorch_loader_lists_and_reads_plain_and_alias_buckets(gatewa
         key, body = alias[i]
         feats = np.load(io.BytesIO(body), allow_pickle=False)
         np.testing.assert_allclose(feats, reference("tiny-cnn", "pool", inputs[key][None])[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(TRANSPARENT, reason="alias buckets need terminating identity mode (ADR 0013)")
+def test_parquet_readers_read_features_through_an_alias_bucket(gateway, s3, tmp_path, monkeypatch):
+    """Issue 31: a dataset in Hugging Face's Parquet layout, read through an alias bucket by
+    pyarrow (a file, and a dataset sized from the listing), Hugging Face `datasets` (s3fs) and
+    Polars (Rust's object_store): each gets the Parquet output (every column but the image, the
+    features added), computed once however many ranges and readers ask."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    from test_parquet import hf_table, jpeg, parquet_bytes
+    from test_pushdown import reference, reference_preprocess, rel_l2
+
+    endpoint, admin, _ = gateway
+    try:
+        s3.create_bucket(Bucket="alias-parquet-src")
+    except botocore.exceptions.ClientError as e:
+        assert e.response["Error"]["Code"] in ("BucketAlreadyExists", "BucketAlreadyOwnedByYou")
+    images = [jpeg(5000 + i, (64, 48)) for i in range(30)]
+    source = hf_table(images, [i % 3 for i in range(30)])
+    data = parquet_bytes(source, row_group_size=12)
+    key = f"{STORE_KIND}/train-00000-of-00001.parquet"
+    s3.put_object(Bucket="alias-parquet-src", Key=key, Body=data)
+    from PIL import Image
+
+    x = np.stack([reference_preprocess(Image.open(io.BytesIO(b)), "tiny-cnn") for b in images]).astype(np.float32)
+    want = reference("tiny-cnn", "pool", x).reshape(30, -1)
+
+    def check(table: pa.Table, reader: str):
+        assert table.column_names == ["label", "caption", "features"], reader
+        assert table.column("label").to_pylist() == source.column("label").to_pylist(), reader
+        assert table.column("caption").to_pylist() == source.column("caption").to_pylist(), reader
+        got = np.array(table.column("features").to_pylist(), dtype=np.float32)
+        assert rel_l2(got, want) <= 1e-3, reader  # JPEG decoders differ, as for single images
+
+    # The listing reports the output's size (computed here, once), the same as HEAD.
+    from conftest import metric
+
+    misses = metric(admin, "tensorgate_cache_misses_total")
+    listed = s3.list_objects_v2(Bucket="alias-parquet", Prefix=f"{STORE_KIND}/")["Contents"]
+    head = s3.head_object(Bucket="alias-parquet", Key=key)
+    assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [(key, head["ContentLength"], head["ETag"])]
+    assert head["ContentLength"] != len(data)
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
+
+    fs = pyarrow.fs.S3FileSystem(access_key=CLIENT_AK, secret_key=CLIENT_SK, endpoint_override=endpoint,
+                                 region="us-east-1", scheme="http")
+    pf = pq.ParquetFile(fs.open_input_file(f"alias-parquet/{key}"))
+    assert pf.metadata.num_row_groups == 3  # the source's row groups
+    check(pf.read(), "pyarrow file")
+    check(pads.dataset(f"alias-parquet/{STORE_KIND}/", filesystem=fs, format="parquet").to_table(), "pyarrow dataset")
+
+    import polars as pl
+
+    options = {"aws_access_key_id": CLIENT_AK, "aws_secret_access_key": CLIENT_SK, "aws_endpoint_url": endpoint,
+               "aws_region": "us-east-1", "aws_allow_http": "true"}
+    check(pl.read_parquet(f"s3://alias-parquet/{key}", storage_options=options).to_arrow(), "polars")
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import datasets
+
+    ds = datasets.load_dataset(
+        "parquet", data_files=f"s3://alias-parquet/{STORE_KIND}/*.parquet", split="train",
+        storage_options={"key": CLIENT_AK, "secret": CLIENT_SK,
+                         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}},
+        cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.features["features"].length == want.shape[1]
+    check(ds.data.table, "datasets")
+    # Every reader above asked for footers and column chunks of the one cached output.
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 1

@@ -69,6 +69,24 @@ def test_a_dataset_file_of_three_row_groups_gives_every_rows_features_labels_and
     print(f"Parquet, 200 rows: rel L2 {err:.2e}")
     assert err <= 1e-3  # JPEG: libjpeg-turbo's IDCT against PIL's, as for single JPEGs
 
+    # Parquet out: every column but the image, byte for byte, the features added, in the
+    # source's row groups, with `datasets`' feature description updated.
+    got = pushdown_get(s3, bucket, "train-00000.parquet", model="resnet18", split="pool", format="parquet")
+    assert got["ContentType"] == "application/vnd.apache.parquet"
+    raw = got["Body"].read()
+    out = pq.ParquetFile(io.BytesIO(raw))
+    assert [out.metadata.row_group(i).num_rows for i in range(3)] == [67, 67, 66]
+    table = out.read()
+    source = hf_table(images, labels)
+    assert table.column_names == ["label", "caption", "features"]
+    assert table.select(["label", "caption"]).equals(source.select(["label", "caption"]))
+    features = np.array(table.column("features").to_pylist(), dtype=np.float32)
+    assert rel_l2(features, want.reshape(200, -1)) == pytest.approx(err, rel=1e-3, abs=1e-7)
+    meta = table.schema.metadata
+    assert json.loads(meta[b"tensorgate"]) == {"model": "resnet18", "split": "pool", "shape": list(want.shape[1:]),
+                                               "dtype": "f32", "column": "image"}
+    print(f"Parquet out: {len(raw) / 200:.0f} bytes per row, the source {len(data) / 200:.0f}")
+
 
 def test_the_column_may_be_named_plain_binary_or_unlabelled_and_npy_stacks_the_rows(s3, bucket):
     images = [jpeg(2000 + i, (64, 48)) for i in range(5)]
@@ -144,6 +162,11 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
         ("deeper.parquet", hostile_schema(30_000), {}, 400, "has 30002 elements"),
         ("wide.parquet", hostile_schema(1, 20_000), {}, 400, "has 20002 elements"),
         ("fine-schema.parquet", hostile_schema(3, 2), {}, 400, "no column"),
+        # A Parquet output adds a `features` column; it is for Parquet sources, and has no bf16.
+        ("has-features.parquet", parquet_bytes(hf_table(images, [0, 1, 2]).append_column("features", pa.array([1, 2, 3]))),
+         {"format": "parquet"}, 400, "has a column \"features\" already"),
+        ("not-a-table.npy", b"\x93NUMPY" + bytes(100), {"format": "parquet"}, 400, "parquet is for Parquet sources"),
+        ("bf16.parquet", good, {"format": "parquet", "dtype": "bf16"}, 400, "no .npy or Parquet encoding"),
     ]
 
 
