@@ -183,3 +183,54 @@ def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, b
     got = pushdown_get(s3, bucket, "after.parquet", model="tiny-cnn", split="pool")
     tensors, _ = safetensors_of(got["Body"].read())
     assert tensors["labels"].tolist() == [7]
+
+
+def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(gateway, s3, bucket):
+    """Issue 31: `ShardDataset` over a prefix of Parquet files (listed with `.tar` shards' rules,
+    counted from their footers by `write_index`): two ranks, two loader workers each, equal
+    batch counts, every row once, the pushdown's features equal to the no-pushdown baseline
+    (the raw files decoded here) and the labels and keys the files hold."""
+    from torch.utils.data import DataLoader
+
+    from conftest import CLIENT_AK, CLIENT_SK
+    from tensorgate import Client
+    from tensorgate.data import ShardDataset
+    from tensorgate.wds import write_index
+
+    endpoint, admin, _ = gateway
+    client = Client(endpoint, CLIENT_AK, CLIENT_SK, admin=admin)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = {"hf/train-0.parquet": 7, "hf/train-1.parquet": 5, "hf/train-2.parquet": 6}
+    labels = {}
+    for f, (key, n) in enumerate(rows.items()):
+        cells = [{"bytes": jpeg(6000 + 10 * f + i, (64, 48)), "path": f"{f}/{i}.jpg"} for i in range(n)]
+        labels.update({c["path"]: (f + i) % 4 for i, c in enumerate(cells)})
+        table = pa.table({"image": pa.array(cells, type=image_type),
+                          "label": pa.array([(f + i) % 4 for i in range(n)], pa.int64())})
+        s3.put_object(Bucket=bucket, Key=key, Body=parquet_bytes(table, row_group_size=3))
+    s3.put_object(Bucket=bucket, Key="hf/README.md", Body=b"# a dataset card, not a shard\n")
+    assert write_index(client, bucket, "hf/") == rows
+
+    def epoch(split: str, workers: int) -> tuple[dict, list[int]]:
+        feats, batches = {}, []
+        for rank in range(2):
+            ds = ShardDataset(client, bucket, "tiny-cnn", split, prefix="hf/", index="hf/shards.json", rank=rank,
+                              world_size=2, batch_size=4, shuffle=True, seed=5, tensors="numpy")
+            loader = DataLoader(ds, batch_size=None, num_workers=workers,
+                                **({"multiprocessing_context": "spawn"} if workers else {}))
+            n = 0
+            for b in loader:
+                n += 1
+                for k, x, y in zip(b["key"], b["features"], b["label"]):
+                    assert k not in feats, k
+                    feats[k] = np.asarray(x)
+                    assert int(y) == labels[k]
+            batches.append(n)
+        return feats, batches
+
+    pushed, batches = epoch("stem", 2)
+    assert sorted(pushed) == sorted(labels)
+    assert batches[0] == batches[1]
+    baseline, _ = epoch("none", 0)
+    keys = sorted(labels)
+    assert rel_l2(np.stack([pushed[k] for k in keys]), np.stack([baseline[k] for k in keys])) <= 1e-3

@@ -127,7 +127,7 @@ class Client:
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
             range: str | None = None, if_none_match: str | None = None, before_body=None,
-            raw: bool = False) -> Fetch:
+            raw: bool = False, column: str | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
@@ -229,7 +229,7 @@ class Client:
         return [self.presign(bucket, k, model, split, fmt=fmt if model else None, expires=expires, **kw)
                 for k in braceexpand(pattern)]
 
-    def list_keys(self, bucket: str, prefix: str = "", suffix: str = "") -> list[str]:
+    def list_keys(self, bucket: str, prefix: str = "", suffix: str | tuple[str, ...] = "") -> list[str]:
         keys = []
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", []) if o["Key"].endswith(suffix)]

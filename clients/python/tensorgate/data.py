@@ -36,7 +36,7 @@ import numpy as np
 from .client import Client, Endpoint
 from .codec import array
 from .suffix import NO_PUSHDOWN, preprocess
-from .wds import read_index
+from .wds import SHARD_SUFFIXES, read_index
 
 try:  # torch is optional: without it the datasets are plain iterables of numpy arrays
     import torch
@@ -210,10 +210,14 @@ class _Buffer:
 
 
 class ShardDataset(_IterBase, _Ranked):
-    """An iterable dataset of pushdown features over WebDataset shards (module docs).
+    """An iterable dataset of pushdown features over WebDataset shards or Parquet files (module
+    docs).
 
     - `source`: a `Client` or `Endpoint` (only its plain settings are kept).
-    - `keys` or `prefix`: the shards (listed at the first iteration when only a prefix is given).
+    - `keys` or `prefix`: the shards (listed at the first iteration when only a prefix is given:
+      keys ending in `.tar` or `.parquet`). A Parquet file in Hugging Face `datasets`' layout is
+      a shard whose rows are samples (`index`/`counts` from `write_index` count them from the
+      footers); `column` names its image column (default `image`).
     - `split`: a split name, `"none"` (raw shards decoded here) or `"auto"`: one process of the job
       (rank 0, worker 0) profiles and posts the plan, once per job; every other one sends
       `split=auto` and the gateway applies that plan (each response names the split that ran, and
@@ -228,8 +232,8 @@ class ShardDataset(_IterBase, _Ranked):
     - `drop_last`: equal per-rank sample counts by dropping (True) or padding (False); in
       pre-batched mode it also drops each worker's last partial batch.
     - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `train_secs_per_batch`,
-      `replan_threshold`, `replan_every`, `dtype`: as in `ShardLoader` (only the planning process
-      re-plans).
+      `replan_threshold`, `replan_every`, `dtype`, `column`: as in `ShardLoader` (only the planning
+      process re-plans; `split="auto"` profiles WebDataset shards only).
     """
 
     def __init__(self, source, bucket: str, model: str, split: str, *, prefix: str = "",
@@ -239,7 +243,7 @@ class ShardDataset(_IterBase, _Ranked):
                  drop_last: bool = False, prefetch: int = 4, storage_batch: int | None = None,
                  local_cache_bytes: int = 0, suffix_threads: int = 1, tensors: str | None = None,
                  train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50,
-                 dtype: str | None = None):
+                 dtype: str | None = None, column: str | None = None):
         self.endpoint = _endpoint(source)
         self.bucket, self.model, self.split, self.prefix = bucket, model, split, prefix
         self.keys = list(keys) if keys is not None else None
@@ -249,7 +253,7 @@ class ShardDataset(_IterBase, _Ranked):
         self.drop_last = drop_last
         self.prefetch, self.storage_batch = prefetch, storage_batch
         self.local_cache_bytes, self.suffix_threads = local_cache_bytes, suffix_threads
-        self.train_secs_per_batch, self.dtype = train_secs_per_batch, dtype
+        self.train_secs_per_batch, self.dtype, self.column = train_secs_per_batch, dtype, column
         self.replan = (replan_threshold, replan_every)
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
         if self.tensors == "torch" and torch is None:
@@ -299,7 +303,8 @@ class ShardDataset(_IterBase, _Ranked):
     def _shards(self) -> tuple[list[str], dict[str, int] | None]:
         cache = self._process()[2]
         if "keys" not in cache:
-            keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, ".tar")
+            keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix,
+                                                                                  SHARD_SUFFIXES)
             counts = self.counts
             if counts is None and self.index is not None:
                 counts = read_index(self.client, self.bucket, self.index)
@@ -353,7 +358,7 @@ class ShardDataset(_IterBase, _Ranked):
                 prefetch=self.prefetch, storage_batch=self.storage_batch, suffix_threads=self.suffix_threads,
                 local_cache_bytes=self.local_cache_bytes, keys=[], plan=plan,
                 train_secs_per_batch=self.train_secs_per_batch, replan_threshold=self.replan[0],
-                replan_every=self.replan[1], dtype=self.dtype)
+                replan_every=self.replan[1], dtype=self.dtype, column=self.column)
         return cache["loader"]
 
     def _shard_features(self, loader, keys: list[str]):

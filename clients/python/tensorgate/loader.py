@@ -15,7 +15,7 @@ import numpy as np
 from .codec import Features
 from .profiler import profile as measure
 from .suffix import NO_PUSHDOWN, SuffixRunner
-from .wds import decode_shard
+from .wds import SHARD_SUFFIXES, decode_shard
 
 #: Default bound of `ShardLoader.events` and `ShardLoader.fetches` (the newest are kept).
 HISTORY = 4096
@@ -47,6 +47,8 @@ class ShardLoader:
     - `history`: how many `events` and `fetches` are kept (the newest; for measurements).
     - `dtype`: the features' element type on the wire (`"f16"`, `"bf16"`; default f32): half the
       bytes, and the plan of `split="auto"` is sized for it. Batches are yielded as float32.
+    - `column`: the image column of Parquet shards (default `image`). Shards listed under
+      `prefix` are the keys ending in `.tar` or `.parquet`.
 
     Nothing touches the network before iteration starts.
     """
@@ -56,7 +58,7 @@ class ShardLoader:
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
-                 history: int = HISTORY, dtype: str | None = None):
+                 history: int = HISTORY, dtype: str | None = None, column: str | None = None):
         from .data import _dist
 
         #: The ranks given (`torch()` passes these on, so its dataset resolves the rest itself).
@@ -77,7 +79,7 @@ class ShardLoader:
         self.local_cache_bytes = local_cache_bytes
         self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
         self._held_bytes = 0
-        self.keys, self.planning, self.dtype = keys, plan, dtype
+        self.keys, self.planning, self.dtype, self.column = keys, plan, dtype, column
         self._info: dict | None = None
         #: ("fetch_start"|"fetch_end"|"yield", shard, time), the newest `history`.
         self.events: deque[tuple[str, int, float]] = deque(maxlen=history)
@@ -106,7 +108,7 @@ class ShardLoader:
     # --- which shards --------------------------------------------------------------------------
 
     def shards(self) -> list[str]:
-        keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, ".tar")
+        keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, SHARD_SUFFIXES)
         mine = keys[self.rank :: self.world_size]
         try:
             import torch.utils.data as tud
@@ -137,14 +139,14 @@ class ShardLoader:
                 got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait)
             else:
                 got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch,
-                                      dtype=self.dtype, if_none_match=etag, before_body=wait)
+                                      dtype=self.dtype, if_none_match=etag, before_body=wait, column=self.column)
         finally:
             turns.done(index)
         ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
         if got.not_modified:
             feats = held[1]
         elif ran == NO_PUSHDOWN:
-            feats = decode_shard(got.result.features.tobytes(), self.info)
+            feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
             feats.features = self._runner(NO_PUSHDOWN)(feats.features)
         else:
             feats = got.result
@@ -291,7 +293,7 @@ class ShardLoader:
                             keys=self.keys, batch_size=self.batch_size, rank=self._given[0],
                             world_size=self._given[1], drop_last=self.drop_last, prefetch=self.prefetch,
                             storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
-                            suffix_threads=self.suffix_threads, dtype=self.dtype)
+                            suffix_threads=self.suffix_threads, dtype=self.dtype, column=self.column)
 
 
 class _Turns:

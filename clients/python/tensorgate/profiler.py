@@ -113,6 +113,8 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
     every suffix instead of using the timings kept on disk; `storage` is a `/v1/storage` answer the
     caller already has; `dtype` the features' element type the caller will ask for."""
+    if key.endswith(".parquet"):
+        raise ValueError("split='auto' profiles WebDataset shards; name a split for Parquet files")
     storage = storage or client.storage(model, dtype)  # the gateway's terms, if the caller has them
     info = client.models()[model]
     timings = _Timings(info, threads)

@@ -14,6 +14,9 @@ import numpy as np
 from .codec import Features
 from .suffix import preprocess
 
+#: What a shard's key ends with: a WebDataset tar, or a Parquet file (`tensorgate.table`).
+SHARD_SUFFIXES = (".tar", ".parquet")
+
 #: Member extensions that are a sample's model input (the gateway's policy, docs/pushdown.md).
 IMAGE_EXTS = ("jpg", "jpeg", "png")
 INPUT_EXTS = (*IMAGE_EXTS, "npy")
@@ -47,9 +50,14 @@ def _stack(inputs: list[np.ndarray], labels: list[int | None], keys: list[str], 
     return Features(features=np.stack(inputs), labels=lab, keys=keys, **meta)
 
 
-def decode_shard(raw: bytes, info: dict) -> Features:
+def decode_shard(raw: bytes, info: dict, column: str | None = None) -> Features:
     """A raw WebDataset shard decoded here (the baseline): images preprocessed as the gateway
-    would (`info` is the model's `/v1/models` entry), `.npy` samples taken as model inputs."""
+    would (`info` is the model's `/v1/models` entry), `.npy` samples taken as model inputs. A
+    Parquet file's rows are decoded from its `column` (`tensorgate.table.decode_table`)."""
+    from .table import decode_table, is_parquet
+
+    if is_parquet(raw):
+        return decode_table(raw, info, column)
     inputs, labels, keys = [], [], []
     for key, members in samples(raw):
         low = {e.lower(): v for e, v in members.items()}
@@ -97,11 +105,16 @@ def make_index(counts: dict[str, int], name: str = "") -> dict:
 
 def write_index(client, bucket: str, prefix: str, name: str = "shards.json") -> dict[str, int]:
     """Counts the samples of every `.tar` under `prefix` (one raw read each: run it beside the
-    store, where the shards are written) and stores the index as `prefix + name`. Returns the
-    counts by key."""
+    store, where the shards are written) and the rows of every `.parquet` (from its footer: two
+    ranged reads), and stores the index as `prefix + name`. Returns the counts by key."""
+    from .table import row_count
+
     counts = {}
-    for key in client.list_keys(bucket, prefix, ".tar"):
-        counts[key] = count_samples(client.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    for key in client.list_keys(bucket, prefix, SHARD_SUFFIXES):
+        if key.endswith(".parquet"):
+            counts[key] = row_count(client, bucket, key)
+        else:
+            counts[key] = count_samples(client.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     client.s3.put_object(Bucket=bucket, Key=prefix + name, Body=json.dumps(make_index(counts, prefix)).encode(),
                          ContentType="application/json")
     return counts
