@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 
 use super::error::PushdownError;
 use super::governor::{EngineHold, Governor, Held};
+use super::manifest::Manifest;
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
@@ -387,16 +388,16 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
-    /// Runs one batch of `shape` and returns the tensor named `output`.
+    /// Runs one batch of `shape` (the manifest's inputs, fed as it says: [`feed`]) and returns
+    /// the tensor named `output`.
     pub(crate) fn run(
         &mut self,
-        input_name: &str,
+        manifest: &Manifest,
         output: &str,
         shape: &[usize],
         data: Vec<f32>,
     ) -> Result<Tensor, String> {
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let value = OrtTensor::from_array((dims, data)).map_err(|e| e.to_string())?;
+        let inputs = feed(manifest, shape, data)?;
         let mut selected = OutputSelector::no_default().with(output);
         if let (Some(sample), Some(&batch)) = (&self.sample_output, shape.first()) {
             let dims: Vec<i64> = std::iter::once(batch).chain(sample.iter().copied()).map(|d| d as i64).collect();
@@ -408,8 +409,7 @@ impl Runner {
         if self.arena == OrtArena::PerRun {
             options.set(ARENA_SHRINKAGE, "cpu:0").map_err(|e| e.to_string())?;
         }
-        let outputs =
-            self.session.run_with_options(ort::inputs![input_name => value], &options).map_err(|e| e.to_string())?;
+        let outputs = self.session.run_with_options(inputs, &options).map_err(|e| e.to_string())?;
         let (out_shape, values) = outputs[output].try_extract_tensor::<f32>().map_err(|e| e.to_string())?;
         let out_shape: Vec<usize> = out_shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
         if self.sample_output.is_none() {
@@ -417,6 +417,31 @@ impl Runner {
         }
         Ok(Tensor { shape: out_shape, data: values.to_vec() })
     }
+}
+
+/// The session inputs of a batch: an image model's one `f32` tensor; a text model's rows
+/// (`[ids; L] ++ [mask; L]`, `shape` `[batch, 2, L]`) as its two int64 inputs, token ids and
+/// attention mask (`[text]` in the manifest).
+fn feed(
+    manifest: &Manifest,
+    shape: &[usize],
+    data: Vec<f32>,
+) -> Result<Vec<(String, ort::session::SessionInputValue<'static>)>, String> {
+    let Some(text) = &manifest.text else {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let value = OrtTensor::from_array((dims, data)).map_err(|e| e.to_string())?;
+        return Ok(vec![(manifest.input.clone(), value.into())]);
+    };
+    let [batch, 2, len] = shape[..] else { return Err(format!("a text batch of shape {shape:?}")) };
+    let (mut ids, mut mask) = (Vec::with_capacity(batch * len), Vec::with_capacity(batch * len));
+    for row in data.chunks_exact(2 * len) {
+        ids.extend(row[..len].iter().map(|&v| v as i64));
+        mask.extend(row[len..].iter().map(|&v| v as i64));
+    }
+    let dims = vec![batch as i64, len as i64];
+    let ids = OrtTensor::from_array((dims.clone(), ids)).map_err(|e| e.to_string())?;
+    let mask = OrtTensor::from_array((dims, mask)).map_err(|e| e.to_string())?;
+    Ok(vec![(manifest.input.clone(), ids.into()), (text.mask.clone(), mask.into())])
 }
 
 /// A [`Runner`] of `bytes` with `threads` intra-op threads (see there for `arena`).
@@ -450,17 +475,21 @@ fn check_prefix(
     // A one-off session: nothing to keep between runs.
     let mut full = session(env, &exposed, 1, OrtArena::Off, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
-    let name = &model.manifest.input;
-    let a = prefix_session.run(name, tensor, &shape, input.clone())?;
-    let b = full.run(name, tensor, &shape, input)?;
+    let a = prefix_session.run(&model.manifest, tensor, &shape, input.clone())?;
+    let b = full.run(&model.manifest, tensor, &shape, input)?;
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
-/// A deterministic batch of probe values in [-1, 1).
+/// A deterministic batch of probe values in [-1, 1); for a text model, token ids below 1,000
+/// (within every vocabulary) with every token attended.
 pub(crate) fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
     let mut shape = vec![batch];
     shape.extend(&model.manifest.input_shape);
     let n: usize = shape.iter().product();
+    if let (Some(_), &[_, 2, len]) = (&model.manifest.text, shape.as_slice()) {
+        let row = |r: usize| (0..len).map(move |i| ((r * len + i) * 7919 % 1000) as f32).chain((0..len).map(|_| 1.0));
+        return (shape, (0..batch).flat_map(row).collect());
+    }
     (shape, (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect())
 }
 
@@ -472,11 +501,11 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let before = memory::resident_bytes();
     let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
-    let out = session.run(&model.manifest.input, &s.tensor, &shape, input)?;
+    let out = session.run(&model.manifest, &s.tensor, &shape, input)?;
     if s.cfg.ort_arena == OrtArena::PerRun {
         // Once more, into a buffer of ours: the warm-up's output region leaves the arena.
         let (shape, input) = probe_input(model, 1);
-        session.run(&model.manifest.input, &s.tensor, &shape, input)?;
+        session.run(&model.manifest, &s.tensor, &shape, input)?;
     }
     let input_bytes = 4 * model.manifest.input_shape.iter().product::<usize>() as u64;
     let output_bytes = 4 * out.data.len() as u64;
@@ -489,7 +518,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
             retained.push(0);
             for batch in 2..=s.cfg.max_batch {
                 let (shape, input) = probe_input(model, batch);
-                session.run(&model.manifest.input, &s.tensor, &shape, input)?;
+                session.run(&model.manifest, &s.tensor, &shape, input)?;
                 retained.push(memory::resident_bytes().unwrap_or(after).saturating_sub(after));
             }
             MemoryModel::from_retention(after.saturating_sub(before), &retained, input_bytes, output_bytes)
@@ -500,7 +529,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
                 let (shape, input) = probe_input(model, batch);
                 let base = memory::resident_bytes().unwrap_or(0);
                 let _ = memory::reset_peak();
-                session.run(&model.manifest.input, &s.tensor, &shape, input)?;
+                session.run(&model.manifest, &s.tensor, &shape, input)?;
                 *peak = memory::peak_resident_bytes().unwrap_or(base).saturating_sub(base);
             }
             MemoryModel::from_probes(after.saturating_sub(before), peaks, input_bytes, output_bytes)
@@ -644,10 +673,10 @@ fn worker(shared: &Shared, first: bool) {
                 panic!("injected inference panic");
             }
             if shared.cfg.intra_threads <= 1 {
-                super::clock::cpu_timed(|| session.run(&model.manifest.input, tensor, &shape, data))
+                super::clock::cpu_timed(|| session.run(&model.manifest, tensor, &shape, data))
             } else {
                 let started = Instant::now();
-                (session.run(&model.manifest.input, tensor, &shape, data), started.elapsed())
+                (session.run(&model.manifest, tensor, &shape, data), started.elapsed())
             }
         }));
         let Ok((result, spent)) = guarded else {

@@ -1,13 +1,14 @@
 //! The model manifest, `models/<name>/manifest.toml`: the ONNX file and its sha256, the input
 //! tensor, its per-sample shape and layout, the ordered split points (name → tensor), the default
-//! freeze split, where the weights come from, and how images become inputs. Types only (serde);
-//! the registry reads and checks them, preprocessing follows `[preprocess]`.
+//! freeze split, where the weights come from, and how images (`[preprocess]`) or texts (`[text]`)
+//! become inputs. Types only (serde); the registry reads and checks them.
 
 use serde::Deserialize;
 
-/// Memory layout of the model input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// Memory layout of the model input (an image model's; text models leave it out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub enum Layout {
+    #[default]
     #[serde(rename = "NCHW")]
     Nchw,
     #[serde(rename = "NHWC")]
@@ -30,8 +31,10 @@ pub struct Manifest {
     pub file: String,
     pub sha256: String,
     pub input: String,
-    /// Per-sample input shape (no batch dimension).
+    /// Per-sample input shape (no batch dimension). A text model's is `[2, L]`: the token ids and
+    /// the attention mask of `L` tokens, which the engine feeds as two int64 inputs.
     pub input_shape: Vec<usize>,
+    #[serde(default)]
     pub layout: Layout,
     /// The default freeze split: the deepest split the model's users keep frozen.
     pub freeze: String,
@@ -39,7 +42,20 @@ pub struct Manifest {
     pub origin: String,
     /// How images become input tensors; without it the model takes `.npy` inputs only.
     pub preprocess: Option<Preprocess>,
+    /// How texts become input tensors: the model is a text encoder.
+    pub text: Option<TextInput>,
     pub splits: Vec<SplitDef>,
+}
+
+/// `[text]` in a manifest: a text encoder's tokenizer and second input. Texts are truncated and
+/// padded to the `L` of `input_shape = [2, L]`; `input` names the token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextInput {
+    /// Hugging Face `tokenizer.json`, beside the manifest.
+    pub tokenizer: String,
+    /// The attention mask input.
+    pub mask: String,
 }
 
 /// Channel order the model expects.

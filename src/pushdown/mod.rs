@@ -31,6 +31,7 @@ pub mod shard;
 pub mod spec;
 pub mod table;
 pub mod tensor;
+pub mod text;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -377,7 +378,7 @@ impl Pushdown {
                     message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
                 });
             }
-            let parsed = parse(&object, &parse_model.manifest, &source)?;
+            let parsed = parse(&object, &parse_model, &source)?;
             if want_tar && parsed.kind != Kind::Shard {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
@@ -418,7 +419,7 @@ impl Pushdown {
             let t = Instant::now();
             let manifest_model = model.clone();
             let (decoded, scratch) = tokio::task::spawn_blocking(move || {
-                decode_table(object, &mut parsed)?;
+                decode_table(object, &mut parsed, manifest_model.tokenizer.as_deref())?;
                 let scratch = image_costs(&parsed, &manifest_model.manifest, limits)?;
                 Ok::<_, PushdownError>((parsed, scratch))
             })
@@ -740,8 +741,10 @@ fn image_costs(
     Ok(costs.into_iter().map(|c| c.scratch_bytes).collect())
 }
 
-/// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]).
-fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -> Result<Parsed, PushdownError> {
+/// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]; texts
+/// are tokenized here, on the blocking thread that parses).
+fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed, PushdownError> {
+    let manifest = &model.manifest;
     let one = |kind, items| Parsed {
         kind,
         items,
@@ -751,18 +754,40 @@ fn parse(object: &Bytes, manifest: &manifest::Manifest, source: &SourceLimits) -
         table: None,
         kept: None,
     };
-    if source.column.is_some() && !table::is_parquet(object) {
+    let lines = model.tokenizer.is_some() && text::is_jsonl(object);
+    if source.column.is_some() && !table::is_parquet(object) && !lines {
         return Err(PushdownError::InvalidArgument {
             field: "column".into(),
-            message: "names a Parquet file's input column; this object is not a Parquet file".into(),
+            message: "names a Parquet file's input column (or a text model's JSON Lines field); this object is \
+                      neither"
+                .into(),
         });
     }
     if table::is_parquet(object) {
-        if manifest.preprocess.is_none() {
+        if manifest.preprocess.is_none() && model.tokenizer.is_none() {
             return Err(no_preprocess(&manifest.name));
         }
-        let footer = table::Footer::read(object, source.column.as_deref(), source.max_decoded, source.keep_columns)?;
+        let text = model.tokenizer.is_some();
+        let column = source.column.as_deref();
+        let footer = table::Footer::read(object, column, source.max_decoded, source.keep_columns, text)?;
         return Ok(Parsed { table: Some(footer), ..one(Kind::Table, Vec::new()) });
+    }
+    if let Some(encoder) = &model.tokenizer {
+        if lines {
+            let rows = text::jsonl_rows(object, source.column.as_deref())?;
+            let items = rows
+                .iter()
+                .map(|r| encoder.encode(&r.text).map(Item::Ready).map_err(|e| name_sample(e, Some(&r.key))))
+                .collect::<Result<Vec<_>, _>>()?;
+            let labels = rows.iter().map(|r| r.label).collect();
+            let keys = rows.into_iter().map(|r| r.key).collect();
+            return Ok(Parsed { keys, labels, others: vec![Vec::new(); items.len()], ..one(Kind::Table, items) });
+        }
+        // Token rows as `.npy` (`[2, L]` or `[N, 2, L]`) are the model's input as they are.
+        if !object.starts_with(b"\x93NUMPY") {
+            let row = encoder.encode(&text::plain(object)?)?;
+            return Ok(one(Kind::Single, vec![Item::Ready(row)]));
+        }
     }
     if preprocess::is_image(object) {
         if manifest.preprocess.is_none() {
@@ -820,15 +845,26 @@ struct SourceLimits {
     keep_columns: bool,
 }
 
-/// A Parquet file's rows as the items, keys and labels of its samples.
-fn decode_table(object: Bytes, parsed: &mut Parsed) -> Result<(), PushdownError> {
+/// A Parquet file's rows as the items, keys and labels of its samples: encoded images, or texts
+/// tokenized here by a text model's `encoder`.
+fn decode_table(object: Bytes, parsed: &mut Parsed, encoder: Option<&text::Encoder>) -> Result<(), PushdownError> {
     let Some(footer) = parsed.table.take() else { return Ok(()) };
     let (rows, kept) = footer.rows(object)?;
     parsed.kept = kept;
     parsed.labels = rows.iter().map(|r| r.label).collect();
     parsed.keys = rows.iter().map(|r| r.key.clone()).collect();
     parsed.others = vec![Vec::new(); rows.len()];
-    parsed.items = rows.into_iter().map(|r| Item::Image(r.image)).collect();
+    parsed.items = match encoder {
+        None => rows.into_iter().map(|r| Item::Image(r.input)).collect(),
+        Some(encoder) => rows
+            .into_iter()
+            .map(|r| {
+                let text = std::str::from_utf8(&r.input)
+                    .map_err(|e| PushdownError::BadInput(format!("row {:?} is not UTF-8: {e}", r.key)))?;
+                encoder.encode(text).map(Item::Ready).map_err(|e| name_sample(e, Some(&r.key)))
+            })
+            .collect::<Result<_, _>>()?,
+    };
     Ok(())
 }
 

@@ -55,10 +55,10 @@ impl Pushdown {
                 let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
                 let mut session = engine::session(&env, &bytes, 1, arena, &m.dir)?;
                 let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
-                session.run(&m.manifest.input, &tensor, &shape, input.clone())?;
+                session.run(&m.manifest, &tensor, &shape, input.clone())?;
                 // CPU time (the session has one intra-op thread): requests running on the same
                 // core do not inflate it.
-                let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest.input, &tensor, &shape, input));
+                let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest, &tensor, &shape, input));
                 let out = out?;
                 Ok(SplitCost {
                     secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,

@@ -19,6 +19,8 @@ pub struct Model {
     /// Its sha256 (hex), part of every cache key and ETag.
     pub digest: String,
     pub dir: PathBuf,
+    /// A text model's tokenizer (`[text]`), with the manifest's length.
+    pub tokenizer: Option<Arc<super::text::Encoder>>,
 }
 
 impl Model {
@@ -100,5 +102,22 @@ fn load_one(dir: &Path) -> Result<Model, String> {
     if !digest.eq_ignore_ascii_case(&manifest.sha256) {
         return Err(format!("sha256 of {} is {digest}, manifest says {}", path.display(), manifest.sha256));
     }
-    Ok(Model { manifest, bytes: Arc::new(bytes), digest, dir: dir.to_path_buf() })
+    let tokenizer = match &manifest.text {
+        Some(t) => {
+            if manifest.preprocess.is_some() {
+                return Err("a manifest has [preprocess] or [text], not both".into());
+            }
+            let [2, len] = manifest.input_shape[..] else {
+                return Err(format!(
+                    "a text model's input_shape is [2, L] (token ids and attention mask), not {:?}",
+                    manifest.input_shape
+                ));
+            };
+            let encoder = super::text::Encoder::from_file(&dir.join(&t.tokenizer), len)
+                .map_err(|e| format!("cannot load tokenizer {}: {e}", t.tokenizer))?;
+            Some(Arc::new(encoder))
+        }
+        None => None,
+    };
+    Ok(Model { manifest, bytes: Arc::new(bytes), digest, dir: dir.to_path_buf(), tokenizer })
 }

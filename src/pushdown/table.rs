@@ -79,11 +79,11 @@ pub fn is_parquet(object: &[u8]) -> bool {
     object.len() >= 2 * MAGIC.len() + 4 && object.starts_with(MAGIC) && object.ends_with(MAGIC)
 }
 
-/// One row: its key, its encoded image, its label.
+/// One row: its key, its input (an encoded image, or a text's UTF-8), its label.
 #[derive(Debug, Clone)]
 pub struct Row {
     pub key: String,
-    pub image: Bytes,
+    pub input: Bytes,
     pub label: Option<i64>,
 }
 
@@ -106,14 +106,21 @@ pub struct Footer {
 
 impl Footer {
     /// Parses and checks the footer of `object` ([`is_parquet`]): the input column `column`
-    /// (default [`DEFAULT_COLUMN`]) is binary or a struct with a binary `bytes` field, there are
+    /// (default [`DEFAULT_COLUMN`], or [`super::text::DEFAULT_FIELD`] for `text`) is binary or a
+    /// struct with a binary `bytes` field (strings when `text`: a text model's input), there are
     /// at most [`MAX_SAMPLES`] rows, and the column chunks to decode claim at most `max_decoded`
     /// bytes. `keep`: every other column is decoded too, for a Parquet output ([`Kept`]).
     ///
     /// # Errors
     /// `BadInput` for an unreadable footer, a missing or mistyped column, too many rows or too
     /// many decoded bytes; `Unsupported` for a compression this build does not read.
-    pub fn read(object: &Bytes, column: Option<&str>, max_decoded: u64, keep: bool) -> Result<Self, PushdownError> {
+    pub fn read(
+        object: &Bytes,
+        column: Option<&str>,
+        max_decoded: u64,
+        keep: bool,
+        text: bool,
+    ) -> Result<Self, PushdownError> {
         let len = object.len();
         let footer_len = u32::from_le_bytes(object[len - 8..len - 4].try_into().expect("4 bytes")) as usize;
         if footer_len > MAX_FOOTER_BYTES || footer_len + 12 > len {
@@ -126,7 +133,7 @@ impl Footer {
             ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))
         })?;
 
-        let name = column.unwrap_or(DEFAULT_COLUMN);
+        let name = column.unwrap_or(if text { super::text::DEFAULT_FIELD } else { DEFAULT_COLUMN });
         let schema = metadata.schema();
         let (image, field) = schema.column_with_name(name).ok_or_else(|| {
             let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
@@ -135,7 +142,13 @@ impl Footer {
                 message: format!("the Parquet file has no column {name:?}; its columns: {}", names.join(", ")),
             }
         })?;
-        if !is_image_column(field.data_type()) {
+        if text && !is_text_column(field.data_type()) {
+            return Err(PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!("column {name:?} is {}, not texts (strings)", field.data_type()),
+            });
+        }
+        if !text && !is_image_column(field.data_type()) {
             return Err(PushdownError::InvalidArgument {
                 field: "column".into(),
                 message: format!(
@@ -489,6 +502,11 @@ fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
     Ok(())
 }
 
+/// Strings.
+fn is_text_column(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
 /// Binary, or a struct with a binary `bytes` field.
 fn is_image_column(t: &DataType) -> bool {
     let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
@@ -521,12 +539,13 @@ fn rows_of(
         let path = paths.as_ref().and_then(|p| string_at(p.as_ref(), i));
         let key = path.unwrap_or_else(|| n.to_string());
         if column.is_null(i) || images.is_null(i) {
-            return Err(PushdownError::BadInput(format!("row {n} ({key:?}) has no image")));
+            return Err(PushdownError::BadInput(format!("row {n} ({key:?}) has no input")));
         }
-        let image =
-            binary_at(&images, i).ok_or_else(|| PushdownError::BadInput("the image column is not binary".into()))?;
+        let input = binary_at(&images, i)
+            .or_else(|| string_at(images.as_ref(), i).map(Bytes::from))
+            .ok_or_else(|| PushdownError::BadInput("the input column is neither binary nor strings".into()))?;
         let label = labels.as_ref().and_then(|l| l[i]);
-        out.push(Row { key, image, label });
+        out.push(Row { key, input, label });
     }
     Ok(())
 }
@@ -624,12 +643,12 @@ mod tests {
             2,
         );
         assert!(is_parquet(&object));
-        let footer = Footer::read(&object, None, 1 << 20, false).expect("footer");
+        let footer = Footer::read(&object, None, 1 << 20, false, false).expect("footer");
         assert_eq!(footer.row_count(), 3);
         assert!(footer.decoded_bytes() > 0);
         let (rows, _) = footer.rows(object).expect("rows");
         let got: Vec<(&str, &[u8], Option<i64>)> =
-            rows.iter().map(|r| (r.key.as_str(), &r.image[..], r.label)).collect();
+            rows.iter().map(|r| (r.key.as_str(), &r.input[..], r.label)).collect();
         assert_eq!(got, [("a.jpg", &b"A"[..], Some(3)), ("1", &b"BB"[..], Some(1)), ("c.png", &b"CCC"[..], Some(4))]);
     }
 
@@ -657,7 +676,7 @@ mod tests {
         w.write(&batch).expect("write");
         let object = Bytes::from(w.into_inner().expect("close"));
 
-        let footer = Footer::read(&object, None, 1 << 20, true).expect("footer");
+        let footer = Footer::read(&object, None, 1 << 20, true, false).expect("footer");
         assert!(footer.output_bytes() > OUTPUT_FOOTER_BYTES);
         let (rows, kept) = footer.rows(object).expect("rows");
         assert_eq!(rows.len(), 5);
@@ -700,12 +719,14 @@ mod tests {
             ],
             4,
         );
-        let err = |column, max| Footer::read(&object, column, max, false).expect_err("refused").to_string();
+        let err = |column, max| Footer::read(&object, column, max, false, false).expect_err("refused").to_string();
         assert!(err(None, 1 << 20).contains("no column \"image\"; its columns: img, n"), "{}", err(None, 1 << 20));
         assert!(err(Some("n"), 1 << 20).contains("not encoded images"));
         assert!(err(Some("img"), 10).contains("more than pushdown.max_object_bytes"));
-        let (rows, _) =
-            Footer::read(&object, Some("img"), 1 << 20, false).expect("footer").rows(object.clone()).expect("rows");
+        let (rows, _) = Footer::read(&object, Some("img"), 1 << 20, false, false)
+            .expect("footer")
+            .rows(object.clone())
+            .expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
     }
@@ -716,7 +737,7 @@ mod tests {
         let mut refused = 0;
         for entry in std::fs::read_dir(dir).expect("regressions") {
             let object = Bytes::from(std::fs::read(entry.expect("entry").path()).expect("read"));
-            let outcome = Footer::read(&object, None, 1 << 24, true).and_then(|f| f.rows(object.clone()));
+            let outcome = Footer::read(&object, None, 1 << 24, true, false).and_then(|f| f.rows(object.clone()));
             refused += usize::from(outcome.is_err());
         }
         assert!(refused >= 12, "{refused}");
@@ -731,7 +752,10 @@ mod tests {
         for bad in [Bytes::from(long), Bytes::from_static(b"PAR1\0\0\0\0\xff\xff\0\0PAR1")] {
             assert!(is_parquet(&bad));
             assert!(
-                Footer::read(&bad, None, 1 << 20, false).expect_err("refused").to_string().contains("footer claims")
+                Footer::read(&bad, None, 1 << 20, false, false)
+                    .expect_err("refused")
+                    .to_string()
+                    .contains("footer claims")
             );
         }
         assert!(!is_parquet(b"PAR1PAR1"));

@@ -1,0 +1,111 @@
+"""Text encoders (issue 31): all-MiniLM-L6-v2 with its trained weights, its texts tokenized by the
+gateway (Hugging Face's `tokenizers` crate) from a plain text object, JSON Lines and a Parquet
+text column, pushed down at two encoder layers, the pooled output and the sentence embedding:
+every output equal to Python `tokenizers` + onnxruntime on the same ONNX file (relative L2 at
+most 1e-5); bad inputs get a clear 4xx."""
+
+import io
+import json
+
+import botocore.exceptions
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import ROOT
+from test_parquet import parquet_bytes, safetensors_of
+from test_pushdown import pushdown_get, rel_l2
+
+MODEL = ROOT / "models" / "minilm"
+SPLITS = ["layer2", "layer4", "pool", "embedding"]
+TEXTS = [
+    "A man is playing a guitar.",
+    "Someone plays an acoustic guitar on a stage in front of a small crowd.",
+    "The stock market fell sharply today.",
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein — naïve café façade, 東京.",
+    "",
+    # Longer than the model's 128 tokens: truncated, as the tokenizer file says.
+    " ".join(f"word{i} and more words about item {i}" for i in range(60)),
+] + [f"sentence number {i} talks about topic {i % 7} in some detail." for i in range(14)]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """`texts` -> {split: outputs}: Python `tokenizers` with the model's tokenizer.json, then
+    onnxruntime on the model with the split tensors exposed."""
+    model = onnx.load(MODEL / "model.onnx")
+    for name in SPLITS:
+        if name not in [o.name for o in model.graph.output]:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString())
+    tokenizer = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+
+    def run(texts: list[str]) -> dict[str, np.ndarray]:
+        enc = tokenizer.encode_batch(texts)
+        feed = {"input_ids": np.array([e.ids for e in enc], np.int64),
+                "attention_mask": np.array([e.attention_mask for e in enc], np.int64)}
+        return dict(zip(SPLITS, session.run(SPLITS, feed)))
+
+    return run
+
+
+def test_a_plain_text_object_gives_the_references_outputs_at_each_split(s3, bucket, reference):
+    text = TEXTS[1]
+    s3.put_object(Bucket=bucket, Key="note.txt", Body=text.encode())
+    want = reference([text])
+    for split in SPLITS:
+        got = pushdown_get(s3, bucket, "note.txt", model="minilm", split=split)
+        y = np.load(io.BytesIO(got["Body"].read()))
+        assert y.shape == want[split].shape[1:], split
+        err = rel_l2(y, want[split][0])
+        print(f"text, {split}: rel L2 {err:.1e}")
+        assert err <= 1e-5, split
+
+
+def test_json_lines_and_a_parquet_text_column_give_every_rows_outputs(s3, bucket, reference):
+    want = reference(TEXTS)
+    labels = [i % 3 for i in range(len(TEXTS))]
+    lines = "\n".join(json.dumps({"id": f"doc-{i}", "text": t, "label": l}) for i, (t, l) in enumerate(zip(TEXTS, labels)))
+    s3.put_object(Bucket=bucket, Key="docs.jsonl", Body=lines.encode())
+    table = pa.table({"label": pa.array(labels, pa.int64()), "text": pa.array(TEXTS),
+                      "source": pa.array([f"s{i}" for i in range(len(TEXTS))])})
+    s3.put_object(Bucket=bucket, Key="docs.parquet", Body=parquet_bytes(table, row_group_size=8))
+    for key in ("docs.jsonl", "docs.parquet"):
+        for split in ("layer4", "embedding"):
+            got = pushdown_get(s3, bucket, key, model="minilm", split=split)
+            tensors, meta = safetensors_of(got["Body"].read())
+            assert rel_l2(tensors["features"], want[split]) <= 1e-5, (key, split)
+            assert tensors["labels"].tolist() == labels
+            keys = json.loads(meta["keys"])
+            assert keys == ([f"doc-{i}" for i in range(len(TEXTS))] if key == "docs.jsonl"
+                            else [str(i) for i in range(len(TEXTS))])
+    # Parquet out: the other columns kept, the sentence embeddings added, the row groups kept.
+    got = pushdown_get(s3, bucket, "docs.parquet", model="minilm", split="embedding", format="parquet", dtype="f16")
+    out = pq.ParquetFile(io.BytesIO(got["Body"].read()))
+    assert out.metadata.num_row_groups == 3
+    read = out.read()
+    assert read.select(["label", "source"]).equals(table.select(["label", "source"]))
+    emb = np.array(read.column("features").to_pylist(), dtype=np.float32)
+    assert rel_l2(emb, want["embedding"]) <= 1e-3  # f16 on the wire
+
+
+def test_bad_text_inputs_get_a_clear_error(s3, bucket):
+    cases = [
+        ("bad.jsonl", b'{"text": "fine"}\n{"text": 5}\n', {}, 400, "line 2: no string field"),
+        ("other-field.jsonl", b'{"body": "x"}\n', {}, 400, "no string field \"text\""),
+        ("huge.txt", b"a " * (600 * 1024), {}, 400, "at most 1048576"),
+        ("latin1.txt", "caf\xe9".encode("latin-1"), {}, 400, "UTF-8"),
+        ("numbers.parquet", parquet_bytes(pa.table({"text": pa.array([1, 2])})), {}, 400, "not texts"),
+        ("words.txt", b"plain words", {"column": "text"}, 400, "neither"),
+    ]
+    for key, body, fields, status, needle in cases:
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(s3, bucket, key, model="minilm", split="pool", **fields)
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == status, (key, r["Error"])
+        assert needle in r["Error"]["Message"], (key, r["Error"])
