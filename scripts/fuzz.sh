@@ -2,7 +2,7 @@
 # Fuzzing with AFL++ (through cargo-afl) of the parsers in fuzz/src/lib.rs.
 #   scripts/fuzz.sh smoke [SECONDS]      # build, replay corpora and regressions, then every target
 #                                        # for SECONDS (default 12) from its corpus: fails on any crash
-#                                        # or hang. CI runs this (11 targets x 12 s).
+#                                        # or hang. CI runs this (14 targets x 12 s).
 #   scripts/fuzz.sh run TARGET SECONDS   # one campaign; findings in .tmp/fuzz/TARGET/default/
 #   scripts/fuzz.sh stats                # executions, paths, crashes and hangs of the last runs
 #   scripts/fuzz.sh list                 # the targets
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFL_VERSION=0.18.2
-TARGETS=(sigv4 aws_chunked route spec shard parquet npy image disk_entry prefix post_form fs_listing)
+TARGETS=(sigv4 aws_chunked route spec shard parquet npy image disk_entry prefix post_form fs_listing text alias_listing)
 # Each input gets this long (ms) before AFL counts it as a hang: every input must be answered
 # within a second.
 HANG_MS=1000

@@ -17,7 +17,7 @@ use tensorgate::pushdown::manifest::Layout;
 use tensorgate::pushdown::manifest::{Channels, Preprocess};
 use tensorgate::pushdown::preprocess;
 use tensorgate::pushdown::spec::Dtype;
-use tensorgate::pushdown::{prefix, shard, spec, table, tensor};
+use tensorgate::pushdown::{prefix, shard, spec, table, tensor, text};
 use tensorgate::s3::checksum::Algorithm;
 use tensorgate::s3::credentials::{CredentialStore, SecretKey};
 use tensorgate::s3::sigv4::chunked::{self, ChunkSigner, ChunkedMode};
@@ -38,6 +38,8 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("prefix", onnx_prefix),
     ("post_form", post_form),
     ("fs_listing", fs_listing),
+    ("text", text_rows),
+    ("alias_listing", alias_listing),
 ];
 
 /// The access key and secret the request targets authenticate against (the seeds are signed with
@@ -202,6 +204,39 @@ pub fn parquet_table(data: &[u8]) {
         let back = table::Footer::read(&out, Some(table::FEATURES_COLUMN), 1 << 26, false, false);
         // The features column is not an image column: the output's footer reads, the column is refused.
         assert!(back.is_err_and(|e| e.to_string().contains("not encoded images")));
+    }
+}
+
+/// A text model's inputs: JSON Lines (or a plain text) through a BERT-style tokenizer, every row
+/// encoded to exactly `2 x L` values, ids within the vocabulary and a 0/1 mask.
+pub fn text_rows(data: &[u8]) {
+    static ENCODER: std::sync::OnceLock<text::Encoder> = std::sync::OnceLock::new();
+    const LEN: usize = 16;
+    let encoder =
+        ENCODER.get_or_init(|| text::Encoder::from_json(&text::tiny_wordpiece_json(), LEN).expect("tokenizer"));
+    let texts = if text::is_jsonl(data) {
+        text::jsonl_rows(data, None).map(|rows| rows.into_iter().map(|r| r.text).collect()).unwrap_or_default()
+    } else {
+        text::plain(data).map(|t| vec![t]).unwrap_or_default()
+    };
+    for t in texts {
+        if let Ok(row) = encoder.encode(&t) {
+            assert_eq!(row.len(), 2 * LEN);
+            assert!(row[..LEN].iter().all(|&id| (0.0..100.0).contains(&id)));
+            assert!(row[LEN..].iter().all(|&m| m == 0.0 || m == 1.0));
+        }
+    }
+}
+
+/// A store's listing as an alias bucket answers it: the keys read, every entry's size and ETag
+/// replaced, and the result reads back with the same keys.
+pub fn alias_listing(data: &[u8]) {
+    use tensorgate::s3::listing;
+    let Ok(keys) = listing::keys(data) else { return };
+    let outputs =
+        keys.iter().map(|(listed, _)| (listed.clone(), listing::Output { size: 42, etag: "\"e\"".into() })).collect();
+    if let Ok(out) = listing::rewrite(data, &outputs) {
+        assert_eq!(listing::keys(&out).expect("a rewritten listing reads"), keys);
     }
 }
 

@@ -39,7 +39,18 @@ impl Encoder {
     /// # Errors
     /// An unreadable file or a tokenizer that cannot truncate to `len`.
     pub fn from_file(path: &std::path::Path, len: usize) -> Result<Self, String> {
-        let mut tokenizer = Tokenizer::from_file(path).map_err(|e| e.to_string())?;
+        Self::new(Tokenizer::from_file(path).map_err(|e| e.to_string())?, len)
+    }
+
+    /// A tokenizer given as `tokenizer.json`'s text, set to `len` tokens ([`Self::from_file`]).
+    ///
+    /// # Errors
+    /// Text that is not a tokenizer, or one that cannot truncate to `len`.
+    pub fn from_json(json: &str, len: usize) -> Result<Self, String> {
+        Self::new(json.parse::<Tokenizer>().map_err(|e| e.to_string())?, len)
+    }
+
+    fn new(mut tokenizer: Tokenizer, len: usize) -> Result<Self, String> {
         let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
         truncation.max_length = len;
         tokenizer.with_truncation(Some(truncation)).map_err(|e| e.to_string())?;
@@ -147,9 +158,63 @@ pub fn jsonl_rows(object: &[u8], field: Option<&str>) -> Result<Vec<TextRow>, Pu
     Ok(rows)
 }
 
+/// A small BERT-style WordPiece tokenizer (letters, digits and a few word pieces; Bert
+/// normalizer and pre-tokenizer, `[CLS] .. [SEP]`) as `tokenizer.json` text, for tests and the
+/// fuzz target, which must not depend on a downloaded model.
+#[doc(hidden)]
+#[must_use]
+pub fn tiny_wordpiece_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    let pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a", "##s", "##ing", "cat", "play"];
+    let chars = ('a'..='z').chain('0'..='9').map(String::from);
+    let subwords = ('a'..='z').chain('0'..='9').map(|c| format!("##{c}"));
+    for token in pieces.iter().map(|p| (*p).to_owned()).chain(chars).chain(subwords) {
+        let id = vocab.len();
+        vocab.entry(token).or_insert_with(|| id.into());
+    }
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+                           "normalized": false, "special": true})
+    };
+    let token = |id: &str| serde_json::json!({"SpecialToken": {"id": id, "type_id": 0}});
+    let sequence = |id: &str, type_id: u32| serde_json::json!({"Sequence": {"id": id, "type_id": type_id}});
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "[PAD]"), special(1, "[UNK]"), special(2, "[CLS]"), special(3, "[SEP]")],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                       "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [token("[CLS]"), sequence("A", 0), token("[SEP]")],
+            "pair": [token("[CLS]"), sequence("A", 0), token("[SEP]"), sequence("B", 1), token("[SEP]")],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+        "decoder": null,
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": vocab}
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn texts_become_ids_and_a_mask_truncated_and_padded_to_the_length() {
+        let encoder = Encoder::from_json(&tiny_wordpiece_json(), 6).expect("tokenizer");
+        assert_eq!(encoder.len(), 6);
+        // [CLS] the cat ##s [SEP] [PAD]: ids, then the mask.
+        let row = encoder.encode("The cats").expect("encoded");
+        assert_eq!(row, [2.0, 4.0, 8.0, 6.0, 3.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
+        // Truncated to 6 tokens, [SEP] kept.
+        let row = encoder.encode("a a a a a a a a").expect("encoded");
+        assert_eq!(&row[..6], [2.0, 5.0, 5.0, 5.0, 5.0, 3.0]);
+        assert!(row[6..].iter().all(|&m| m == 1.0));
+        assert_eq!(encoder.encode("").expect("empty")[..3], [2.0, 3.0, 0.0]);
+        let long = "a ".repeat(MAX_TEXT_BYTES / 2 + 1);
+        assert!(encoder.encode(&long).expect_err("too long").to_string().contains("at most"));
+    }
 
     #[test]
     fn json_lines_give_texts_keys_and_labels_and_bad_lines_are_named() {
