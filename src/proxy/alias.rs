@@ -21,7 +21,7 @@ use crate::s3::route::Target;
 /// Most entries of one alias listing page: each may cost a pushdown before the page is answered
 /// (a few seconds for a Parquet file of 10,000 rows), and clients page on as for any store's
 /// limit (`IsTruncated`).
-pub const ALIAS_LISTING_PAGE: usize = 100;
+const ALIAS_LISTING_PAGE: usize = 100;
 
 /// Entries of one listing whose outputs are found at once: the pushdowns share the node with all
 /// other requests (the memory governor bounds what they hold, this bounds one listing's claim).
@@ -32,6 +32,12 @@ const ALIAS_LISTING_CONCURRENCY: usize = 4;
 const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
 
 impl Gateway {
+    /// The store query of an alias listing: the caller's, with its page capped at
+    /// [`ALIAS_LISTING_PAGE`] entries.
+    pub(super) fn alias_listing_query(query: Option<&str>) -> String {
+        listing::capped_page(crate::backend::forwarded_query(query).as_deref(), ALIAS_LISTING_PAGE)
+    }
+
     /// The store's listing `resp` of `alias`'s real bucket, with its entries' sizes and ETags
     /// their outputs'. Entries whose output is refused (an object that is not a model input)
     /// keep the store's; a server error for any entry fails the listing (`503`), so that no

@@ -375,10 +375,7 @@ impl Gateway {
         // An alias listing's entries each may cost a pushdown: its pages are bounded.
         let listing = alias.filter(|_| matches!(op, S3Op::ListObjects | S3Op::ListObjectsV2));
         let query = match &listing {
-            Some(_) => Some(crate::s3::listing::capped_page(
-                forwarded_query(parts.uri.query()).as_deref(),
-                alias::ALIAS_LISTING_PAGE,
-            )),
+            Some(_) => Some(Self::alias_listing_query(parts.uri.query())),
             None => forwarded_query(parts.uri.query()),
         };
         let fwd = ForwardRequest {

@@ -44,7 +44,8 @@ pub fn keys(xml: &[u8]) -> Result<Vec<(String, String)>, ListingError> {
                     _ => {}
                 }
             }
-            Event::Eof => break,
+            Event::Eof if path.is_empty() => break,
+            Event::Eof => return Err(ListingError("the document ends inside an element".into())),
             _ => {}
         }
     }
@@ -72,7 +73,8 @@ pub fn rewrite(xml: &[u8], outputs: &HashMap<String, Output>) -> Result<Vec<u8>,
     loop {
         let event = reader.read_event().map_err(|e| bad(&e))?.into_owned();
         match &event {
-            Event::Eof => break,
+            Event::Eof if depth == 0 && entry.is_none() => break,
+            Event::Eof => return Err(ListingError("the document ends inside an element".into())),
             Event::Start(e) if depth == 1 && e.local_name().as_ref() == b"Contents" => entry = Some(Vec::new()),
             _ => {}
         }
@@ -196,6 +198,9 @@ mod tests {
         let out = String::from_utf8(rewrite(V2.as_bytes(), &one).expect("rewrite")).expect("utf-8");
         assert!(out.contains("<ETag>&quot;src1&quot;</ETag><Size>100</Size>"), "{out}");
         assert!(rewrite(b"<a><b></a>", &one).is_err());
+        // A listing cut short is refused, not answered without its last entry.
+        let cut = &V2.as_bytes()[..V2.find("<CommonPrefixes>").expect("in the listing") - 20];
+        assert!(keys(cut).is_err() && rewrite(cut, &one).is_err());
     }
 
     #[test]

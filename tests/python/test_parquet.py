@@ -155,7 +155,7 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
         ("no-rows.parquet", parquet_bytes(hf_table([], [])), {}, 400, "0 rows"),
         ("zstd.parquet", zstd, {}, 415, "Snappy"),
         ("null-image.parquet", null_image, {}, 400, "row 1"),
-        ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "not a Parquet file"),
+        ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "names a Parquet file's input column"),
         # Deeper than a schema may nest (the parquet crate builds and drops a schema recursively:
         # 30,000 levels aborted the gateway before the check), and wider.
         ("deep.parquet", hostile_schema(9_000), {}, 400, "nests deeper than 64 levels"),
@@ -170,14 +170,20 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
     ]
 
 
-def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, bucket):
-    for key, body, fields, status, needle in hostile_files():
+def assert_refused(s3, bucket, model: str, cases):
+    """Each (key, body, pushdown fields, status, what the message names) stored, then pushed down
+    through `model` at `pool`: refused with that status and message."""
+    for key, body, fields, status, needle in cases:
         s3.put_object(Bucket=bucket, Key=key, Body=body)
         with pytest.raises(botocore.exceptions.ClientError) as e:
-            pushdown_get(s3, bucket, key, model="tiny-cnn", split="pool", **fields)
+            pushdown_get(s3, bucket, key, model=model, split="pool", **fields)
         r = e.value.response
         assert r["ResponseMetadata"]["HTTPStatusCode"] == status, (key, r["Error"])
         assert needle in r["Error"]["Message"], (key, r["Error"])
+
+
+def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, bucket):
+    assert_refused(s3, bucket, "tiny-cnn", hostile_files())
     images = [jpeg(4000, (64, 48))]
     s3.put_object(Bucket=bucket, Key="after.parquet", Body=parquet_bytes(hf_table(images, [7])))
     got = pushdown_get(s3, bucket, "after.parquet", model="tiny-cnn", split="pool")

@@ -7,7 +7,6 @@ most 1e-5); bad inputs get a clear 4xx."""
 import io
 import json
 
-import botocore.exceptions
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import ROOT
-from test_parquet import parquet_bytes, safetensors_of
+from test_parquet import assert_refused, parquet_bytes, safetensors_of
 from test_pushdown import pushdown_get, rel_l2
 
 MODEL = ROOT / "models" / "minilm"
@@ -102,10 +101,4 @@ def test_bad_text_inputs_get_a_clear_error(s3, bucket):
         ("numbers.parquet", parquet_bytes(pa.table({"text": pa.array([1, 2])})), {}, 400, "not texts"),
         ("words.txt", b"plain words", {"column": "text"}, 400, "neither"),
     ]
-    for key, body, fields, status, needle in cases:
-        s3.put_object(Bucket=bucket, Key=key, Body=body)
-        with pytest.raises(botocore.exceptions.ClientError) as e:
-            pushdown_get(s3, bucket, key, model="minilm", split="pool", **fields)
-        r = e.value.response
-        assert r["ResponseMetadata"]["HTTPStatusCode"] == status, (key, r["Error"])
-        assert needle in r["Error"]["Message"], (key, r["Error"])
+    assert_refused(s3, bucket, "minilm", cases)
