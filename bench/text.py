@@ -87,10 +87,10 @@ def get(s3, key: str, **fields) -> bytes:
 
 def main():
     tokenizer = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
-    rows = texts(N_ROWS, tokenizer)
     plain = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     plain.no_truncation()
     plain.no_padding()
+    rows = texts(N_ROWS, plain)
     lengths = [len(plain.encode(t).ids) for t in rows[:1000]]
     objects = [
         "\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(rows[o : o + PER_OBJECT], o)).encode()

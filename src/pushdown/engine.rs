@@ -397,7 +397,10 @@ impl Runner {
         shape: &[usize],
         data: Vec<f32>,
     ) -> Result<Tensor, String> {
-        let inputs = feed(manifest, shape, data)?;
+        let mut inputs = feed(manifest, shape, data)?;
+        // A prefix that ends before an input is used (a text model's embeddings, before the
+        // attention mask) has no such input.
+        inputs.retain(|(name, _)| self.session.inputs().iter().any(|i| i.name() == name));
         let mut selected = OutputSelector::no_default().with(output);
         if let (Some(sample), Some(&batch)) = (&self.sample_output, shape.first()) {
             let dims: Vec<i64> = std::iter::once(batch).chain(sample.iter().copied()).map(|d| d as i64).collect();

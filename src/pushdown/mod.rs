@@ -411,7 +411,10 @@ impl Pushdown {
                     memory.queued_bytes_per_sample,
                     (memory.held_bytes_per_sample * n).saturating_add(tar_bytes).saturating_add(decoded_bytes),
                 ),
-                (spec.batch, samples_n),
+                // One request alone never fills its engine's queue (a full queue refuses samples
+                // with `503`): at most half of it in flight. Images are paced by their decoding;
+                // ready inputs (`.npy` batches, texts) would otherwise all be queued at once.
+                (spec.batch, samples_n.min((self.cfg.engine.queue_capacity / 2).max(1))),
                 job.source.as_ref(),
             )
             .await?;

@@ -1,6 +1,7 @@
 """Text encoders (issue 31): all-MiniLM-L6-v2 with its trained weights, its texts tokenized by the
 gateway (Hugging Face's `tokenizers` crate) from a plain text object, JSON Lines and a Parquet
-text column, pushed down at two encoder layers, the pooled output and the sentence embedding:
+text column, pushed down at the embeddings (a prefix without the attention mask), two encoder
+layers, the pooled output and the sentence embedding:
 every output equal to Python `tokenizers` + onnxruntime on the same ONNX file (relative L2 at
 most 1e-5); bad inputs get a clear 4xx."""
 
@@ -20,7 +21,7 @@ from test_parquet import assert_refused, parquet_bytes, safetensors_of
 from test_pushdown import pushdown_get, rel_l2
 
 MODEL = ROOT / "models" / "minilm"
-SPLITS = ["layer2", "layer4", "pool", "embedding"]
+SPLITS = ["embeddings", "layer2", "layer4", "pool", "embedding"]
 TEXTS = [
     "A man is playing a guitar.",
     "Someone plays an acoustic guitar on a stage in front of a small crowd.",
