@@ -502,9 +502,10 @@ impl Stream {
         let bytes = self.per_sample + extra;
         let started = Instant::now();
         let mut deadline = tokio::time::Instant::now() + g.cfg.max_wait;
-        let (mut deferred, mut behind_own) = (false, false);
+        let mut deferred = false;
         let mut reclaimed = None;
         loop {
+            let behind_own;
             let notified = g.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
