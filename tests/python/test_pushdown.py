@@ -499,17 +499,42 @@ def test_head_describes_the_tensor_output(s3, bucket):
 
 
 def test_full_queue_answers_slowdown(tmp_path):
-    """A tiny queue and a 64-sample batch: samples beyond the queue get 503 SlowDown + Retry-After."""
+    """A tiny queue and six concurrent 16-sample batches: one request alone keeps at most half the
+    queue in flight, so it never fills it; together they do, and samples beyond the queue get
+    503 SlowDown + Retry-After."""
+    import concurrent.futures as cf
+
     from conftest import run_gateway
 
     with run_gateway(tmp_path, "[pushdown]\nqueue_capacity = 2\nmax_batch = 1\nworkers = 1\n") as (_, _, c, _):
-        c.put_object(Bucket="demo", Key="big.npy", Body=npy_bytes(np.zeros((64, 3, 224, 224), np.float32)))
-        with pytest.raises(botocore.exceptions.ClientError) as e:
-            pushdown_get(c, "demo", "big.npy", model="resnet18", split="layer3")
-        r = e.value.response
-        assert r["ResponseMetadata"]["HTTPStatusCode"] == 503, r
-        assert r["Error"]["Code"] == "SlowDown"
-        assert r["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "1"
+        c.put_object(Bucket="demo", Key="big.npy", Body=npy_bytes(np.zeros((16, 3, 224, 224), np.float32)))
+        # Alone, a request of 16 samples through a queue of 2 is served.
+        assert pushdown_get(c, "demo", "big.npy", model="resnet18", split="layer3")["ContentType"] == "application/x-npy"
+
+        import urllib.error
+        import urllib.request
+
+        # Presigned query triggers: one boto3 client's event hooks are not for concurrent threads.
+        urls = []
+        for i in range(6):
+            c.put_object(Bucket="demo", Key=f"big{i}.npy", Body=npy_bytes(np.zeros((16, 3, 224, 224), np.float32)))
+            urls.append(c.generate_presigned_url("get_object", Params={"Bucket": "demo", "Key": f"big{i}.npy"})
+                        + "&tensorgate-model=resnet18&tensorgate-split=layer3")
+
+        def one(url):
+            try:
+                with urllib.request.urlopen(url) as r:
+                    r.read()
+                return None
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers.get("retry-after"), e.read().decode()
+
+        with cf.ThreadPoolExecutor(6) as ex:
+            refused = [r for r in ex.map(one, urls) if r is not None]
+        assert refused, "six requests at once fill a queue of 2"
+        status, retry_after, body = refused[0]
+        assert (status, retry_after) == (503, "1"), refused[0]
+        assert "<Code>SlowDown</Code>" in body
         # The gateway stays up and serves the next (small) request.
         c.put_object(Bucket="demo", Key="one.npy", Body=npy_bytes(np.zeros((3, 224, 224), np.float32)))
         assert pushdown_get(c, "demo", "one.npy", model="resnet18", split="layer3")["ContentType"] == "application/x-npy"
