@@ -2,7 +2,7 @@
 # Fuzzing with AFL++ (through cargo-afl) of the parsers in fuzz/src/lib.rs.
 #   scripts/fuzz.sh smoke [SECONDS]      # build, replay corpora and regressions, then every target
 #                                        # for SECONDS (default 12) from its corpus: fails on any crash
-#                                        # or hang. CI runs this (14 targets x 12 s).
+#                                        # or hang. CI runs this (14 targets x 8 s).
 #   scripts/fuzz.sh run TARGET SECONDS   # one campaign; findings in .tmp/fuzz/TARGET/default/
 #   scripts/fuzz.sh stats                # executions, paths, crashes and hangs of the last runs
 #   scripts/fuzz.sh list                 # the targets

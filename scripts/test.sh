@@ -4,7 +4,7 @@
 #   aws-sdk-s3, and the Python client smoke tests (boto3, aws CLI, rclone, s3cmd) against the binary;
 #   then the store-facing end-to-end tests and the client tests again in front of Ceph RGW 16.2 and
 #   OpenStack Swift 2.30 (s3api), each started by its script (installed from Debian when missing);
-#   last a fuzz smoke: every AFL++ target of fuzz/ for FUZZ_SECONDS (default 12) from its corpus,
+#   last a fuzz smoke: every AFL++ target of fuzz/ for FUZZ_SECONDS (default 8) from its corpus,
 #   after the corpora and the crashes found so far are replayed (scripts/fuzz.sh).
 # Installs what it needs first (scripts/setup.sh); stops every server it started, even on failure.
 set -euo pipefail
@@ -88,4 +88,4 @@ phase "store: fs (the embedded backend; real clients)"
 TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_clients.py
 
 phase "fuzz smoke (AFL++ through cargo-afl; scripts/fuzz.sh)"
-scripts/fuzz.sh smoke "${FUZZ_SECONDS:-12}"
+scripts/fuzz.sh smoke "${FUZZ_SECONDS:-8}"
