@@ -289,8 +289,8 @@ impl Footer {
             }
             rows_of(&batch, (&column, labelled), out.len(), &mut out)?;
             if let Some(kept) = kept.as_mut() {
-                let columns = kept_columns.iter().map(|i| batch.column(*i).clone()).collect();
-                let batch = RecordBatch::try_new(kept.schema.clone(), columns)
+                let batch = batch
+                    .project(&kept_columns)
                     .map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
                 kept.batches.push(batch);
             }

@@ -234,6 +234,8 @@ mod tests {
         assert!(err(b"{\"text\": \"a\"}\n{\"text\": 3}\n").contains("line 2: no string field \"text\""));
         assert!(err(b"{\"text\": \"a\"}\nnot json\n").contains("line 2: not a JSON object"));
         assert!(err(b"  \n").contains("no rows"));
+        let many = b"{\"text\": \"a\"}\n".repeat(MAX_SAMPLES + 1);
+        assert!(err(&many).contains("more than 10000 rows"));
         assert!(is_jsonl(b" \n{\"text\": 1}") && !is_jsonl(b"plain {text}"));
         assert!(plain(b"\xff\xfe").is_err());
     }
