@@ -42,7 +42,7 @@ scripts/models.sh >/dev/null
 if [ "$PROFILE" = release ]; then
   cargo build --release --locked --quiet --bin tensorgate
 else
-  cargo build --locked --quiet --bin tensorgate
+  cargo build --workspace --locked --quiet --bins  # the test suite's build (workspace features)
 fi
 rm -rf docker/prebuilt && mkdir -p docker/prebuilt/onnxruntime docker/prebuilt/models
 cp "target/$PROFILE/tensorgate" docker/prebuilt/

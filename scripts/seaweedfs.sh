@@ -21,6 +21,13 @@ ALT_AK=${SEAWEED_ALT_ACCESS_KEY:-seaweed-alt-ak}
 ALT_SK=${SEAWEED_ALT_SECRET_KEY:-seaweed-alt-sk}
 DIR=.tmp/seaweedfs-$PORT
 WEED=.venv/bin/weed
+# Each bucket is a SeaweedFS collection with volumes of its own, and the tests make hundreds of
+# buckets. Left at 0, the volume limit is the free disk divided by the volume size, so it shrinks
+# with the disk the builds leave (a CI run once got InternalError on every PutObject after a few
+# dozen buckets; a small disk is the likely cause, and below 1% free the volume server also turns
+# read-only, which `weed mini` has no flag for: scripts/test.sh prints the free disk per phase).
+# Volumes are sparse files, so a fixed count costs nothing until written.
+MAX_VOLUMES=${SEAWEED_MAX_VOLUMES:-2000}
 mkdir -p .tmp
 # Serialize concurrent starts/stops (tests run in parallel processes).
 exec 9>".tmp/seaweedfs-$PORT.lock"
@@ -42,7 +49,8 @@ JSON
     nohup "$WEED" mini -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
       -s3.config="$DIR/s3.json" -s3.port="$PORT" -s3.domainName="${SEAWEED_DOMAIN:-localhost}" -master.port=$((PORT+1)) -volume.port=$((PORT+2)) \
       -filer.port=$((PORT+3)) -admin.port=$((PORT+4)) -webdav=false -admin.ui=false \
-      -s3.port.iceberg=0 -s3.port.lance=0 -master.volumeSizeLimitMB=64 > "$DIR/weed.log" 2>&1 9>&- &
+      -s3.port.iceberg=0 -s3.port.lance=0 -master.volumeSizeLimitMB=64 \
+      -volume.max="$MAX_VOLUMES" > "$DIR/weed.log" 2>&1 9>&- &
     echo $! > "$DIR/pid"
     for _ in $(seq 1 120); do
       # Ready when a signed ListBuckets succeeds (S3 API, auth and the filer behind it all up).

@@ -21,7 +21,7 @@ phase() {
     echo "   ($current: $((now - last)) s)"
   fi
   current=$1 last=$now
-  [ -z "$1" ] || echo "== $1"
+  [ -z "$1" ] || echo "== $1 ($(df -h --output=avail . | tail -1 | tr -d ' ') disk free)"
 }
 
 cleanup() {
@@ -45,8 +45,13 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 scripts/import-cycles.py
 
-phase "config check"
-cargo run --quiet --locked -- check-config config/example.toml
+# One build of every test target and binary, with the workspace's features unified: the config
+# check, the test phases, the client tests and the container then reuse it (a `cargo run` or a `-p`
+# of one package resolves other features and built the dependencies again: minutes on two cores).
+phase "build, config check"
+cargo test --workspace --locked --no-run --quiet
+cargo build --workspace --locked --bins --quiet
+target/debug/tensorgate check-config config/example.toml
 
 phase "rust tests (unit + end-to-end against SeaweedFS)"
 if command -v cargo-nextest >/dev/null; then
@@ -56,7 +61,7 @@ else
 fi
 
 phase "python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
-cargo build --quiet --locked --bin tensorgate
+cargo build --workspace --locked --bins --quiet
 scripts/models.sh
 .venv/bin/python -m pytest -q tests/python
 
@@ -70,7 +75,8 @@ for store in ceph-rgw swift; do
     swift) SWIFT_PORT=19633 scripts/swift.sh start ;;
   esac
   if command -v cargo-nextest >/dev/null; then
-    TENSORGATE_IT_STORE=$store cargo nextest run -p integration-tests --locked --no-fail-fast -E 'test(/^(passthrough|auth|transparent)::/)'
+    TENSORGATE_IT_STORE=$store cargo nextest run --workspace --locked --no-fail-fast \
+      -E 'package(integration-tests) & test(/^(passthrough|auth|transparent)::/)'
   else
     TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth:: transparent::
   fi
