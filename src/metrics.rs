@@ -97,6 +97,8 @@ pub struct Metrics {
     pub pushdown_batch_size: HistogramFamily<ModelSplit>,
     pub pushdown_queue_depth: Family<ModelSplit, Gauge>,
     pub pushdown_stage_duration: HistogramFamily<ModelSplitStage>,
+    /// Token positions a text prefix ran: `attended`, or `padding` up to its batch's run length.
+    pub pushdown_tokens: Family<ModelSplitTokens, Counter>,
     pub cache_hits: Family<TierLabel, Counter>,
     pub cache_misses: Counter,
     pub cache_revalidations: Family<OutcomeLabel, Counter>,
@@ -157,6 +159,14 @@ pub struct ModelSplitStage {
     pub model: String,
     pub split: String,
     pub stage: &'static str,
+}
+
+/// Token positions of a text prefix's runs, by kind: `attended` or `padding`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelSplitTokens {
+    pub model: String,
+    pub split: String,
+    pub kind: &'static str,
 }
 
 fn batch_histogram() -> Histogram {
@@ -247,6 +257,12 @@ impl Metrics {
             "pushdown_stage_duration_seconds",
             "Pushdown time by stage: fetch, decode, queue (per sample), infer, encode",
             pushdown_stage_duration.clone(),
+        );
+        let pushdown_tokens = Family::<ModelSplitTokens, Counter>::default();
+        r.register(
+            "pushdown_tokens",
+            "Token positions run through a text prefix: attended, or padding (a batch runs at its longest text where the prefix allows, else at the model's length)",
+            pushdown_tokens.clone(),
         );
         let cache_hits = Family::<TierLabel, Counter>::default();
         r.register("cache_hits", "Pushdown requests answered from the tensor cache, by tier", cache_hits.clone());
@@ -366,6 +382,7 @@ impl Metrics {
             pushdown_batch_size,
             pushdown_queue_depth,
             pushdown_stage_duration,
+            pushdown_tokens,
             pushdown_requests,
             pushdown_source_bytes,
             pushdown_output_bytes,

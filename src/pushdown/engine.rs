@@ -37,7 +37,8 @@ use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::registry::Model;
 use super::tensor::Tensor;
-use crate::metrics::{Metrics, ModelSplit, ModelSplitStage};
+use super::text;
+use crate::metrics::{Metrics, ModelSplit, ModelSplitStage, ModelSplitTokens};
 
 /// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
 /// are off in every mode; the memory budget's promise holds in every mode, because each engine
@@ -147,6 +148,8 @@ struct Gauges {
     samples: prometheus_client::metrics::counter::Counter,
     /// Time samples wait in the queue (the `queue` stage of the stage histogram).
     queue_wait: prometheus_client::metrics::histogram::Histogram,
+    /// A text model's token positions run: attended and padding.
+    tokens: [prometheus_client::metrics::counter::Counter; 2],
 }
 
 impl Engine {
@@ -178,6 +181,10 @@ impl Engine {
                     stage: "queue",
                 })
                 .clone(),
+            tokens: ["attended", "padding"].map(|kind| {
+                let tokens = ModelSplitTokens { model: label.model.clone(), split: label.split.clone(), kind };
+                metrics.pushdown_tokens.get_or_create(&tokens).clone()
+            }),
         };
         let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
@@ -192,6 +199,7 @@ impl Engine {
         let (alive, panic_next, hold) =
             (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)), Arc::default());
         let start_hold = Arc::new(Mutex::new(Some(start_hold)));
+        let cut_padding = Arc::new(AtomicBool::new(false));
         for n in 0..workers {
             let shared = Shared {
                 env: env.clone(),
@@ -209,6 +217,7 @@ impl Engine {
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
                 start_hold: Arc::clone(&start_hold),
+                cut_padding: Arc::clone(&cut_padding),
             };
             alive.fetch_add(1, Ordering::SeqCst);
             *threads.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
@@ -385,6 +394,9 @@ pub(crate) struct Runner {
     arena: OrtArena,
     /// The output's shape without the batch dimension, once a run has shown it.
     sample_output: Option<Vec<usize>>,
+    /// Whether a batch of texts runs at its longest text ([`text::batch_length`]) rather than the
+    /// manifest's length: set where [`Runner::padding_is_inert`] found it exact.
+    cut_padding: bool,
 }
 
 impl Runner {
@@ -397,7 +409,7 @@ impl Runner {
         shape: &[usize],
         data: Vec<f32>,
     ) -> Result<Tensor, String> {
-        let mut inputs = feed(manifest, shape, data)?;
+        let mut inputs = feed(manifest, shape, data, self.cut_padding)?;
         // A prefix that ends before an input is used (a text model's embeddings, before the
         // attention mask) has no such input.
         inputs.retain(|(name, _)| self.session.inputs().iter().any(|i| i.name() == name));
@@ -420,15 +432,58 @@ impl Runner {
         }
         Ok(Tensor { shape: out_shape, data: values.to_vec() })
     }
+
+    /// Whether a text prefix's output stays the same when a batch's padding is cut off: its shape
+    /// does not have the length and padded positions do not reach it (outputs pooled over the
+    /// attended tokens, `pool` and `embedding`; not the sequence outputs `layer*`, nor a model
+    /// that ignores its mask). Probed on one row attended over its first half, whole and cut.
+    fn padding_is_inert(&mut self, manifest: &Manifest, output: &str) -> Result<bool, String> {
+        let (Some(_), &[2, len]) = (&manifest.text, manifest.input_shape.as_slice()) else { return Ok(false) };
+        let used = (len / 2).next_multiple_of(text::LENGTH_STEP);
+        if used >= len {
+            return Ok(false);
+        }
+        let row: Vec<f32> = (0..len)
+            .map(|i| if i < used { ((i * 7919) % 1000) as f32 } else { 0.0 })
+            .chain((0..len).map(|i| f32::from(u8::from(i < used))))
+            .collect();
+        // Neither probe may write into the buffer of the engine's output shape.
+        let (sample_output, cut_padding) = (self.sample_output.take(), self.cut_padding);
+        let mut probe = |cut: bool| {
+            (self.sample_output, self.cut_padding) = (None, cut);
+            self.run(manifest, output, &[1, 2, len], row.clone())
+        };
+        let (whole, cut) = (probe(false), probe(true));
+        (self.sample_output, self.cut_padding) = (sample_output, cut_padding);
+        let (whole, cut) = (whole?, cut?);
+        Ok(whole.shape == cut.shape && relative_l2(&whole.data, &cut.data) <= PADDING_TOLERANCE)
+    }
+}
+
+/// How far a text prefix's output may move when padding is cut for it to be cut
+/// ([`Runner::padding_is_inert`]): the bar outputs are held to against the caller's own
+/// tokenizer and onnxruntime (issue 31). Masked positions weigh exactly 0; only the order of the
+/// sums changes.
+const PADDING_TOLERANCE: f64 = 1e-5;
+
+/// `|a - b| / |b|` (0 for two zero vectors).
+fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (diff, norm) = a
+        .iter()
+        .zip(b)
+        .fold((0f64, 0f64), |(d, n), (&x, &y)| (d + (f64::from(x) - f64::from(y)).powi(2), n + f64::from(y).powi(2)));
+    if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() }
 }
 
 /// The session inputs of a batch: an image model's one `f32` tensor; a text model's rows
 /// (`[ids; L] ++ [mask; L]`, `shape` `[batch, 2, L]`) as its two int64 inputs, token ids and
-/// attention mask (`[text]` in the manifest).
+/// attention mask (`[text]` in the manifest), `L` long or, with `cut_padding`, as long as the
+/// batch's longest text ([`text::batch_length`]).
 fn feed(
     manifest: &Manifest,
     shape: &[usize],
     data: Vec<f32>,
+    cut_padding: bool,
 ) -> Result<Vec<(String, ort::session::SessionInputValue<'static>)>, String> {
     let Some(text) = &manifest.text else {
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
@@ -436,12 +491,13 @@ fn feed(
         return Ok(vec![(manifest.input.clone(), value.into())]);
     };
     let [batch, 2, len] = shape[..] else { return Err(format!("a text batch of shape {shape:?}")) };
-    let (mut ids, mut mask) = (Vec::with_capacity(batch * len), Vec::with_capacity(batch * len));
+    let run = if cut_padding { text::batch_length(&data, len) } else { len };
+    let (mut ids, mut mask) = (Vec::with_capacity(batch * run), Vec::with_capacity(batch * run));
     for row in data.chunks_exact(2 * len) {
-        ids.extend(row[..len].iter().map(|&v| v as i64));
-        mask.extend(row[len..].iter().map(|&v| v as i64));
+        ids.extend(row[..run].iter().map(|&v| v as i64));
+        mask.extend(row[len..len + run].iter().map(|&v| v as i64));
     }
-    let dims = vec![batch as i64, len as i64];
+    let dims = vec![batch as i64, run as i64];
     let ids = OrtTensor::from_array((dims.clone(), ids)).map_err(|e| e.to_string())?;
     let mask = OrtTensor::from_array((dims, mask)).map_err(|e| e.to_string())?;
     Ok(vec![(manifest.input.clone(), ids.into()), (text.mask.clone(), mask.into())])
@@ -464,7 +520,7 @@ pub(crate) fn session(
     let mut builder =
         builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
     let session = builder.commit_from_memory(bytes).map_err(|e| e.to_string())?;
-    Ok(Runner { session, arena, sample_output: None })
+    Ok(Runner { session, arena, sample_output: None, cut_padding: false })
 }
 
 /// The once-per-engine check: prefix output == full model output at the split tensor.
@@ -541,6 +597,8 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     }
     .with_prefix(s.prefix_bytes.len() as u64);
     check_prefix(&s.env, model, &s.tensor, &mut session)?;
+    session.cut_padding = session.padding_is_inert(&model.manifest, &s.tensor)?;
+    s.cut_padding.store(session.cut_padding, Ordering::SeqCst);
     Ok((session, memory))
 }
 
@@ -585,11 +643,15 @@ struct Shared {
     /// What the start holds until the first worker has measured (its transient copies of the
     /// whole model), then released.
     start_hold: Arc<Mutex<Option<Held>>>,
+    /// What the first worker found for every session of the engine: [`Runner::padding_is_inert`].
+    cut_padding: Arc<AtomicBool>,
 }
 
-/// A fresh session of the engine's prefix.
+/// A fresh session of the engine's prefix (after the first worker's verdict).
 fn session_for(s: &Shared) -> Result<Runner, String> {
-    session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &s.model.dir)
+    let mut runner = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &s.model.dir)?;
+    runner.cut_padding = s.cut_padding.load(Ordering::SeqCst);
+    Ok(runner)
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
@@ -669,6 +731,12 @@ fn worker(shared: &Shared, first: bool) {
             gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
         }
         gauges.samples.inc_by(batch as u64);
+        if let (Some(_), &[2, len]) = (&model.manifest.text, sample_shape.as_slice()) {
+            let run = if session.cut_padding { text::batch_length(&data, len) } else { len };
+            let attended: usize = data.chunks_exact(2 * len).map(text::attended).sum();
+            gauges.tokens[0].inc_by(attended as u64);
+            gauges.tokens[1].inc_by((batch * run).saturating_sub(attended) as u64);
+        }
         // With one intra-op thread ORT runs on this thread, and its CPU time is the cost; with more,
         // wall time is.
         let guarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

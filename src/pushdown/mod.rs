@@ -444,7 +444,18 @@ impl Pushdown {
             .tenant_samples
             .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
             .clone();
-        let runs = parsed.items.into_iter().zip(scratch).enumerate().map(|(i, (item, scratch))| {
+        // Texts go to the engine shortest first (a stable sort by attended tokens), so that a
+        // batch holds texts of like lengths and runs at its longest (`engine::feed`); the outputs
+        // are put back in source order below.
+        let mut work: Vec<_> = parsed.items.into_iter().zip(scratch).enumerate().collect();
+        if model.manifest.text.is_some() {
+            work.sort_by_cached_key(|(_, (item, _))| match item {
+                Item::Ready(row) => text::attended(row),
+                Item::Image(_) => 0,
+            });
+        }
+        let order: Vec<usize> = work.iter().map(|(i, _)| *i).collect();
+        let runs = work.into_iter().map(|(i, (item, scratch))| {
             let (engine, model, keys, stream, samples) =
                 (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
             async move {
@@ -478,7 +489,9 @@ impl Pushdown {
                 out
             }
         });
-        let outputs = try_join_all(runs).await?;
+        let mut outputs: Vec<(usize, Tensor)> = order.into_iter().zip(try_join_all(runs).await?).collect();
+        outputs.sort_unstable_by_key(|(i, _)| *i);
+        let outputs: Vec<Tensor> = outputs.into_iter().map(|(_, out)| out).collect();
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();

@@ -20,6 +20,27 @@ pub const DEFAULT_FIELD: &str = "text";
 /// Ids from this on are not exact in `f32`.
 const MAX_EXACT_ID: u32 = 1 << 24;
 
+/// A batch of texts runs at its longest text's length rounded up to a multiple of this (where
+/// the prefix allows: `engine`): the matrix kernels work in blocks of 4 to 16 rows, and few
+/// distinct lengths keep runs alike; a text is never padded by more than 7 tokens for it.
+pub const LENGTH_STEP: usize = 8;
+
+/// The attended tokens of a text row (`[ids; L] ++ [mask; L]`): up to its last attended one, so
+/// a right-padded row's length without its padding (a left-padded row counts whole).
+#[must_use]
+pub fn attended(row: &[f32]) -> usize {
+    let mask = &row[row.len() / 2..];
+    mask.iter().rposition(|&m| m != 0.0).map_or(0, |last| last + 1)
+}
+
+/// The length a batch of text rows of `len` tokens runs at when its padding may be cut: its
+/// longest row's [`attended`] tokens rounded up to [`LENGTH_STEP`], at most `len`, at least 1.
+#[must_use]
+pub fn batch_length(data: &[f32], len: usize) -> usize {
+    let longest = data.chunks_exact(2 * len).map(attended).max().unwrap_or(0);
+    longest.max(1).next_multiple_of(LENGTH_STEP).min(len)
+}
+
 /// A model's tokenizer, set to its length.
 pub struct Encoder {
     tokenizer: Tokenizer,
@@ -58,6 +79,15 @@ impl Encoder {
         padding.strategy = PaddingStrategy::Fixed(len);
         tokenizer.with_padding(Some(padding));
         Ok(Self { tokenizer, len })
+    }
+
+    /// The tokenizer as `tokenizer.json` text, with the truncation and padding to `L` that the
+    /// gateway uses: the compute tier's baseline tokenizes with exactly this.
+    ///
+    /// # Errors
+    /// A tokenizer that does not serialize (not one read from a file).
+    pub fn to_json(&self) -> Result<String, String> {
+        self.tokenizer.to_string(false).map_err(|e| e.to_string())
     }
 
     /// Tokens per text.
@@ -214,6 +244,26 @@ mod tests {
         assert_eq!(encoder.encode("").expect("empty")[..3], [2.0, 3.0, 0.0]);
         let long = "a ".repeat(MAX_TEXT_BYTES / 2 + 1);
         assert!(encoder.encode(&long).expect_err("too long").to_string().contains("at most"));
+    }
+
+    #[test]
+    fn a_batch_runs_at_its_longest_text_rounded_up_and_never_past_the_length() {
+        let row = |len: usize, used: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| if i < used { 7.0 } else { 0.0 })
+                .chain((0..len).map(|i| f32::from(u8::from(i < used))))
+                .collect()
+        };
+        assert_eq!(attended(&row(16, 5)), 5);
+        assert_eq!(attended(&row(16, 0)), 0);
+        // Left padding: counted whole (its positions would shift if cut).
+        let left: Vec<f32> = [0.0, 0.0, 5.0, 6.0, 0.0, 0.0, 1.0, 1.0].into();
+        assert_eq!(attended(&left), 4);
+        let batch = [row(32, 5), row(32, 11), row(32, 3)].concat();
+        assert_eq!(batch_length(&batch, 32), 16);
+        assert_eq!(batch_length(&row(32, 30), 32), 32);
+        assert_eq!(batch_length(&row(12, 11), 12), 12);
+        assert_eq!(batch_length(&row(32, 0), 32), LENGTH_STEP);
     }
 
     #[test]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import ROOT
+from conftest import ROOT, metric
 from test_parquet import assert_refused, parquet_bytes, safetensors_of
 from test_pushdown import pushdown_get, rel_l2
 
@@ -91,6 +91,40 @@ def test_json_lines_and_a_parquet_text_column_give_every_rows_outputs(s3, bucket
     assert read.select(["label", "source"]).equals(table.select(["label", "source"]))
     emb = np.array(read.column("features").to_pylist(), dtype=np.float32)
     assert rel_l2(emb, want["embedding"]) <= 1e-3  # f16 on the wire
+
+
+def test_texts_run_in_batches_cut_to_their_longest_text_where_the_output_is_pooled(s3, bucket, gateway, reference):
+    """Length bucketing (ADR 0017): texts go to the engine shortest first and a batch runs at its
+    longest text rounded up to 8 tokens where padding cannot reach the output (`pool`); sequence
+    outputs (`layer2`) keep the model's 128. Both equal the reference, which pads to 128; the
+    token counters say what ran."""
+    admin = gateway[1]
+    short = [f"a cat {i}." for i in range(24)]
+    long = [" ".join(["storage"] * (60 + i)) + "." for i in range(24)]
+    texts = [t for pair in zip(short, long) for t in pair]  # interleaved: the order is the gateway's job
+    s3.put_object(Bucket=bucket, Key="mixed.jsonl", Body="\n".join(json.dumps({"text": t}) for t in texts).encode())
+    want = reference(texts)
+    tokenizer = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    lengths = [sum(e.attention_mask) for e in tokenizer.encode_batch(texts)]
+    assert max(lengths) < 100 < 128
+    attended = sum(lengths)
+
+    def tokens(split: str, kind: str) -> float:
+        return metric(admin, f'tensorgate_pushdown_tokens_total{{model="minilm",split="{split}",kind="{kind}"}}')
+
+    for split in ("pool", "layer2"):
+        before = tokens(split, "attended"), tokens(split, "padding")
+        got = pushdown_get(s3, bucket, "mixed.jsonl", model="minilm", split=split)
+        tensors, _ = safetensors_of(got["Body"].read())
+        assert rel_l2(tensors["features"], want[split]) <= 1e-5, split
+        ran = tokens(split, "attended") - before[0], tokens(split, "padding") - before[1]
+        assert ran[0] == attended, split
+        if split == "layer2":
+            assert ran[1] == len(texts) * 128 - attended
+        else:
+            # Every batch ran at most at the longest text rounded up to 8, never at 128.
+            assert ran[1] <= len(texts) * -(-max(lengths) // 8) * 8 - attended
+            print(f"pool: {ran[1]:.0f} padding tokens; at 128: {len(texts) * 128 - attended}")
 
 
 def test_bad_text_inputs_get_a_clear_error(s3, bucket):
