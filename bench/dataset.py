@@ -6,6 +6,10 @@ JPEGs come out at about 110 kB (quality 96), the ImageNet average. Samples pack 
 shards (`<key>.jpg` + `<key>.cls`) or into tensor shards of preprocessed inputs (`<key>.npy`),
 the "baseline tensors" variant.
 
+Texts (for text encoders): labeled sentences of 8 to 60 words whose topic is the class, mixed
+with common words and a few words of other topics, in Parquet files as Hugging Face `datasets`
+writes a text dataset (a `text` and a `label` column).
+
 Run `python bench/dataset.py OUT_DIR N [PER_SHARD]` to write shards to a directory.
 """
 
@@ -81,6 +85,48 @@ def tensor_shards(items, per_shard: int, preprocess) -> list[bytes]:
             np.save(buf, preprocess(data))
             members += [(f"{key}.npy", buf.getvalue()), (f"{key}.cls", str(label).encode())]
         out.append(tar_of(members))
+    return out
+
+
+TOPICS = [
+    "storage disk bucket object replica volume node cluster erasure cache network server".split(),
+    "football goal match player team coach league season stadium referee score fans".split(),
+    "recipe flour oven butter sugar bake dough kitchen salt pepper soup dinner".split(),
+    "planet orbit telescope galaxy star comet moon astronaut rocket nebula space sky".split(),
+    "election vote parliament minister law policy campaign senate court debate party tax".split(),
+    "guitar piano concert song band melody drum album singer chorus stage rhythm".split(),
+]
+COMMON = "the a of and with on in today about very some this that was is for it they we".split()
+
+
+def sentences(n: int, classes: int = 4, seed: int = 0):
+    """[(key, label, text)], labels balanced and interleaved: half common words, most of the rest
+    from the class's topic, one word in ten from another topic."""
+    assert classes <= len(TOPICS)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        label, words = i % classes, []
+        for _ in range(int(rng.integers(8, 61))):
+            r = rng.random()
+            pool = COMMON if r < 0.5 else TOPICS[label] if r < 0.9 else TOPICS[int(rng.integers(0, classes))]
+            words.append(str(rng.choice(pool)))
+        out.append((f"{i:06d}", label, " ".join(words).capitalize() + "."))
+    return out
+
+
+def text_shards(items, per_shard: int, row_group: int = 32) -> list[bytes]:
+    """Parquet files of `text` and `label` columns (`datasets`' layout), row groups of `row_group`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = []
+    for s in range(0, len(items), per_shard):
+        part = items[s : s + per_shard]
+        table = pa.table({"text": [t for _, _, t in part], "label": pa.array([l for _, l, _ in part], pa.int64())})
+        buf = io.BytesIO()
+        pq.write_table(table, buf, row_group_size=row_group)
+        out.append(buf.getvalue())
     return out
 
 

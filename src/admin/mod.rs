@@ -1,6 +1,7 @@
 //! The admin port: `/metrics` (Prometheus text), `/healthz` (the process is alive), `/readyz`
 //! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
-//! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/storage`, `/v1/plan` (JSON).
+//! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/models/{model}/tokenizer`,
+//! `/v1/storage`, `/v1/plan` (JSON).
 //!
 //! Reads need no credential (bind the port where operators, Prometheus and the training cluster
 //! reach it; it serves model graphs and metrics, never object data). A change needs a proof of
@@ -46,6 +47,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/memory", get(memory))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}/suffix", get(suffix))
+        .route("/v1/models/{model}/tokenizer", get(tokenizer))
         .route("/v1/plan", post(plan).get(last_plan))
         .route("/v1/storage", get(storage))
         .route("/v1/cluster", get(cluster))
@@ -149,6 +151,11 @@ async fn models(State(s): State<AdminState>) -> Reply {
                 "freeze": m.manifest.freeze,
                 "splits": m.manifest.splits.iter().map(|d| serde_json::json!({"name": d.name, "tensor": d.tensor})).collect::<Vec<_>>(),
                 "layout": format!("{:?}", m.manifest.layout).to_uppercase(),
+                // A text model: its mask input and length (its tokenizer: `tokenizer` below).
+                "text": m.manifest.text.as_ref().map(|t| serde_json::json!({
+                    "mask": t.mask,
+                    "length": m.manifest.input_shape.last(),
+                })),
                 "preprocess": m.manifest.preprocess.as_ref().map(|p| serde_json::json!({
                     "resize_shorter": p.resize_shorter,
                     "crop": p.crop,
@@ -181,6 +188,20 @@ async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q)
     match cut.map_err(|e| crate::pushdown::PushdownError::Internal(e.to_string())).and_then(|r| r) {
         Ok(graph) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], graph),
         Err(e) => failure(e),
+    }
+}
+
+/// A text model's tokenizer as the gateway runs it (`tokenizer.json`, with its truncation and
+/// padding to the model's length), for the compute tier's baseline.
+async fn tokenizer(State(s): State<AdminState>, Path(model): Path<String>) -> Reply {
+    let pd = match pushdown(&s) {
+        Ok(p) => p.clone(),
+        Err(r) => return r,
+    };
+    match tokio::task::spawn_blocking(move || pd.tokenizer_json(&model)).await {
+        Ok(Ok(json)) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], json.into_bytes()),
+        Ok(Err(e)) => failure(e),
+        Err(e) => failure(crate::pushdown::PushdownError::Internal(e.to_string())),
     }
 }
 

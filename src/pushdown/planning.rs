@@ -188,4 +188,19 @@ impl Pushdown {
         }
         prefix::extract(&m.bytes, &[&a.tensor], &[&b]).map_err(|e| PushdownError::Model(e.to_string()))
     }
+
+    /// A text model's tokenizer as `tokenizer.json` text, set as the gateway runs it (truncation
+    /// and padding to the model's length): the compute tier's no-pushdown baseline tokenizes with
+    /// it. CPU work (the vocabulary is serialized): call it off the async workers.
+    ///
+    /// # Errors
+    /// An unknown model, or one without `[text]`.
+    pub fn tokenizer_json(&self, model: &str) -> Result<String, PushdownError> {
+        let m = self.model(model)?;
+        let encoder = m.tokenizer.as_ref().ok_or_else(|| PushdownError::InvalidArgument {
+            field: "model".into(),
+            message: format!("{model} is not a text model: it has no tokenizer"),
+        })?;
+        encoder.to_json().map_err(PushdownError::Internal)
+    }
 }

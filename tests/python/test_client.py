@@ -255,8 +255,13 @@ def test_the_loader_profiles_and_plans_by_itself(gw):
         assert (c["split"] in profiled) == (c["excluded"] is None), c
 
 
-@pytest.mark.parametrize("mode", [[], ["--torch", "--workers", "2"]], ids=["numpy", "torch-dataloader"])
+@pytest.mark.parametrize("mode", [[], ["--torch", "--workers", "2"], ["--model", "minilm", "--torch", "--workers", "2"]],
+                         ids=["numpy", "torch-dataloader", "text-torch-dataloader"])
 def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path, mode):
+    """Images (pp-lcnet, WebDataset shards) and texts (minilm, Parquet files of sentences, the
+    baseline tokenizing with the gateway's tokenizer): equal accuracies with and without
+    pushdown; image features bit-identical, text features equal to float rounding (the gateway
+    runs a batch of texts at its longest, the baseline at the model's 128 tokens)."""
     with run_gateway(tmp_path, "") as (endpoint, admin, _, _):
         r = subprocess.run(
             [sys.executable, str(ROOT / "clients/python/examples/finetune.py"), "--endpoint", endpoint, "--admin", admin,
@@ -268,6 +273,32 @@ def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path, mode):
     lines = [l for l in r.stdout.splitlines() if "accuracy" in l]
     accs = [float(l.split("accuracy ")[1].split()[0]) for l in lines]
     assert len(accs) == 2 and accs[0] == accs[1] and accs[0] > 0.5, r.stdout
-    assert "features identical: True" in r.stdout
-    if mode:
+    err = float(r.stdout.split("features relative L2 difference: ")[1].split(";")[0])
+    assert err == 0.0 if "minilm" not in mode else err <= 1e-5, r.stdout
+    if "--torch" in mode:
         assert "2 loader workers" in r.stdout
+
+
+def test_a_text_models_tokenizer_is_served_as_the_gateway_runs_it_and_a_sequence_suffix_is_refused(gw, tmp_path,
+                                                                                                   monkeypatch):
+    """`Client.tokenizer` is the gateway's tokenizer with its truncation and padding to the model's
+    length (a long text comes back as exactly 128 ids); a model without one, or an unknown one, is refused; a
+    suffix from `layer2` (it would need the attention mask) is refused before anything runs."""
+    from tokenizers import Tokenizer
+
+    from tensorgate.suffix import SuffixRunner
+
+    monkeypatch.setenv("TENSORGATE_CACHE_DIR", str(tmp_path))
+    client = gw[0]
+    info = client.models()["minilm"]
+    assert info["text"] == {"mask": "attention_mask", "length": 128}
+    tok = Tokenizer.from_str(client.tokenizer("minilm").decode())
+    long, short = tok.encode("word " * 500), tok.encode("a cat")
+    assert len(long.ids) == len(short.ids) == 128 and sum(short.attention_mask) == 4
+    with pytest.raises(RuntimeError, match="(?s)400.*not a text model"):
+        client.tokenizer(MODEL)
+    with pytest.raises(RuntimeError, match="(?s)400.*unknown model"):
+        client.tokenizer("no-such-model")
+    with pytest.raises(ValueError, match="attention mask"):
+        SuffixRunner(client, "minilm", "layer2")
+    assert SuffixRunner(client, "minilm", "none").tokenizer is not None

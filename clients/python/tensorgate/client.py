@@ -260,6 +260,11 @@ class Client:
         """Every model the gateway serves, by name (splits in order, freeze split, preprocessing)."""
         return {m["name"]: m for m in json.loads(self._admin("/v1/models"))["models"]}
 
+    def tokenizer(self, model: str) -> bytes:
+        """A text model's `tokenizer.json` as the gateway runs it (truncation and padding to the
+        model's length): the no-pushdown baseline tokenizes with exactly this."""
+        return self._admin(f"/v1/models/{model}/tokenizer")
+
     def suffix_graph(self, model: str, split: str, to: str | None = None) -> bytes:
         """ONNX bytes of the frozen layers from `split` (or "input") to `to` (default: freeze)."""
         q = f"from={split}" + (f"&to={to}" if to else "")

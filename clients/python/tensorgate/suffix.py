@@ -1,5 +1,5 @@
 """Running frozen layers on the compute tier: the suffix between a split and the freeze split,
-and the baseline (raw images decoded here, every frozen layer run here)."""
+and the baseline (raw images decoded here, or texts tokenized here, every frozen layer run here)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,22 @@ def graph(client, info: dict, split: str, to: str) -> bytes:
     """The ONNX graph of model `info` (an entry of `client.models()`) from `split` (or "input") to
     `to`, downloaded once per model version and kept on disk: the compute tier holds its model's
     layers, they are not data to move per epoch."""
-    model = info["name"]
-    path = cache_dir() / f"{model}-{info['sha256'][:16]}-{split}-{to}.onnx"
+    return _kept(info, f"{split}-{to}.onnx", lambda: client.suffix_graph(info["name"], split, to))
+
+
+def tokenizer(client, info: dict):
+    """A text model's tokenizer as the gateway runs it (`tokenizers.Tokenizer`; the file kept on
+    disk as the graphs are). Needs `tokenizers` (`pip install tokenizers`)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_kept(info, "tokenizer.json", lambda: client.tokenizer(info["name"])).decode())
+
+
+def _kept(info: dict, name: str, download) -> bytes:
+    path = cache_dir() / f"{info['name']}-{info['sha256'][:16]}-{name}"
     if path.exists():
         return path.read_bytes()
-    data = client.suffix_graph(model, split, to)
+    data = download()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(data)
@@ -49,7 +60,10 @@ _SESSIONS: dict = {}
 class SuffixRunner:
     """Runs `model`'s frozen layers from `split` to the freeze split (`to`) with onnxruntime, on
     features the gateway computed up to `split`. Identity when `split` is the freeze split.
-    `split="none"` runs the whole frozen prefix on preprocessed inputs (see `preprocess`)."""
+    `split="none"` runs the whole frozen prefix on preprocessed inputs (see `preprocess`), or, for
+    a text model, on texts (an array of `str`), tokenized here with the gateway's tokenizer. A
+    text model's suffix from a sequence split (`layer*`) would need the attention mask, which
+    pushdown outputs do not carry: refused."""
 
     def __init__(self, client, model: str, split: str, to: str | None = None, *, threads: int = 1,
                  providers: list[str] | None = None):
@@ -57,6 +71,12 @@ class SuffixRunner:
         self.model, self.split, self.to = model, split, to or info["freeze"]
         self.info = info
         self.session = None
+        self.tokenizer = None
+        if info.get("text") and split not in (self.to, NO_PUSHDOWN):
+            raise ValueError(f"{model}: a suffix from {split} needs the attention mask, which pushdown outputs "
+                             f"do not carry; push down to {self.to} or read the texts ({NO_PUSHDOWN!r})")
+        if info.get("text") and split == NO_PUSHDOWN:
+            self.tokenizer = tokenizer(client, info)
         if split != self.to:
             key = (info["sha256"], split, self.to, threads, tuple(providers or ()))
             if key not in _SESSIONS:  # the profiler's sessions serve the loader afterwards
@@ -70,6 +90,12 @@ class SuffixRunner:
     def __call__(self, features: np.ndarray) -> np.ndarray:
         if self.session is None:
             return features
+        if self.tokenizer is not None:
+            enc = self.tokenizer.encode_batch([str(t) for t in features])
+            feed = {self.info["input"]: np.array([e.ids for e in enc], np.int64),
+                    self.info["text"]["mask"]: np.array([e.attention_mask for e in enc], np.int64)}
+            names = {i.name for i in self.session.get_inputs()}
+            return self.session.run(None, {k: v for k, v in feed.items() if k in names})[0]
         return self.session.run(None, {self.input: np.ascontiguousarray(features, dtype=np.float32)})[0]
 
 

@@ -17,6 +17,8 @@ from .suffix import preprocess
 MAGIC = b"PAR1"
 #: The image column when none is named (the gateway's default, `datasets`' usual name).
 DEFAULT_COLUMN = "image"
+#: A text model's column when none is named (the gateway's default).
+DEFAULT_TEXT_COLUMN = "text"
 
 
 def is_parquet(raw: bytes) -> bool:
@@ -40,26 +42,38 @@ def row_count(client, bucket: str, key: str) -> int:
 def decode_table(raw: bytes, info: dict, column: str | None = None) -> Features:
     """A raw Parquet file decoded here (the baseline): every row's image preprocessed as the
     gateway would (`info` is the model's `/v1/models` entry), keys from the image's `path` (else
-    the row number), labels from an integer `label` column."""
+    the row number), labels from an integer `label` column. For a text model, the rows' texts (an
+    array of `str`, which `SuffixRunner("none")` tokenizes), keyed by row number."""
     import pyarrow.parquet as pq
     import pyarrow.types as pat
 
-    name = column or DEFAULT_COLUMN
+    name = column or (DEFAULT_TEXT_COLUMN if info.get("text") else DEFAULT_COLUMN)
     table = pq.read_table(io.BytesIO(raw))
     if name not in table.column_names:
         raise ValueError(f"the Parquet file has no column {name!r}; its columns: {', '.join(table.column_names)}")
     col = table.column(name).combine_chunks()
+    if info.get("text"):
+        if not (pat.is_string(col.type) or pat.is_large_string(col.type)) or col.null_count:
+            raise ValueError(f"column {name!r} is not a column of texts")
+        return Features(features=np.array(col.to_pylist(), dtype=object), labels=_labels(table, name),
+                        keys=[str(i) for i in range(len(col))])
     if pat.is_struct(col.type):
         images, paths = col.field("bytes").to_pylist(), col.field("path").to_pylist() if any(
             f.name == "path" for f in col.type) else [None] * len(col)
     else:
         images, paths = col.to_pylist(), [None] * len(col)
     keys = [p if p is not None else str(i) for i, p in enumerate(paths)]
-    labels = None
-    if "label" in table.column_names and name != "label" and pat.is_integer(table.column("label").type):
-        values = table.column("label").to_pylist()
-        if all(v is not None for v in values):
-            labels = np.array(values, dtype=np.int64)
     if any(b is None for b in images):
         raise ValueError(f"row {images.index(None)} has no image")
-    return Features(features=np.stack([preprocess(b, info) for b in images]), labels=labels, keys=keys)
+    return Features(features=np.stack([preprocess(b, info) for b in images]), labels=_labels(table, name), keys=keys)
+
+
+def _labels(table, column: str) -> np.ndarray | None:
+    """An integer `label` column without nulls (other than the input column), as the gateway reads it."""
+    import pyarrow.types as pat
+
+    if "label" in table.column_names and column != "label" and pat.is_integer(table.column("label").type):
+        values = table.column("label").to_pylist()
+        if all(v is not None for v in values):
+            return np.array(values, dtype=np.int64)
+    return None
