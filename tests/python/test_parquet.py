@@ -5,6 +5,7 @@ get a clear 4xx and the gateway keeps serving."""
 
 import io
 import json
+import sys
 
 import botocore.exceptions
 import numpy as np
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from conftest import ROOT
 from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2, synthetic_photo
 
 
@@ -240,3 +242,56 @@ def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(
     baseline, _ = epoch("none", 0)
     keys = sorted(labels)
     assert rel_l2(np.stack([pushed[k] for k in keys]), np.stack([baseline[k] for k in keys])) <= 1e-3
+
+
+@pytest.mark.parametrize("model", ["tiny-cnn", "minilm"])
+def test_split_auto_profiles_parquet_files_and_the_loader_yields_what_the_plan_chose(gateway, s3, bucket, tmp_path,
+                                                                                     monkeypatch, model):
+    """`split="auto"` on Parquet files (images, and texts for a text encoder): the profile reads
+    the first file's footer and first rows by ranges, counts its rows, times the baseline on
+    them; the planner chooses among the profiled candidates (a text model's: the baseline and its
+    freeze split), and every row comes out once with its label and the freeze split's features,
+    equal to the no-pushdown baseline."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import dataset
+
+    from conftest import CLIENT_AK, CLIENT_SK
+    from tensorgate import Client, ShardLoader
+
+    monkeypatch.setenv("TENSORGATE_CACHE_DIR", str(tmp_path))
+    endpoint, admin, _ = gateway
+    client = Client(endpoint, CLIENT_AK, CLIENT_SK, admin=admin)
+    if model == "minilm":
+        files = dataset.text_shards(dataset.sentences(40, classes=4, seed=7), per_shard=20, row_group=8)
+    else:
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        files = [parquet_bytes(pa.table({
+            "image": pa.array([{"bytes": jpeg(7000 + 20 * f + i, (64, 48)), "path": f"{f}/{i}.jpg"} for i in range(20)],
+                              type=image_type),
+            "label": pa.array([(f + i) % 4 for i in range(20)], pa.int64())}), row_group_size=8) for f in range(2)]
+    for f, body in enumerate(files):
+        s3.put_object(Bucket=bucket, Key=f"auto/{f}.parquet", Body=body)
+
+    def read(split: str) -> tuple[np.ndarray, list, ShardLoader]:
+        """Features, (key, label) pairs, in the loader's order (files in order, rows in order;
+        a text file's rows are keyed by row number, so keys repeat across files)."""
+        loader = ShardLoader(client, bucket, "auto/", model, split, batch_size=8)
+        feats, rows = [], []
+        for x, y, keys in loader:
+            feats.append(np.asarray(x, np.float32))
+            rows += [(k, int(l)) for k, l in zip(keys, y)]
+        return np.concatenate(feats), rows, loader
+
+    auto, labels, loader = read("auto")
+    plan = loader.plans[0]
+    compute = plan["profile"]["compute_secs_per_sample"]
+    info = client.models()[model]
+    assert "none" in compute and compute["none"] > 0
+    assert plan["profile"]["samples"] == 40  # rows from the footer x files
+    if model == "minilm":
+        assert set(compute) <= {"none", info["freeze"]}
+    assert plan["plan"]["chosen"] in compute
+    print(model, "profiled", sorted(compute), "chose", plan["plan"]["chosen"])
+    baseline, base_rows, _ = read("none")
+    assert len(auto) == len(labels) == 40 and labels == base_rows
+    assert rel_l2(auto, baseline) <= 1e-5

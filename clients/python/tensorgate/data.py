@@ -233,7 +233,7 @@ class ShardDataset(_IterBase, _Ranked):
       pre-batched mode it also drops each worker's last partial batch.
     - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `train_secs_per_batch`,
       `replan_threshold`, `replan_every`, `dtype`, `column`: as in `ShardLoader` (only the planning
-      process re-plans; `split="auto"` profiles WebDataset shards only).
+      process re-plans).
     """
 
     def __init__(self, source, bucket: str, model: str, split: str, *, prefix: str = "",

@@ -196,7 +196,7 @@ class ShardLoader:
 
             prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
                            shards=len(shards), train_secs_per_batch=self.train_secs_per_batch,
-                           threads=self.suffix_threads, storage=storage, dtype=self.dtype)
+                           threads=self.suffix_threads, storage=storage, dtype=self.dtype, column=self.column)
             self._adopt(prof)
             self.profile_seconds = time.perf_counter() - t
 

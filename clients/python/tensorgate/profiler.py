@@ -8,9 +8,12 @@ link:
   on disk (`cache_dir()/profile-*.json`) like the suffix graphs: a later run of the same model here
   skips the sessions and runs;
 - bandwidth and raw bytes per sample come from reading the start of one raw shard
-  (`Client.probe`: the sustained rate over at least 128 KiB and 0.15 s, or over 4 MiB);
-- the baseline's compute is decoding the samples in those bytes (measured every time: it depends
-  on the data) plus every frozen layer here (timed on random inputs, cached like the suffixes);
+  (`Client.probe`: the sustained rate over at least 128 KiB and 0.15 s, or over 4 MiB); for a
+  Parquet file, bytes per sample are its size over its rows (its footer);
+- the baseline's compute is decoding the samples in those bytes (for Parquet, the first rows of
+  its first row group, read by ranges) (measured every time: it depends on the data) plus every
+  frozen layer here (timed on random inputs, cached like the suffixes; a text encoder's on those
+  texts, whose lengths set its cost);
 - the CPU this process spends per received byte (network stack, HTTP, copies) becomes the
   planner's deserialisation term: on a small compute node it competes with the suffix.
 Nothing is fetched at the (possibly huge) early splits.
@@ -28,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .suffix import NO_PUSHDOWN, SuffixRunner, cache_dir
+from .table import first_rows
 from .wds import decode_shard
 
 #: Samples per local timing run.
@@ -107,14 +111,14 @@ def _suffix_secs(client, model: str, split: str, shape, threads: int) -> float:
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
             shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
             memory_limit: int | None = None, threads: int = 1, cached: bool = True,
-            storage: dict | None = None, dtype: str | None = None) -> dict:
+            storage: dict | None = None, dtype: str | None = None, column: str | None = None) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
     the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
     the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
     every suffix instead of using the timings kept on disk; `storage` is a `/v1/storage` answer the
-    caller already has; `dtype` the features' element type the caller will ask for."""
-    if key.endswith(".parquet"):
-        raise ValueError("split='auto' profiles WebDataset shards; name a split for Parquet files")
+    caller already has; `dtype` the features' element type the caller will ask for; `column` a
+    Parquet file's input column (default: the gateway's). A text model's candidates are the
+    baseline and its freeze split: a suffix from a sequence split would need the attention mask."""
     storage = storage or client.storage(model, dtype)  # the gateway's terms, if the caller has them
     info = client.models()[model]
     timings = _Timings(info, threads)
@@ -126,17 +130,27 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
     # Receiving a response costs this process CPU (network stack, HTTP parsing, copies) on the
     # same cores that run the suffix: the planner's per-byte NP term.
     receive_cpu = (time.process_time() - cpu) / max(len(head), 1)
-    whole, sizes = _complete_members(head, keep=PROBE // 2)
-    per_sample = sum(sizes) / len(sizes) if sizes else float(len(head))
-    shard_bytes = client.sizes(bucket, key).get(key, len(head))
+    text = bool(info.get("text"))
+    if key.endswith(".parquet"):
+        whole, rows, shard_bytes = first_rows(client, bucket, key, info, column, PROBE)
+        per_sample = shard_bytes / max(rows, 1)
+        sizes = [per_sample] if rows else []
+    else:
+        whole, sizes = _complete_members(head, keep=PROBE // 2)
+        per_sample = sum(sizes) / len(sizes) if sizes else float(len(head))
+        shard_bytes = client.sizes(bucket, key).get(key, len(head))
     compute = {}
     if baseline and sizes:
         try:
-            n = len(decode_shard(whole, info).keys)  # also the warm-up (imports Pillow)
+            n = len(decode_shard(whole, info, column).keys)  # also the warm-up (imports Pillow)
             t = time.perf_counter()
-            decode_shard(whole, info)
+            inputs = decode_shard(whole, info, column).features
             decode = (time.perf_counter() - t) / n
-            frozen = timings.get(NO_PUSHDOWN, lambda: _suffix_secs(client, model, NO_PUSHDOWN, info["input_shape"], threads))
+            if text:  # tokenizing and encoding these texts: their lengths set the cost
+                frozen = _timed(SuffixRunner(client, model, NO_PUSHDOWN, threads=threads), inputs) / n
+            else:
+                frozen = timings.get(
+                    NO_PUSHDOWN, lambda: _suffix_secs(client, model, NO_PUSHDOWN, info["input_shape"], threads))
             compute[NO_PUSHDOWN] = decode + frozen
         except ImportError:  # no Pillow: the baseline cannot run here, so it is not a candidate
             pass
@@ -150,6 +164,8 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         if split["split"] == info["freeze"]:
             compute[split["split"]] = 0.0  # nothing left to run here
             continue
+        if text:
+            continue  # no suffix from a sequence split (SuffixRunner): not a candidate
         compute[split["split"]] = timings.get(
             split["split"], lambda s=split: _suffix_secs(client, model, s["split"], s["shape"], threads))
     timings.save()

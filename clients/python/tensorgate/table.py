@@ -25,6 +25,54 @@ def is_parquet(raw: bytes) -> bool:
     return len(raw) >= 12 and raw[:4] == MAGIC and raw[-4:] == MAGIC
 
 
+class RangedObject(io.RawIOBase):
+    """A stored object as a read-only, seekable file whose reads are ranged GETs: pyarrow reads a
+    Parquet file's footer and the column chunks it needs through it, nothing else."""
+
+    def __init__(self, client, bucket: str, key: str):
+        self.s3, self.bucket, self.key = client.s3, bucket, key
+        self.size = client.s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = self.s3.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={self.pos}-{self.pos + n - 1}")[
+            "Body"].read()
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def first_rows(client, bucket: str, key: str, info: dict, column: str | None, n: int) -> tuple[bytes, int, int]:
+    """The first `n` rows of a stored Parquet file (its input column and `label`) as a small
+    Parquet file, read by ranges (the footer, then the first row group's chunks of those columns);
+    and the file's rows and bytes. The planner's profile decodes them for the baseline's cost."""
+    import pyarrow.parquet as pq
+
+    obj = RangedObject(client, bucket, key)
+    pf = pq.ParquetFile(obj)
+    name = column or (DEFAULT_TEXT_COLUMN if info.get("text") else DEFAULT_COLUMN)
+    columns = [c for c in (name, "label") if c in pf.schema_arrow.names]
+    out = io.BytesIO()
+    pq.write_table(pf.read_row_group(0, columns=columns).slice(0, n), out)
+    return out.getvalue(), pf.metadata.num_rows, obj.size
+
+
 def row_count(client, bucket: str, key: str) -> int:
     """The rows of a stored Parquet file, from its footer: one ranged read of its last 8 bytes
     (the footer's length), one of the footer."""
