@@ -385,6 +385,8 @@ impl Pushdown {
                     message: "tar is for WebDataset shards; this object is not one (use npy or safetensors)".into(),
                 });
             }
+            let mut parsed = parsed;
+            parsed.put_in_engine_order(parse_model.manifest.text.is_some());
             // A Parquet file's images are known once its rows are decoded (below).
             let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
             Ok::<_, PushdownError>((parsed, scratch))
@@ -423,6 +425,7 @@ impl Pushdown {
             let manifest_model = model.clone();
             let (decoded, scratch) = tokio::task::spawn_blocking(move || {
                 decode_table(object, &mut parsed, manifest_model.tokenizer.as_deref())?;
+                parsed.put_in_engine_order(manifest_model.manifest.text.is_some());
                 let scratch = image_costs(&parsed, &manifest_model.manifest, limits)?;
                 Ok::<_, PushdownError>((parsed, scratch))
             })
@@ -444,18 +447,10 @@ impl Pushdown {
             .tenant_samples
             .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
             .clone();
-        // Texts go to the engine shortest first (a stable sort by attended tokens), so that a
-        // batch holds texts of like lengths and runs at its longest (`engine::feed`); the outputs
-        // are put back in source order below.
-        let mut work: Vec<_> = parsed.items.into_iter().zip(scratch).enumerate().collect();
-        if model.manifest.text.is_some() {
-            work.sort_by_cached_key(|(_, (item, _))| match item {
-                Item::Ready(row) => text::attended(row),
-                Item::Image(_) => 0,
-            });
-        }
-        let order: Vec<usize> = work.iter().map(|(i, _)| *i).collect();
-        let runs = work.into_iter().map(|(i, (item, scratch))| {
+        // The samples in engine order ([`Parsed::put_in_engine_order`]); `i` is a sample's place
+        // in the source, where its output goes back below.
+        let order = std::mem::take(&mut parsed.order);
+        let runs = parsed.items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| {
             let (engine, model, keys, stream, samples) =
                 (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
             async move {
@@ -489,9 +484,12 @@ impl Pushdown {
                 out
             }
         });
-        let mut outputs: Vec<(usize, Tensor)> = order.into_iter().zip(try_join_all(runs).await?).collect();
-        outputs.sort_unstable_by_key(|(i, _)| *i);
-        let outputs: Vec<Tensor> = outputs.into_iter().map(|(_, out)| out).collect();
+        let ran = try_join_all(runs).await?;
+        let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
+        for (i, out) in order.into_iter().zip(ran) {
+            outputs[i] = Some(out);
+        }
+        let outputs: Vec<Tensor> = outputs.into_iter().flatten().collect();
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
@@ -708,6 +706,27 @@ struct Parsed {
     table: Option<table::Footer>,
     /// A Parquet file's other columns, for a Parquet output.
     kept: Option<table::Kept>,
+    /// `items[j]` is the source's sample `order[j]` ([`Self::put_in_engine_order`]).
+    order: Vec<usize>,
+}
+
+impl Parsed {
+    /// Puts the samples in the order they go to the engine: a text model's shortest first (a
+    /// stable sort by attended tokens), so that a batch holds texts of like lengths and runs at
+    /// its longest (`engine::feed`); any other model's in source order. A pass over every row: on
+    /// the blocking thread that parsed them.
+    fn put_in_engine_order(&mut self, text_model: bool) {
+        let mut order: Vec<usize> = (0..self.items.len()).collect();
+        if text_model {
+            order.sort_by_cached_key(|&i| match &self.items[i] {
+                Item::Ready(row) => text::attended(row),
+                Item::Image(_) => 0,
+            });
+            let mut items: Vec<Option<Item>> = std::mem::take(&mut self.items).into_iter().map(Some).collect();
+            self.items = order.iter().filter_map(|&i| items[i].take()).collect();
+        }
+        self.order = order;
+    }
 }
 
 /// A model's split by name (or index), or the error naming the splits it has.
@@ -769,6 +788,7 @@ fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed,
         others: Vec::new(),
         table: None,
         kept: None,
+        order: Vec::new(),
     };
     let lines = model.tokenizer.is_some() && text::is_jsonl(object);
     if source.column.is_some() && !table::is_parquet(object) && !lines {
@@ -845,7 +865,16 @@ fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed,
             keys.push(s.key);
             others.push(s.others);
         }
-        return Ok(Parsed { kind: Kind::Shard, items, keys, labels, others, table: None, kept: None });
+        return Ok(Parsed {
+            kind: Kind::Shard,
+            items,
+            keys,
+            labels,
+            others,
+            table: None,
+            kept: None,
+            order: Vec::new(),
+        });
     }
     Err(PushdownError::Unsupported(
         "the object is not a JPEG or PNG image, a .npy tensor, a WebDataset tar shard or a Parquet file".into(),
