@@ -409,7 +409,7 @@ impl Runner {
         shape: &[usize],
         data: Vec<f32>,
     ) -> Result<Tensor, String> {
-        let mut inputs = feed(manifest, shape, data, self.cut_padding)?;
+        let mut inputs = feed(manifest, shape, data, |data, len| self.text_length(data, len))?;
         // A prefix that ends before an input is used (a text model's embeddings, before the
         // attention mask) has no such input.
         inputs.retain(|(name, _)| self.session.inputs().iter().any(|i| i.name() == name));
@@ -431,6 +431,12 @@ impl Runner {
             self.sample_output = Some(out_shape.iter().skip(1).copied().collect());
         }
         Ok(Tensor { shape: out_shape, data: values.to_vec() })
+    }
+
+    /// The length a batch of text rows of `len` tokens runs at: its longest text's
+    /// ([`text::batch_length`]) where padding may be cut, else `len`.
+    fn text_length(&self, data: &[f32], len: usize) -> usize {
+        if self.cut_padding { text::batch_length(data, len) } else { len }
     }
 
     /// Whether a text prefix's output stays the same when a batch's padding is cut off: its shape
@@ -477,13 +483,12 @@ fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// The session inputs of a batch: an image model's one `f32` tensor; a text model's rows
 /// (`[ids; L] ++ [mask; L]`, `shape` `[batch, 2, L]`) as its two int64 inputs, token ids and
-/// attention mask (`[text]` in the manifest), `L` long or, with `cut_padding`, as long as the
-/// batch's longest text ([`text::batch_length`]).
+/// attention mask (`[text]` in the manifest), as long as `text_length` says ([`Runner::text_length`]).
 fn feed(
     manifest: &Manifest,
     shape: &[usize],
     data: Vec<f32>,
-    cut_padding: bool,
+    text_length: impl Fn(&[f32], usize) -> usize,
 ) -> Result<Vec<(String, ort::session::SessionInputValue<'static>)>, String> {
     let Some(text) = &manifest.text else {
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
@@ -491,7 +496,7 @@ fn feed(
         return Ok(vec![(manifest.input.clone(), value.into())]);
     };
     let [batch, 2, len] = shape[..] else { return Err(format!("a text batch of shape {shape:?}")) };
-    let run = if cut_padding { text::batch_length(&data, len) } else { len };
+    let run = text_length(&data, len);
     let (mut ids, mut mask) = (Vec::with_capacity(batch * run), Vec::with_capacity(batch * run));
     for row in data.chunks_exact(2 * len) {
         ids.extend(row[..run].iter().map(|&v| v as i64));
@@ -732,7 +737,7 @@ fn worker(shared: &Shared, first: bool) {
         }
         gauges.samples.inc_by(batch as u64);
         if let (Some(_), &[2, len]) = (&model.manifest.text, sample_shape.as_slice()) {
-            let run = if session.cut_padding { text::batch_length(&data, len) } else { len };
+            let run = session.text_length(&data, len);
             let attended: usize = data.chunks_exact(2 * len).map(text::attended).sum();
             gauges.tokens[0].inc_by(attended as u64);
             gauges.tokens[1].inc_by((batch * run).saturating_sub(attended) as u64);
