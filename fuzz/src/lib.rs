@@ -16,7 +16,7 @@ use http_body::Frame;
 use tensorgate::pushdown::manifest::Layout;
 use tensorgate::pushdown::manifest::{Channels, Preprocess};
 use tensorgate::pushdown::preprocess;
-use tensorgate::pushdown::spec::Dtype;
+use tensorgate::pushdown::spec::{Dtype, RowGroups};
 use tensorgate::pushdown::{prefix, shard, spec, table, tensor, text};
 use tensorgate::s3::checksum::Algorithm;
 use tensorgate::s3::credentials::{CredentialStore, SecretKey};
@@ -192,18 +192,38 @@ pub fn parquet_table(data: &[u8]) {
     if !table::is_parquet(&object) {
         return;
     }
-    let Ok(footer) = table::Footer::read(&object, None, 1 << 24, true, data.len() % 2 == 1) else { return };
+    let text = data.len() % 2 == 1;
+    let whole = table::Source::whole(object.clone());
+    let want = table::Reading { max_decoded: 1 << 24, keep: true, text, ..table::Reading::default() };
+    let Ok(footer) = table::Footer::read(&whole, want) else { return };
     let claimed = footer.row_count();
     assert!(claimed <= shard::MAX_SAMPLES);
-    if let Ok((rows, kept)) = footer.rows(object) {
+    if let Ok((rows, kept)) = footer.rows(whole) {
         assert_eq!(rows.len(), claimed);
         let kept = kept.expect("kept columns");
         let out = table::write(&kept, vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
             .expect("decoded rows write back");
-        let out = Bytes::from(out);
-        let back = table::Footer::read(&out, Some(table::FEATURES_COLUMN), 1 << 26, false, false);
+        let out = table::Source::whole(Bytes::from(out));
+        let want =
+            table::Reading { column: Some(table::FEATURES_COLUMN), max_decoded: 1 << 26, ..table::Reading::default() };
+        let back = table::Footer::read(&out, want);
         // The features column is not an image column: the output's footer reads, the column is refused.
         assert!(back.is_err_and(|e| e.to_string().contains("not encoded images")));
+    }
+    // As a ranged read sees the file: its tail, then only the span the footer gives for row group 0.
+    let len = object.len() as u64;
+    let tail_at = len.saturating_sub(table::TAIL_BYTES);
+    let tail = table::Source::piece(len, tail_at, object.slice(usize::try_from(tail_at).unwrap_or(0)..));
+    let first = RowGroups { first: 0, last: 0 };
+    let want = table::Reading { max_decoded: 1 << 24, text, row_groups: Some(first), ..table::Reading::default() };
+    let Ok(footer) = table::Footer::read(&tail, want) else { return };
+    let Ok((start, end)) = footer.span() else { return };
+    assert!(start < end && end <= len);
+    let span = object.slice(usize::try_from(start).unwrap_or(0)..usize::try_from(end).unwrap_or(0));
+    let span = table::Source::piece(len, start, span);
+    let claimed = footer.row_count();
+    if let Ok((rows, _)) = footer.rows(span) {
+        assert_eq!(rows.len(), claimed);
     }
 }
 

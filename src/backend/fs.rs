@@ -79,6 +79,16 @@ impl FsBackend {
                 head,
             ));
         }
+        // A suffix range longer than the object is the whole object (RFC 9110 section 14.1.2,
+        // as S3 answers it); s3s-fs seeks that far before the file's start and fails with `500`.
+        let mut req = req;
+        if req.op == S3Op::GetObject
+            && let Some(length) = suffix_length(req.headers.get(http::header::RANGE))
+            && let (Some(bucket), Some(key)) = (&req.target.bucket, &req.target.key)
+            && tokio::fs::metadata(self.root.join(bucket).join(key)).await.is_ok_and(|m| m.len() <= length)
+        {
+            req.headers.insert(http::header::RANGE, HeaderValue::from_static("bytes=0-"));
+        }
         // A local directory has no ACLs: anonymous requests (allow_anonymous) may read only.
         if req.authority.store_decides() && !matches!(req.method, http::Method::GET | http::Method::HEAD) {
             return Err(BackendError::AnonymousWrite);
@@ -452,6 +462,11 @@ pub fn strip_aws_chunked(h: &mut http::HeaderMap) {
     } else if let Ok(v) = HeaderValue::from_str(&rest.join(", ")) {
         h.insert(http::header::CONTENT_ENCODING, v);
     }
+}
+
+/// `n` of a `Range: bytes=-n` header.
+fn suffix_length(range: Option<&HeaderValue>) -> Option<u64> {
+    range?.to_str().ok()?.strip_prefix("bytes=-")?.trim().parse().ok()
 }
 
 /// Whether a key maps to a path strictly inside its bucket directory.

@@ -17,7 +17,7 @@ use crate::body::{Body, Holding};
 use crate::cache::{CacheKey, Cached, Fetched, ObjectId, ReadThrough, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
-use crate::pushdown::{Job, PushdownError};
+use crate::pushdown::{Job, PushdownError, table};
 use crate::s3::authority::Authority;
 use crate::s3::headers;
 use crate::s3::route::{S3Op, Target};
@@ -100,6 +100,19 @@ impl Gateway {
             }
             h
         };
+        // Row groups of a Parquet file: the source is read by ranges (its tail, then the groups'
+        // span), each an unsigned `Range` beside the caller's signature as `If-None-Match` is.
+        let ranged = job.ranged();
+        if ranged && as_caller && headers.contains_key(http::header::RANGE) {
+            return Err(PushdownError::InvalidArgument {
+                field: "row-groups".into(),
+                message: "the source of a row-groups pushdown is read by ranges, and the Range this request signed \
+                          would take their place: send it without Range"
+                    .into(),
+            }
+            .into());
+        }
+        let span_headers = headers.clone();
         let key = CacheKey {
             object: ObjectId {
                 bucket: target.bucket.clone().unwrap_or_default(),
@@ -108,18 +121,20 @@ impl Gateway {
             },
             variant: job.variant(),
         };
-        let fwd = ForwardRequest {
+        // The caller signed its own method; the gateway reads the source with a GET.
+        let method = if as_caller { parts.method.clone() } else { Method::GET };
+        let read = move |headers: HeaderMap| ForwardRequest {
             op: S3Op::GetObject,
-            // The caller signed its own method; the gateway reads the source with a GET.
-            method: if as_caller { parts.method.clone() } else { Method::GET },
-            target,
-            query,
-            headers: HeaderMap::new(),
+            method: method.clone(),
+            target: target.clone(),
+            query: query.clone(),
+            headers,
             body: Body::empty(),
             payload: ForwardPayload::Empty,
             authority: authority.clone(),
             expect_continue: false,
         };
+        let span_read = read.clone();
         let fetch = async move |cached_etag: Option<&str>| -> Result<Fetched<_, _>, GatewayError> {
             // Unsigned and outside the caller's signature: every store accepts it there. A
             // caller's own `If-None-Match` refers to the output and stays as it is.
@@ -130,8 +145,11 @@ impl Gateway {
                 headers.insert(http::header::IF_NONE_MATCH, v);
                 asked_unchanged = true;
             }
+            if ranged {
+                headers.insert(http::header::RANGE, TAIL_RANGE.clone());
+            }
             let started = Instant::now();
-            let resp = self.backend.send(ForwardRequest { headers, ..fwd }).await?;
+            let resp = self.backend.send(read(headers)).await?;
             Ok(if resp.status() == http::StatusCode::NOT_MODIFIED && asked_unchanged {
                 Fetched::NotModified(resp)
             } else if resp.status().is_success() {
@@ -144,9 +162,10 @@ impl Gateway {
         let spec = job.spec().clone();
         let method = parts.method.clone();
         let compute = async move |(resp, started, source_etag): (Response<Body>, Instant, String)| {
-            let partial = resp.status() == http::StatusCode::PARTIAL_CONTENT
-                && !whole_object(header_str(resp.headers(), &http::header::CONTENT_RANGE));
-            if as_caller && (method == Method::HEAD || partial) {
+            let content_range = header_str(resp.headers(), &http::header::CONTENT_RANGE).and_then(parse_content_range);
+            let partial =
+                resp.status() == http::StatusCode::PARTIAL_CONTENT && !content_range.is_some_and(whole_object);
+            if as_caller && (method == Method::HEAD || (partial && !ranged)) {
                 // The caller's signed HEAD or Range read the store's answer, not the whole source.
                 // A Range the store answered with every byte (`bytes=0-`, or a block larger than
                 // the object, as s3fs and pyarrow ask for small objects) is the whole source.
@@ -156,9 +175,43 @@ impl Gateway {
             // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
             let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
             let object = job.read_source(resp.into_body(), declared).await?;
-            let fetch = started.elapsed().saturating_sub(job.engine_wait());
-            let source_bytes = object.len();
-            let out = job.run(object).await?;
+            let (fetch, source_bytes, out) = match content_range.filter(|_| partial) {
+                // The tail of a larger file: its footer names the row groups' span, read next.
+                Some((offset, _, len)) => {
+                    let tail_bytes = object.len();
+                    let (footer, (start, end)) = job.read_footer((len, offset, object)).await?;
+                    let mut headers = span_headers;
+                    headers.insert(http::header::RANGE, range_value(start, end)?);
+                    // The same version as the tail's.
+                    if let Ok(v) = HeaderValue::from_str(&source_etag) {
+                        headers.insert(http::header::IF_MATCH, v);
+                    }
+                    let resp = self.backend.send(span_read(headers)).await?;
+                    let answered =
+                        header_str(resp.headers(), &http::header::CONTENT_RANGE).and_then(parse_content_range);
+                    if resp.status() != http::StatusCode::PARTIAL_CONTENT || answered != Some((start, end - 1, len)) {
+                        return Err(PushdownError::SourceRead(format!(
+                            "the store answered the read of the row groups' bytes {start}-{} with {}{}",
+                            end - 1,
+                            resp.status(),
+                            if resp.status() == http::StatusCode::PRECONDITION_FAILED {
+                                " (the object changed after its footer was read)"
+                            } else {
+                                ""
+                            }
+                        ))
+                        .into());
+                    }
+                    let span = job.read_source(resp.into_body(), Some(end - start)).await?;
+                    let fetch = started.elapsed().saturating_sub(job.engine_wait());
+                    let source_bytes = tail_bytes + span.len();
+                    (fetch, source_bytes, job.run_table(table::Source::piece(len, start, span), footer).await?)
+                }
+                None => {
+                    let fetch = started.elapsed().saturating_sub(job.engine_wait());
+                    (fetch, object.len(), job.run(object).await?)
+                }
+            };
             self.metrics.observe_pushdown(
                 &spec.model,
                 &out.split,
@@ -303,6 +356,16 @@ const OUTPUT_SCOPED: [http::HeaderName; 5] = [
     http::header::IF_UNMODIFIED_SINCE,
 ];
 
+/// `Range: bytes=-TAIL_BYTES`: a Parquet file's footer, the first read of a row-groups pushdown.
+static TAIL_RANGE: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
+    HeaderValue::from_str(&format!("bytes=-{}", table::TAIL_BYTES)).expect("a valid header value")
+});
+
+/// `Range: bytes=start-(end-1)`.
+fn range_value(start: u64, end: u64) -> Result<HeaderValue, PushdownError> {
+    HeaderValue::from_str(&format!("bytes={start}-{}", end - 1)).map_err(|e| PushdownError::Internal(e.to_string()))
+}
+
 /// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
 fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
     let spec = header.strip_prefix("bytes=")?;
@@ -321,16 +384,17 @@ fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
     (start <= end && start < len).then_some((start, end))
 }
 
-/// Whether a `206`'s `Content-Range` (`bytes a-b/n`) covers all `n` bytes of the object.
-fn whole_object(content_range: Option<&str>) -> bool {
-    let parse = |v: &str| -> Option<bool> {
-        let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
-        let (a, b) = range.split_once('-')?;
-        let (a, b, n) =
-            (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, total.trim().parse::<u64>().ok()?);
-        Some(a == 0 && b.checked_add(1) == Some(n))
-    };
-    content_range.and_then(parse).unwrap_or(false)
+/// A `206`'s `Content-Range` (`bytes a-b/n`): `(a, b, n)`, with `a <= b < n`.
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b, n) = (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, total.trim().parse::<u64>().ok()?);
+    (a <= b && b < n).then_some((a, b, n))
+}
+
+/// Whether a `206`'s range covers all `n` bytes of the object.
+fn whole_object((a, b, n): (u64, u64, u64)) -> bool {
+    a == 0 && b.checked_add(1) == Some(n)
 }
 
 #[cfg(test)]
@@ -365,13 +429,15 @@ mod tests {
 
     #[test]
     fn a_content_range_covering_every_byte_is_the_whole_object() {
-        assert!(whole_object(Some("bytes 0-99/100")));
-        assert!(whole_object(Some("bytes 0-0/1")));
-        assert!(!whole_object(Some("bytes 0-9/100")));
-        assert!(!whole_object(Some("bytes 1-99/100")));
-        assert!(!whole_object(Some("bytes 0-99/*")));
-        assert!(!whole_object(Some("bytes */100")));
-        assert!(!whole_object(Some("bytes 0-18446744073709551615/0")));
-        assert!(!whole_object(None));
+        let whole = |v: &str| parse_content_range(v).is_some_and(whole_object);
+        assert!(whole("bytes 0-99/100"));
+        assert!(whole("bytes 0-0/1"));
+        assert!(!whole("bytes 0-9/100"));
+        assert!(!whole("bytes 1-99/100"));
+        assert!(!whole("bytes 0-99/*"));
+        assert!(!whole("bytes */100"));
+        assert!(!whole("bytes 0-18446744073709551615/0"));
+        assert_eq!(parse_content_range("bytes 90-99/100"), Some((90, 99, 100)));
+        assert_eq!(parse_content_range("bytes 9-0/100"), None);
     }
 }

@@ -355,7 +355,7 @@ impl Pushdown {
     }
 
     /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]).
-    async fn compute(&self, job: &Job<'_>, object: Bytes) -> Result<Output, PushdownError> {
+    async fn compute(&self, job: &Job<'_>, input: Input) -> Result<Output, PushdownError> {
         let (spec, model, split, tenant) = (&job.spec, job.model.clone(), job.split.clone(), job.tenant.as_str());
         let (engine, memory, batch_cap) = job.engine().await?;
 
@@ -364,21 +364,27 @@ impl Pushdown {
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
         let want_tar = spec.format == Some(Format::Tar);
         let want_parquet = spec.format == Some(Format::Parquet);
-        let source = SourceLimits {
-            column: spec.column.clone(),
-            max_decoded: self.cfg.max_object_bytes,
-            keep_columns: want_parquet,
-        };
+        let source = job.limits();
         // A Parquet file's pages are decoded after the governor holds what that takes.
-        let table_source = table::is_parquet(&object).then(|| object.clone());
+        let (object, table_source, footer) = match input {
+            Input::Object(object) => {
+                let table = table::is_parquet(&object).then(|| table::Source::whole(object.clone()));
+                (object, table, None)
+            }
+            Input::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
+        };
+        let whole_table = table_source.clone().filter(|_| footer.is_none());
         let (mut parsed, scratch) = tokio::task::spawn_blocking(move || {
-            if want_parquet && !table::is_parquet(&object) {
+            if want_parquet && whole_table.is_none() && footer.is_none() {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
                     message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
                 });
             }
-            let parsed = parse(&object, &parse_model, &source)?;
+            let parsed = match footer {
+                Some(footer) => Parsed::table(footer),
+                None => parse(&object, whole_table.as_ref(), &parse_model, &source)?,
+            };
             if want_tar && parsed.kind != Kind::Shard {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
@@ -589,11 +595,14 @@ impl Job<'_> {
     /// key's variant).
     #[must_use]
     pub fn variant(&self) -> String {
-        let v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
-        match &self.spec.column {
-            Some(c) => format!("{v}|column={c}"),
-            None => v,
+        let mut v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
+        if let Some(c) = &self.spec.column {
+            v.push_str(&format!("|column={c}"));
         }
+        if let Some(g) = self.spec.row_groups {
+            v.push_str(&format!("|row-groups={g}"));
+        }
+        v
     }
 
     /// How long reading the source waited for the split's engine to start (a fetch's time
@@ -654,6 +663,58 @@ impl Job<'_> {
         Ok(object)
     }
 
+    /// Whether the request reads its source by ranges: a Parquet file's row groups.
+    #[must_use]
+    pub fn ranged(&self) -> bool {
+        self.spec.row_groups.is_some()
+    }
+
+    /// Checks the footer in a Parquet file's tail (read by [`Self::read_source`] from a ranged
+    /// read of its last [`table::TAIL_BYTES`], at `offset` in a file of `len` bytes) for the row
+    /// groups the request names, on a blocking thread, and gives the tail's hold back (the
+    /// decoding reads the groups' bytes only). Returns the footer and the bytes of the named
+    /// groups (`[start, end)`), to read next ([`Self::read_source`], then [`Self::run_table`]).
+    ///
+    /// # Errors
+    /// What [`table::Footer::read`] refuses.
+    pub async fn read_footer(
+        &mut self,
+        (len, offset, tail): (u64, u64, Bytes),
+    ) -> Result<(table::Footer, (u64, u64)), PushdownError> {
+        let limits = self.limits();
+        let text = self.model.tokenizer.is_some();
+        let read = tokio::task::spawn_blocking(move || {
+            let footer = table::Footer::read(&table::Source::piece(len, offset, tail), limits.reading(text))?;
+            let span = footer.span()?;
+            Ok((footer, span))
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))?;
+        self.source = None;
+        read
+    }
+
+    /// Runs the prefix on the row groups of a Parquet file read by ranges: `footer` from
+    /// [`Self::read_footer`], `source` the groups' bytes. As [`Self::run`] does on a whole object.
+    ///
+    /// # Errors
+    /// As [`Self::run`].
+    pub async fn run_table(mut self, source: table::Source, footer: table::Footer) -> Result<Output, PushdownError> {
+        let mut out = self.service.compute(&self, Input::Table(source, footer)).await?;
+        out.reservation.extend(self.source.take());
+        Ok(out)
+    }
+
+    /// What parsing the source may take ([`SourceLimits`]), from the request.
+    fn limits(&self) -> SourceLimits {
+        SourceLimits {
+            column: self.spec.column.clone(),
+            max_decoded: self.service.cfg.max_object_bytes,
+            keep_columns: self.spec.format == Some(Format::Parquet),
+            row_groups: self.spec.row_groups,
+        }
+    }
+
     /// Runs the prefix on the object's bytes and encodes the result. Samples are preprocessed on
     /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
     /// of sample i. Each sample is first admitted by the memory governor for the tenant (module
@@ -663,10 +724,18 @@ impl Job<'_> {
     /// # Errors
     /// Unusable input, overload (queue full or memory wait too long), or inference failure.
     pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, object).await?;
+        let mut out = self.service.compute(&self, Input::Object(object)).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
+}
+
+/// What a pushdown computes from.
+enum Input {
+    /// The whole object.
+    Object(Bytes),
+    /// Row groups of a Parquet file read by ranges, and its checked footer.
+    Table(table::Source, table::Footer),
 }
 
 /// What the object held.
@@ -711,6 +780,20 @@ struct Parsed {
 }
 
 impl Parsed {
+    /// A Parquet file's rows, still to decode ([`decode_table`]).
+    fn table(footer: table::Footer) -> Self {
+        Self {
+            kind: Kind::Table,
+            items: Vec::new(),
+            keys: Vec::new(),
+            labels: None,
+            others: Vec::new(),
+            table: Some(footer),
+            kept: None,
+            order: Vec::new(),
+        }
+    }
+
     /// Puts the samples in the order they go to the engine: a text model's shortest first (a
     /// stable sort by attended tokens), so that a batch holds texts of like lengths and runs at
     /// its longest (`engine::feed`); any other model's in source order. A pass over every row: on
@@ -778,7 +861,13 @@ fn image_costs(
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]; texts
 /// are tokenized here, on the blocking thread that parses).
-fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed, PushdownError> {
+/// `table`: the object as a Parquet file, when it is one.
+fn parse(
+    object: &Bytes,
+    table: Option<&table::Source>,
+    model: &Model,
+    source: &SourceLimits,
+) -> Result<Parsed, PushdownError> {
     let manifest = &model.manifest;
     let one = |kind, items| Parsed {
         kind,
@@ -791,7 +880,13 @@ fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed,
         order: Vec::new(),
     };
     let lines = model.tokenizer.is_some() && text::is_jsonl(object);
-    if source.column.is_some() && !table::is_parquet(object) && !lines {
+    if source.row_groups.is_some() && table.is_none() {
+        return Err(PushdownError::InvalidArgument {
+            field: "row-groups".into(),
+            message: "names row groups of a Parquet file; this object is not one".into(),
+        });
+    }
+    if source.column.is_some() && table.is_none() && !lines {
         return Err(PushdownError::InvalidArgument {
             field: "column".into(),
             message: "names a Parquet file's input column (or a text model's JSON Lines field); this object is \
@@ -799,14 +894,12 @@ fn parse(object: &Bytes, model: &Model, source: &SourceLimits) -> Result<Parsed,
                 .into(),
         });
     }
-    if table::is_parquet(object) {
+    if let Some(table) = table {
         if manifest.preprocess.is_none() && model.tokenizer.is_none() {
             return Err(no_preprocess(&manifest.name));
         }
-        let text = model.tokenizer.is_some();
-        let column = source.column.as_deref();
-        let footer = table::Footer::read(object, column, source.max_decoded, source.keep_columns, text)?;
-        return Ok(Parsed { table: Some(footer), ..one(Kind::Table, Vec::new()) });
+        let footer = table::Footer::read(table, source.reading(model.tokenizer.is_some()))?;
+        return Ok(Parsed::table(footer));
     }
     if let Some(encoder) = &model.tokenizer {
         if lines {
@@ -888,11 +981,30 @@ struct SourceLimits {
     column: Option<String>,
     max_decoded: u64,
     keep_columns: bool,
+    /// Some row groups of a Parquet file (`row-groups`).
+    row_groups: Option<spec::RowGroups>,
+}
+
+impl SourceLimits {
+    /// What a Parquet file is read for; `text`: by a text model.
+    fn reading(&self, text: bool) -> table::Reading<'_> {
+        table::Reading {
+            column: self.column.as_deref(),
+            max_decoded: self.max_decoded,
+            keep: self.keep_columns,
+            text,
+            row_groups: self.row_groups,
+        }
+    }
 }
 
 /// A Parquet file's rows as the items, keys and labels of its samples: encoded images, or texts
 /// tokenized here by a text model's `encoder`.
-fn decode_table(object: Bytes, parsed: &mut Parsed, encoder: Option<&text::Encoder>) -> Result<(), PushdownError> {
+fn decode_table(
+    object: table::Source,
+    parsed: &mut Parsed,
+    encoder: Option<&text::Encoder>,
+) -> Result<(), PushdownError> {
     let Some(footer) = parsed.table.take() else { return Ok(()) };
     let (rows, kept) = footer.rows(object)?;
     parsed.kept = kept;

@@ -1,5 +1,5 @@
-//! The pushdown request: which model, split, output format, dtype, storage batch and Parquet input
-//! column a GET asks for, from request headers (`x-tensorgate-*`) or query parameters
+//! The pushdown request: which model, split, output format, dtype, storage batch, Parquet input
+//! column and Parquet row groups a GET asks for, from request headers (`x-tensorgate-*`) or query parameters
 //! (`tensorgate-*`). Pure. Bad values name the field; DESIGN.md section 2 is the contract.
 
 use http::HeaderMap;
@@ -12,6 +12,9 @@ pub const QUERY_PREFIX: &str = "tensorgate-";
 pub const MAX_STORAGE_BATCH: usize = 65_536;
 /// Longest Parquet column name a request may name (names of datasets' columns are words).
 pub const MAX_COLUMN_NAME: usize = 256;
+/// Highest row-group index a request may name: Parquet stores a file's row-group count as an
+/// `i32`, and a footer of [`super::table::MAX_FOOTER_BYTES`] describes far fewer groups.
+pub const MAX_ROW_GROUP: usize = i32::MAX as usize;
 
 /// Output container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +72,40 @@ pub struct PushdownSpec {
     /// The input column of a Parquet source (default `image`, as Hugging Face `datasets` names
     /// it); refused for other sources.
     pub column: Option<String>,
+    /// Some row groups of a Parquet source instead of the whole file: the gateway reads the
+    /// footer and those groups' bytes with ranged reads, so a file of any size is pushed down a
+    /// few row groups at a time (each its own cached output). Refused for other sources.
+    pub row_groups: Option<RowGroups>,
+}
+
+/// Row groups `first..=last` of a Parquet file (`row-groups=3` or `row-groups=3-5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowGroups {
+    pub first: usize,
+    pub last: usize,
+}
+
+impl RowGroups {
+    /// The indices, in file order.
+    #[must_use]
+    pub fn indices(self) -> std::ops::RangeInclusive<usize> {
+        self.first..=self.last
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        let index = |v: &str| v.parse::<usize>().ok().filter(|i| *i <= MAX_ROW_GROUP);
+        let (first, last) = match value.split_once('-') {
+            Some((a, b)) => (index(a)?, index(b)?),
+            None => (index(value)?, index(value)?),
+        };
+        (first <= last).then_some(Self { first, last })
+    }
+}
+
+impl std::fmt::Display for RowGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last { write!(f, "{}", self.first) } else { write!(f, "{}-{}", self.first, self.last) }
+    }
 }
 
 /// `query` without its trigger parameters, their names read as [`parse`] reads them (percent-
@@ -117,7 +154,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     if fields.is_empty() {
         return Ok(None);
     }
-    let (mut model, mut split, mut format, mut dtype, mut batch, mut column) = (None, None, None, None, None, None);
+    let (mut model, mut split, mut format, mut dtype, mut batch, mut column, mut row_groups) =
+        (None, None, None, None, None, None, None);
     for (field, value) in fields {
         let slot = match field.as_str() {
             "model" => &mut model,
@@ -126,7 +164,13 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             "dtype" => &mut dtype,
             "batch" => &mut batch,
             "column" => &mut column,
-            _ => return Err(invalid(&field, "is not a pushdown field (model, split, format, dtype, batch, column)")),
+            "row-groups" => &mut row_groups,
+            _ => {
+                return Err(invalid(
+                    &field,
+                    "is not a pushdown field (model, split, format, dtype, batch, column, row-groups)",
+                ));
+            }
         };
         if slot.replace(value).is_some() {
             return Err(invalid(&field, "is given more than once"));
@@ -164,7 +208,13 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
         }
         c => c,
     };
-    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column }))
+    let row_groups = match row_groups.as_deref() {
+        None => None,
+        Some(v) => Some(RowGroups::parse(v).ok_or_else(|| {
+            invalid("row-groups", &format!("{v:?} is not a row-group index or a range of them (3, or 3-5)"))
+        })?),
+    };
+    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column, row_groups }))
 }
 
 impl PushdownSpec {
@@ -181,6 +231,9 @@ impl PushdownSpec {
         }
         if let Some(c) = &self.column {
             out.push(("column", c.clone()));
+        }
+        if let Some(g) = self.row_groups {
+            out.push(("row-groups", g.to_string()));
         }
         out
     }
@@ -225,6 +278,21 @@ mod tests {
     }
 
     #[test]
+    fn row_groups_are_one_index_or_a_range_and_round_trip() {
+        for (value, first, last) in [("3", 3, 3), ("3-5", 3, 5), ("0-0", 0, 0)] {
+            let spec = parse(
+                &h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-row-groups", value)]),
+                None,
+            )
+            .expect("ok")
+            .expect("spec");
+            assert_eq!(spec.row_groups, Some(RowGroups { first, last }));
+            let (_, back) = spec.fields().into_iter().find(|(k, _)| *k == "row-groups").expect("a field");
+            assert_eq!(RowGroups::parse(&back), spec.row_groups);
+        }
+    }
+
+    #[test]
     fn triggers_are_removed_by_their_decoded_names() {
         let q = "tensorgate-model=m&versionId=1&tensorgate%2Dsplit=s&tensorgate%2dformat=tar&&partNumber=2";
         assert!(parse(&HeaderMap::new(), Some(q)).expect("parsed").is_some());
@@ -264,6 +332,16 @@ mod tests {
             .expect("spec");
         assert_eq!(spec.column.as_deref(), Some("my img"));
         assert!(spec.fields().contains(&("column", "my img".to_owned())));
+        for bad in ["", "x", "5-3", "-1", "1-", "99999999999"] {
+            let got = parse(
+                &HeaderMap::new(),
+                Some(&format!("tensorgate-model=m&tensorgate-split=s&tensorgate-row-groups={bad}")),
+            );
+            assert!(
+                matches!(got, Err(PushdownError::InvalidArgument { field, .. }) if field == "row-groups"),
+                "{bad:?}"
+            );
+        }
         let dup = parse(&h(&[("x-tensorgate-model", "m")]), Some("tensorgate-model=n&tensorgate-split=s"));
         assert!(matches!(dup, Err(PushdownError::InvalidArgument { field, .. }) if field == "model"));
     }

@@ -8,6 +8,11 @@
 //! first) and states how many rows and how many decoded bytes the input columns take;
 //! [`Footer::rows`] then decodes those columns alone, and refuses a file whose pages decode to
 //! more than its footer claimed.
+//!
+//! A request may name some row groups ([`RowGroups`]): then only those are counted and decoded,
+//! and the bytes need not be the whole file. A [`Source`] is the pieces of the file that were
+//! read: its tail ([`TAIL_BYTES`], the footer) and the span of the named groups
+//! ([`Footer::span`]), so a file of any size is pushed down a few row groups at a time.
 
 use std::sync::Arc;
 
@@ -20,11 +25,12 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{ChunkReader, Length};
 use parquet::schema::types::ColumnPath;
 
 use super::error::{PushdownError, guarded};
 use super::shard::MAX_SAMPLES;
-use super::spec::Dtype;
+use super::spec::{Dtype, RowGroups};
 
 /// Parquet's magic, at the start and at the end of every file.
 const MAGIC: &[u8; 4] = b"PAR1";
@@ -33,6 +39,10 @@ const MAGIC: &[u8; 4] = b"PAR1";
 /// schema, and `datasets` writes a row group per 100 image rows, each with a few column chunks);
 /// the bound caps what a hostile one costs to parse.
 pub const MAX_FOOTER_BYTES: usize = 256 * 1024;
+
+/// What a ranged read of a file's footer asks for (`Range: bytes=-TAIL_BYTES`): the largest
+/// footer read, its length and the magic.
+pub const TAIL_BYTES: u64 = MAX_FOOTER_BYTES as u64 + 8;
 
 /// Most elements (groups and columns) a schema may have, and how deep it may nest. The parquet
 /// crate builds the schema recursively, one stack frame per level, and gives every leaf column a
@@ -79,6 +89,79 @@ pub fn is_parquet(object: &[u8]) -> bool {
     object.len() >= 2 * MAGIC.len() + 4 && object.starts_with(MAGIC) && object.ends_with(MAGIC)
 }
 
+/// The bytes of a Parquet file that were read: the whole file, or one piece of it (its tail,
+/// for the footer; the span of some row groups, for their rows) at its offset in a file of `len`
+/// bytes. The parquet crate reads through it ([`ChunkReader`]); a read outside the piece is an
+/// error (a footer placing its chunks elsewhere than the span read).
+#[derive(Debug, Clone)]
+pub struct Source {
+    len: u64,
+    offset: u64,
+    bytes: Bytes,
+}
+
+impl Source {
+    /// A whole file.
+    #[must_use]
+    pub fn whole(object: Bytes) -> Self {
+        Self { len: object.len() as u64, offset: 0, bytes: object }
+    }
+
+    /// The piece `bytes` of a file of `len` bytes, at `offset`.
+    #[must_use]
+    pub fn piece(len: u64, offset: u64, bytes: Bytes) -> Self {
+        Self { len, offset, bytes }
+    }
+
+    /// The piece from `start` on, if it holds `start` and `length` bytes after it.
+    fn from(&self, start: u64, length: usize) -> Option<Bytes> {
+        let from = usize::try_from(start.checked_sub(self.offset)?).ok()?;
+        (from.checked_add(length)? <= self.bytes.len()).then(|| self.bytes.slice(from..))
+    }
+
+    fn slice(&self, start: u64, length: usize) -> Option<Bytes> {
+        self.from(start, length).map(|b| b.slice(..length))
+    }
+
+    fn not_read(start: u64, length: usize) -> parquet::errors::ParquetError {
+        parquet::errors::ParquetError::General(format!("bytes {start}..+{length} lie outside what was read"))
+    }
+}
+
+impl Length for Source {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for Source {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        use bytes::Buf;
+        self.from(start, 0).map(Buf::reader).ok_or_else(|| Self::not_read(start, 0))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length).ok_or_else(|| Self::not_read(start, length))
+    }
+}
+
+/// What a request reads of a Parquet file ([`Footer::read`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reading<'a> {
+    /// The input column: default [`DEFAULT_COLUMN`], or [`super::text::DEFAULT_FIELD`] for `text`.
+    pub column: Option<&'a str>,
+    /// The most bytes the decoded columns may claim (`pushdown.max_object_bytes`).
+    pub max_decoded: u64,
+    /// Every other column is decoded too, for a Parquet output ([`Kept`]).
+    pub keep: bool,
+    /// A text model's input: the column holds strings.
+    pub text: bool,
+    /// Only these row groups (default: all).
+    pub row_groups: Option<RowGroups>,
+}
+
 /// One row: its key, its input (an encoded image, or a text's UTF-8), its label.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -93,6 +176,11 @@ pub struct Footer {
     metadata: ArrowReaderMetadata,
     /// Root indices of the image column and, if any, the label column.
     image: usize,
+    /// The row groups read, in file order, and the number of the first one's first row.
+    groups: Vec<usize>,
+    first_row: usize,
+    /// Where the footer begins: every column chunk ends before it.
+    data_end: u64,
     label: Option<usize>,
     /// The image column's name (a decoded batch's columns are in the file's order).
     column: String,
@@ -105,30 +193,32 @@ pub struct Footer {
 }
 
 impl Footer {
-    /// Parses and checks the footer of `object` ([`is_parquet`]): the input column `column`
-    /// (default [`DEFAULT_COLUMN`], or [`super::text::DEFAULT_FIELD`] for `text`) is binary or a
-    /// struct with a binary `bytes` field (strings when `text`: a text model's input), there are
-    /// at most [`MAX_SAMPLES`] rows, and the column chunks to decode claim at most `max_decoded`
-    /// bytes. `keep`: every other column is decoded too, for a Parquet output ([`Kept`]).
+    /// Parses and checks the footer of `object` (its last [`TAIL_BYTES`] at least): the input
+    /// column ([`Reading::column`]) is binary or a struct with a binary `bytes` field (strings
+    /// when `text`: a text model's input), the row groups named exist, they hold at most
+    /// [`MAX_SAMPLES`] rows, and their column chunks to decode claim at most `max_decoded` bytes.
     ///
     /// # Errors
-    /// `BadInput` for an unreadable footer, a missing or mistyped column, too many rows or too
-    /// many decoded bytes; `Unsupported` for a compression this build does not read.
-    pub fn read(
-        object: &Bytes,
-        column: Option<&str>,
-        max_decoded: u64,
-        keep: bool,
-        text: bool,
-    ) -> Result<Self, PushdownError> {
-        let len = object.len();
-        let footer_len = u32::from_le_bytes(object[len - 8..len - 4].try_into().expect("4 bytes")) as usize;
-        if footer_len > MAX_FOOTER_BYTES || footer_len + 12 > len {
-            return Err(PushdownError::BadInput(format!(
-                "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
-            )));
-        }
-        check_schema_shape(&object[len - 8 - footer_len..len - 8])?;
+    /// `BadInput` for an unreadable footer, too many rows or too many decoded bytes;
+    /// `InvalidArgument` for a missing or mistyped column or a row group the file lacks;
+    /// `Unsupported` for a compression this build does not read.
+    pub fn read(object: &Source, want: Reading<'_>) -> Result<Self, PushdownError> {
+        let Reading { column, max_decoded, keep, text, row_groups } = want;
+        let len = object.len;
+        let tail = object
+            .slice(len.saturating_sub(8), 8)
+            .filter(|t| len >= 2 * MAGIC.len() as u64 + 4 && t.ends_with(MAGIC))
+            .ok_or_else(|| PushdownError::BadInput("not a Parquet file: no PAR1 magic at its end".into()))?;
+        let footer_len = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
+        let footer = object
+            .slice(len - 8 - u64::from(footer_len).min(len - 8), footer_len as usize)
+            .filter(|_| footer_len as usize <= MAX_FOOTER_BYTES && u64::from(footer_len) + 12 <= len)
+            .ok_or_else(|| {
+                PushdownError::BadInput(format!(
+                    "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
+                ))
+            })?;
+        check_schema_shape(&footer)?;
         let metadata = guarded(UNREADABLE, || {
             ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))
         })?;
@@ -172,10 +262,24 @@ impl Footer {
         }
 
         let meta = metadata.metadata();
-        let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(usize::MAX);
+        let count = meta.num_row_groups();
+        let groups: Vec<usize> = match row_groups {
+            None => (0..count).collect(),
+            Some(g) if g.last < count => g.indices().collect(),
+            Some(g) => {
+                return Err(PushdownError::InvalidArgument {
+                    field: "row-groups".into(),
+                    message: format!("{g}: the Parquet file has {count} row groups, numbered from 0"),
+                });
+            }
+        };
+        let group_rows = |i: usize| usize::try_from(meta.row_group(i).num_rows()).unwrap_or(usize::MAX);
+        let first_row = (0..groups.first().copied().unwrap_or(0)).map(group_rows).fold(0, usize::saturating_add);
+        let rows = groups.iter().map(|&i| group_rows(i)).fold(0, usize::saturating_add);
         if rows == 0 || rows > MAX_SAMPLES {
+            let what = row_groups.map_or_else(|| "file".to_owned(), |g| format!("file's row groups {g}"));
             return Err(PushdownError::BadInput(format!(
-                "the Parquet file has {rows} rows; a pushdown reads 1 to {MAX_SAMPLES}"
+                "the Parquet {what} hold {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups)"
             )));
         }
         // What decoding the columns takes: their chunks' uncompressed bytes as the footer states
@@ -187,7 +291,7 @@ impl Footer {
         };
         let mut decoded = 16 * rows as u64;
         let mut kept_bytes = 0u64;
-        for group in meta.row_groups() {
+        for group in groups.iter().map(|&i| meta.row_group(i)) {
             for chunk in group.columns() {
                 let root = chunk.column_path().parts().first().map(String::as_str);
                 if root.is_some_and(|p| roots.contains(&p)) {
@@ -209,11 +313,48 @@ impl Footer {
         if decoded > max_decoded {
             return Err(PushdownError::BadInput(format!(
                 "the Parquet file's input columns decode to {decoded} bytes, more than pushdown.max_object_bytes \
-                 ({max_decoded})"
+                 ({max_decoded}){}",
+                if row_groups.is_none() { "; name some row groups (row-groups)" } else { "" }
             )));
         }
         let kept_bytes = if keep { kept_bytes } else { 0 };
-        Ok(Self { metadata, image, label, column: name.to_owned(), rows, decoded_bytes: decoded, keep, kept_bytes })
+        Ok(Self {
+            metadata,
+            image,
+            label,
+            groups,
+            first_row,
+            data_end: len - 8 - u64::from(footer_len),
+            column: name.to_owned(),
+            rows,
+            decoded_bytes: decoded,
+            keep,
+            kept_bytes,
+        })
+    }
+
+    /// The bytes `[start, end)` that hold the column chunks of the row groups read (every
+    /// column's, which a Parquet output keeps): what a ranged read fetches beside the tail.
+    ///
+    /// # Errors
+    /// `BadInput` for chunks the footer places outside the file or before its magic.
+    pub fn span(&self) -> Result<(u64, u64), PushdownError> {
+        let meta = self.metadata.metadata();
+        let (mut start, mut end) = (u64::MAX, 0u64);
+        for chunk in self.groups.iter().flat_map(|&i| meta.row_group(i).columns()) {
+            let first = chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset());
+            let (Ok(first), Ok(size)) = (u64::try_from(first), u64::try_from(chunk.compressed_size())) else {
+                return Err(PushdownError::BadInput(
+                    "the Parquet footer places a column chunk at a negative offset".into(),
+                ));
+            };
+            start = start.min(first);
+            end = end.max(first.saturating_add(size));
+        }
+        if start < MAGIC.len() as u64 || start >= end || end > self.data_end {
+            return Err(PushdownError::BadInput("the Parquet footer places its row groups outside the file".into()));
+        }
+        Ok((start, end))
     }
 
     /// Rows in the file.
@@ -242,11 +383,11 @@ impl Footer {
     /// # Errors
     /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes than the
     /// footer claimed.
-    pub fn rows(self, object: Bytes) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
+    pub fn rows(self, object: Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
         guarded(UNREADABLE, || self.decode(object))
     }
 
-    fn decode(self, object: Bytes) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
+    fn decode(self, object: Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
         let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
         let (column, labelled) = (self.column.clone(), self.label.is_some());
         let schema = self.metadata.schema().clone();
@@ -264,15 +405,15 @@ impl Footer {
             schema: Arc::new(schema.project(&kept_columns).expect("indices within the schema")),
             batches: Vec::new(),
             group_rows: self
-                .metadata
-                .metadata()
-                .row_groups()
+                .groups
                 .iter()
-                .map(|g| usize::try_from(g.num_rows()).unwrap_or(0))
+                .map(|&i| usize::try_from(self.metadata.metadata().row_group(i).num_rows()).unwrap_or(0))
                 .collect(),
             column: column.clone(),
         });
+        let first_row = self.first_row;
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object, self.metadata)
+            .with_row_groups(self.groups)
             .with_projection(mask)
             .with_batch_size(ROWS_PER_BATCH)
             .build()
@@ -287,7 +428,7 @@ impl Footer {
                     "the Parquet file's pages decode to more than its footer states ({claimed} bytes)"
                 )));
             }
-            rows_of(&batch, (&column, labelled), out.len(), &mut out)?;
+            rows_of(&batch, (&column, labelled), first_row + out.len(), &mut out)?;
             if let Some(kept) = kept.as_mut() {
                 let batch = batch
                     .project(&kept_columns)
@@ -613,6 +754,12 @@ mod tests {
     use arrow_array::{BinaryArray, Int64Array, StringArray, StructArray};
     use arrow_schema::{Field, Fields};
 
+    use crate::pushdown::spec::RowGroups;
+
+    fn read(object: &Bytes, column: Option<&str>, max_decoded: u64, keep: bool) -> Result<Footer, PushdownError> {
+        Footer::read(&Source::whole(object.clone()), Reading { column, max_decoded, keep, ..Reading::default() })
+    }
+
     /// A file of `columns`, `per_group` rows to a row group, Snappy pages.
     fn file(columns: Vec<(&str, ArrayRef)>, per_group: usize) -> Bytes {
         let batch = RecordBatch::try_from_iter(columns).expect("batch");
@@ -643,10 +790,10 @@ mod tests {
             2,
         );
         assert!(is_parquet(&object));
-        let footer = Footer::read(&object, None, 1 << 20, false, false).expect("footer");
+        let footer = read(&object, None, 1 << 20, false).expect("footer");
         assert_eq!(footer.row_count(), 3);
         assert!(footer.decoded_bytes() > 0);
-        let (rows, _) = footer.rows(object).expect("rows");
+        let (rows, _) = footer.rows(Source::whole(object)).expect("rows");
         let got: Vec<(&str, &[u8], Option<i64>)> =
             rows.iter().map(|r| (r.key.as_str(), &r.input[..], r.label)).collect();
         assert_eq!(got, [("a.jpg", &b"A"[..], Some(3)), ("1", &b"BB"[..], Some(1)), ("c.png", &b"CCC"[..], Some(4))]);
@@ -676,9 +823,9 @@ mod tests {
         w.write(&batch).expect("write");
         let object = Bytes::from(w.into_inner().expect("close"));
 
-        let footer = Footer::read(&object, None, 1 << 20, true, false).expect("footer");
+        let footer = read(&object, None, 1 << 20, true).expect("footer");
         assert!(footer.output_bytes() > OUTPUT_FOOTER_BYTES);
-        let (rows, kept) = footer.rows(object).expect("rows");
+        let (rows, kept) = footer.rows(Source::whole(object)).expect("rows");
         assert_eq!(rows.len(), 5);
         let features: Vec<f32> = (0..10).map(|v| v as f32 / 4.0).collect();
         let out = write(&kept.expect("kept"), features.clone(), &[5, 2, 1], Dtype::F16, ("m", "pool")).expect("write");
@@ -711,6 +858,45 @@ mod tests {
     }
 
     #[test]
+    fn named_row_groups_are_read_from_the_tail_and_their_span_alone() {
+        let data: Vec<&[u8]> = vec![b"A", b"BB", b"CCC", b"DDDD", b"EEEEE"];
+        let object = file(
+            vec![
+                ("image", Arc::new(BinaryArray::from(data.clone())) as ArrayRef),
+                ("label", Arc::new(Int64Array::from(vec![0, 1, 2, 3, 4])) as ArrayRef),
+            ],
+            2,
+        );
+        let len = object.len() as u64;
+        let at = |from: u64, to: u64| object.slice(usize::try_from(from).unwrap()..usize::try_from(to).unwrap());
+        // A tail longer than the file is the file: a small one's tail is read from its start.
+        let tail_at = len.saturating_sub(TAIL_BYTES);
+        let tail = Source::piece(len, tail_at, at(tail_at, len));
+        let want = |first, last| Reading {
+            max_decoded: 1 << 20,
+            row_groups: Some(RowGroups { first, last }),
+            ..Reading::default()
+        };
+        let footer = Footer::read(&tail, want(1, 2)).expect("footer");
+        assert_eq!(footer.row_count(), 3);
+        let (start, end) = footer.span().expect("span");
+        assert!(start >= 4 && end <= len - 8 && start < end);
+        let (rows, _) = footer.rows(Source::piece(len, start, at(start, end))).expect("rows");
+        let got: Vec<(&str, &[u8], Option<i64>)> =
+            rows.iter().map(|r| (r.key.as_str(), &r.input[..], r.label)).collect();
+        assert_eq!(got, [("2", data[2], Some(2)), ("3", data[3], Some(3)), ("4", data[4], Some(4))]);
+
+        // Bytes outside what was read are an error, not a panic or other rows.
+        let footer = Footer::read(&tail, want(0, 0)).expect("footer");
+        let (start, end) = footer.span().expect("span");
+        assert!(footer.rows(Source::piece(len, start + 1, at(start + 1, end))).is_err());
+        let err = Footer::read(&tail, want(2, 3)).expect_err("refused").to_string();
+        assert!(err.contains("has 3 row groups"), "{err}");
+        // The footer alone is not in a piece that ends before it.
+        assert!(Footer::read(&Source::piece(len, 0, at(0, len - 9)), want(0, 0)).is_err());
+    }
+
+    #[test]
     fn a_missing_or_mistyped_column_and_too_large_columns_are_refused_from_the_footer() {
         let object = file(
             vec![
@@ -719,13 +905,13 @@ mod tests {
             ],
             4,
         );
-        let err = |column, max| Footer::read(&object, column, max, false, false).expect_err("refused").to_string();
+        let err = |column, max| read(&object, column, max, false).expect_err("refused").to_string();
         assert!(err(None, 1 << 20).contains("no column \"image\"; its columns: img, n"), "{}", err(None, 1 << 20));
         assert!(err(Some("n"), 1 << 20).contains("not encoded images"));
         assert!(err(Some("img"), 10).contains("more than pushdown.max_object_bytes"));
-        let (rows, _) = Footer::read(&object, Some("img"), 1 << 20, false, false)
+        let (rows, _) = read(&object, Some("img"), 1 << 20, false)
             .expect("footer")
-            .rows(object.clone())
+            .rows(Source::whole(object.clone()))
             .expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
@@ -737,7 +923,7 @@ mod tests {
         let mut refused = 0;
         for entry in std::fs::read_dir(dir).expect("regressions") {
             let object = Bytes::from(std::fs::read(entry.expect("entry").path()).expect("read"));
-            let outcome = Footer::read(&object, None, 1 << 24, true, false).and_then(|f| f.rows(object.clone()));
+            let outcome = read(&object, None, 1 << 24, true).and_then(|f| f.rows(Source::whole(object.clone())));
             refused += usize::from(outcome.is_err());
         }
         assert!(refused >= 12, "{refused}");
@@ -751,12 +937,7 @@ mod tests {
         long.extend_from_slice(MAGIC);
         for bad in [Bytes::from(long), Bytes::from_static(b"PAR1\0\0\0\0\xff\xff\0\0PAR1")] {
             assert!(is_parquet(&bad));
-            assert!(
-                Footer::read(&bad, None, 1 << 20, false, false)
-                    .expect_err("refused")
-                    .to_string()
-                    .contains("footer claims")
-            );
+            assert!(read(&bad, None, 1 << 20, false).expect_err("refused").to_string().contains("footer claims"));
         }
         assert!(!is_parquet(b"PAR1PAR1"));
     }

@@ -482,3 +482,74 @@ def test_parquet_readers_read_features_through_an_alias_bucket(gateway, s3, tmp_
     check(ds.data.table, "datasets")
     # Every reader above asked for footers and column chunks of the one cached output.
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
+
+
+def test_a_parquet_file_is_pushed_down_a_few_row_groups_at_a_time_by_ranged_reads(gateway, s3, bucket):
+    """Issue 31: `row-groups` names some row groups of a Parquet file; the gateway reads the
+    footer and those groups' bytes by ranges (each an unsigned Range beside the caller's
+    signature in transparent mode), so a file of any size goes a few groups per request, each
+    group's output cached on its own."""
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from conftest import metric
+    from test_parquet import hf_table, jpeg, parquet_bytes, safetensors_of
+    from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2
+
+    _, admin, _ = gateway
+    images = [jpeg(7000 + i, (256, 192)) for i in range(48)]
+    labels = [i % 5 for i in range(48)]
+    data = parquet_bytes(hf_table(images, labels), row_group_size=12)
+    assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == 4
+    assert len(data) > 2 * (256 * 1024 + 8)  # larger than the footer read, so the reads are ranged
+    s3.put_object(Bucket=bucket, Key="big.parquet", Body=data)
+    x = np.stack([reference_preprocess(Image.open(io.BytesIO(b)), "tiny-cnn") for b in images]).astype(np.float32)
+    want = reference("tiny-cnn", "pool", x)
+
+    md = pq.ParquetFile(io.BytesIO(data)).metadata
+
+    def span(first: int, last: int) -> int:
+        chunks = [md.row_group(g).column(c) for g in range(first, last + 1) for c in range(md.num_columns)]
+        starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+        return max(s + c.total_compressed_size for s, c in zip(starts, chunks)) - min(starts)
+
+    misses = metric(admin, "tensorgate_cache_misses_total")
+    for groups, rows in [("1", range(12, 24)), ("2-3", range(24, 48))]:
+        got = pushdown_get(s3, bucket, "big.parquet", model="tiny-cnn", split="pool", **{"row-groups": groups})
+        headers = got["ResponseMetadata"]["HTTPHeaders"]
+        assert headers["x-tensorgate-cache"] == "miss"
+        # The footer's tail and the groups' span, not the file.
+        first, last = rows.start // 12, (rows.stop - 1) // 12
+        assert int(headers["x-tensorgate-source-bytes"]) == 256 * 1024 + 8 + span(first, last) < len(data)
+        tensors, meta = safetensors_of(got["Body"].read())
+        assert json.loads(meta["keys"]) == [f"train/{i:05d}.jpg" for i in rows]
+        assert tensors["labels"].tolist() == [labels[i] for i in rows]
+        assert rel_l2(tensors["features"], want[rows.start:rows.stop]) <= 1e-3  # JPEG decoders differ
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 2
+
+    # The same groups again: the cached output (the store asked first where it decides).
+    again = pushdown_get(s3, bucket, "big.parquet", model="tiny-cnn", split="pool", **{"row-groups": "1"})
+    assert again["ResponseMetadata"]["HTTPHeaders"]["x-tensorgate-cache"] in ("hit", "revalidated")
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 2
+
+    # A Parquet output of groups 2-3 keeps their rows' other columns.
+    got = pushdown_get(s3, bucket, "big.parquet", model="tiny-cnn", split="pool", format="parquet",
+                       **{"row-groups": "2-3"})
+    table = pq.read_table(io.BytesIO(got["Body"].read()))
+    assert table.column("label").to_pylist() == labels[24:48]
+    assert table.column("caption").to_pylist() == [f"picture {i}" for i in range(24, 48)]
+
+    # A group the file lacks, and row groups of an object that is no Parquet file: 400s that say so.
+    # (The footer's read of a small object asks for more bytes than it has: the whole object, as a
+    # plain client's suffix Range longer than the object gets it from every store.)
+    s3.put_object(Bucket=bucket, Key="one.jpg", Body=images[0])
+    whole = s3.get_object(Bucket=bucket, Key="one.jpg", Range=f"bytes=-{len(images[0]) + 1000}")
+    assert whole["Body"].read() == images[0]
+    for key, groups, says in [("big.parquet", "4", "has 4 row groups"), ("one.jpg", "0", "not one")]:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            pushdown_get(s3, bucket, key, model="tiny-cnn", split="pool", **{"row-groups": groups})
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert says in e.value.response["Error"]["Message"]
