@@ -1,7 +1,7 @@
 //! Parquet objects as batches of samples (issue 31, ADR 0016): the rows of one image column, in
 //! the layout Hugging Face `datasets` writes (a struct of `bytes` and `path`, or plain binary),
-//! with their labels (an integer `label` column) and keys (the image's `path`, else the row
-//! number). Pure: bytes in, samples out.
+//! with their labels (an integer `label` column) and keys (the image's `path`, else an `id`
+//! column's value, else the row number). Pure: bytes in, samples out.
 //!
 //! Reading happens in two steps so that the memory governor can hold what decoding costs before
 //! it is paid: [`Footer::read`] parses only the footer (its length and its schema's shape checked
@@ -75,6 +75,12 @@ const UNREADABLE: &str = "not a readable Parquet file";
 
 /// The labels, when the file has an integer column of this name.
 const LABEL_COLUMN: &str = "label";
+
+/// The rows' keys, when the file has a string or integer column of this name and a row's input
+/// gives none (an image's `path`): text datasets name their rows so, as JSON Lines rows do
+/// (`text::jsonl_rows`). Without one a row's key is its number in its file, which repeats across
+/// the files of a dataset.
+const KEY_COLUMN: &str = "id";
 
 /// The column a Parquet output adds ([`write`]).
 pub const FEATURES_COLUMN: &str = "features";
@@ -174,8 +180,9 @@ pub struct Row {
 #[derive(Debug)]
 pub struct Footer {
     metadata: ArrowReaderMetadata,
-    /// Root indices of the image column and, if any, the label column.
+    /// Root indices of the image column and, if any, the label and key columns.
     image: usize,
+    id: Option<usize>,
     /// The row groups read, in file order, and the number of the first one's first row.
     groups: Vec<usize>,
     first_row: usize,
@@ -251,6 +258,10 @@ impl Footer {
             .column_with_name(LABEL_COLUMN)
             .filter(|(i, f)| *i != image && f.data_type().is_integer())
             .map(|(i, _)| i);
+        let id = schema
+            .column_with_name(KEY_COLUMN)
+            .filter(|(i, f)| *i != image && (f.data_type().is_integer() || is_text_column(f.data_type())))
+            .map(|(i, _)| i);
         if keep && schema.column_with_name(FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
             return Err(PushdownError::InvalidArgument {
                 field: "format".into(),
@@ -287,7 +298,7 @@ impl Footer {
         let roots: Vec<&str> = if keep {
             schema.fields().iter().map(|f| f.name().as_str()).collect()
         } else {
-            std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).collect()
+            std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).chain(id.map(|_| KEY_COLUMN)).collect()
         };
         let mut decoded = 16 * rows as u64;
         let mut kept_bytes = 0u64;
@@ -321,6 +332,7 @@ impl Footer {
         Ok(Self {
             metadata,
             image,
+            id,
             label,
             groups,
             first_row,
@@ -389,14 +401,14 @@ impl Footer {
 
     fn decode(self, object: Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
         let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
-        let (column, labelled) = (self.column.clone(), self.label.is_some());
+        let (column, labelled, keyed) = (self.column.clone(), self.label.is_some(), self.id.is_some());
         let schema = self.metadata.schema().clone();
         let mask = if self.keep {
             ProjectionMask::all()
         } else {
             ProjectionMask::roots(
                 self.metadata.parquet_schema(),
-                std::iter::once(self.image).chain(self.label).collect::<Vec<_>>(),
+                std::iter::once(self.image).chain(self.label).chain(self.id).collect::<Vec<_>>(),
             )
         };
         // The kept columns, in the file's order; the output's row groups are the source's.
@@ -428,7 +440,7 @@ impl Footer {
                     "the Parquet file's pages decode to more than its footer states ({claimed} bytes)"
                 )));
             }
-            rows_of(&batch, (&column, labelled), first_row + out.len(), &mut out)?;
+            rows_of(&batch, (&column, labelled, keyed), first_row + out.len(), &mut out)?;
             if let Some(kept) = kept.as_mut() {
                 let batch = batch
                     .project(&kept_columns)
@@ -658,10 +670,10 @@ fn is_image_column(t: &DataType) -> bool {
 }
 
 /// The rows of one decoded batch (the images in `column`, the labels in [`LABEL_COLUMN`] when
-/// `labelled`), numbered from `first`.
+/// `labelled`, keys in [`KEY_COLUMN`] when `keyed`), numbered from `first`.
 fn rows_of(
     batch: &RecordBatch,
-    (column, labelled): (&str, bool),
+    (column, labelled, keyed): (&str, bool, bool),
     first: usize,
     out: &mut Vec<Row>,
 ) -> Result<(), PushdownError> {
@@ -674,11 +686,19 @@ fn rows_of(
         ),
         None => (column.clone(), None),
     };
-    let labels = batch.column_by_name(LABEL_COLUMN).filter(|_| labelled).map(|l| integers(l.as_ref())).transpose()?;
+    let labels =
+        batch.column_by_name(LABEL_COLUMN).filter(|_| labelled).map(|l| integers(l.as_ref(), "label")).transpose()?;
+    let ids = match batch.column_by_name(KEY_COLUMN).filter(|_| keyed) {
+        Some(a) if a.data_type().is_integer() => {
+            Some(integers(a.as_ref(), "id")?.into_iter().map(|v| v.map(|n| n.to_string())).collect::<Vec<_>>())
+        }
+        Some(a) => Some((0..batch.num_rows()).map(|i| string_at(a.as_ref(), i)).collect()),
+        None => None,
+    };
     for i in 0..batch.num_rows() {
         let n = first + i;
         let path = paths.as_ref().and_then(|p| string_at(p.as_ref(), i));
-        let key = path.unwrap_or_else(|| n.to_string());
+        let key = path.or_else(|| ids.as_ref().and_then(|k| k[i].clone())).unwrap_or_else(|| n.to_string());
         if column.is_null(i) || images.is_null(i) {
             return Err(PushdownError::BadInput(format!("row {n} ({key:?}) has no input")));
         }
@@ -721,7 +741,7 @@ fn string_at(array: &dyn Array, i: usize) -> Option<String> {
 }
 
 /// An integer column's values as `i64` (nulls as `None`).
-fn integers(array: &dyn Array) -> Result<Vec<Option<i64>>, PushdownError> {
+fn integers(array: &dyn Array, what: &str) -> Result<Vec<Option<i64>>, PushdownError> {
     use arrow_array::types::{
         Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
     };
@@ -729,13 +749,13 @@ fn integers(array: &dyn Array) -> Result<Vec<Option<i64>>, PushdownError> {
         ($($t:ty),*) => {$(
             if let Some(a) = array.as_primitive_opt::<$t>() {
                 return a.iter().map(|v| v.map(|v| i64::try_from(v).map_err(|_| {
-                    PushdownError::BadInput(format!("label {v} does not fit in 64 bits"))
+                    PushdownError::BadInput(format!("{what} {v} does not fit in 64 bits"))
                 })).transpose()).collect();
             }
         )*};
     }
     each!(Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type);
-    Err(PushdownError::BadInput(format!("the label column is {}, not integers", array.data_type())))
+    Err(PushdownError::BadInput(format!("the {what} column is {}, not integers", array.data_type())))
 }
 
 /// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest
@@ -915,6 +935,16 @@ mod tests {
             .expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
+
+        // An `id` column keys the rows an image path does not (strings or integers).
+        let ids: [ArrayRef; 2] =
+            [Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])), Arc::new(Int64Array::from(vec![7, 8, 9]))];
+        for (ids, want) in ids.into_iter().zip([["p0", "1", "c"], ["p0", "8", "9"]]) {
+            let object = file(vec![("image", images(&[Some("p0"), None, None], &[b"x", b"y", b"z"])), ("id", ids)], 2);
+            let (rows, _) =
+                read(&object, None, 1 << 20, false).expect("footer").rows(Source::whole(object)).expect("rows");
+            assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), want);
+        }
     }
 
     #[test]

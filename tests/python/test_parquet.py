@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from conftest import ROOT
+from conftest import ROOT, metric
 from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2, synthetic_photo
 
 
@@ -193,11 +193,13 @@ def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, b
     assert tensors["labels"].tolist() == [7]
 
 
-def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(gateway, s3, bucket):
+@pytest.mark.parametrize("row_groups", [False, True])
+def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(gateway, s3, bucket, row_groups):
     """Issue 31: `ShardDataset` over a prefix of Parquet files (listed with `.tar` shards' rules,
     counted from their footers by `write_index`): two ranks, two loader workers each, equal
     batch counts, every row once, the pushdown's features equal to the no-pushdown baseline
-    (the raw files decoded here) and the labels and keys the files hold."""
+    (the raw files decoded here) and the labels and keys the files hold. With `row_groups`, each
+    row group is a shard of its own: shuffled, assigned and fetched by row group."""
     from torch.utils.data import DataLoader
 
     from conftest import CLIENT_AK, CLIENT_SK
@@ -223,7 +225,14 @@ def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(
         feats, batches = {}, []
         for rank in range(2):
             ds = ShardDataset(client, bucket, "tiny-cnn", split, prefix="hf/", index="hf/shards.json", rank=rank,
-                              world_size=2, batch_size=4, shuffle=True, seed=5, tensors="numpy")
+                              world_size=2, batch_size=4, shuffle=True, seed=5, tensors="numpy",
+                              row_groups=row_groups)
+            if row_groups:
+                # 7, 5 and 6 rows, 3 to a row group: 3 + 2 + 2 shards, in an order shuffled by group.
+                sizes = {f"{k}#row-group={g}": min(3, n - 3 * g) for k, n in rows.items() for g in range(-(-n // 3))}
+                assert len(sizes) == 7 and ds._shards()[1] == sizes
+                order = [s.key for s in ds.slices(0)]
+                assert all("#row-group=" in k for k in order)
             loader = DataLoader(ds, batch_size=None, num_workers=workers,
                                 **({"multiprocessing_context": "spawn"} if workers else {}))
             n = 0
@@ -236,7 +245,10 @@ def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(
             batches.append(n)
         return feats, batches
 
+    misses = metric(admin, "tensorgate_cache_misses_total")
     pushed, batches = epoch("stem", 2)
+    if row_groups:  # one output per row group, each computed once
+        assert metric(admin, "tensorgate_cache_misses_total") - misses == 7
     assert sorted(pushed) == sorted(labels)
     assert batches[0] == batches[1]
     baseline, _ = epoch("none", 0)

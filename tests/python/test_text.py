@@ -74,15 +74,21 @@ def test_json_lines_and_a_parquet_text_column_give_every_rows_outputs(s3, bucket
     table = pa.table({"label": pa.array(labels, pa.int64()), "text": pa.array(TEXTS),
                       "source": pa.array([f"s{i}" for i in range(len(TEXTS))])})
     s3.put_object(Bucket=bucket, Key="docs.parquet", Body=parquet_bytes(table, row_group_size=8))
-    for key in ("docs.jsonl", "docs.parquet"):
+    # An `id` column keys the rows as JSON Lines' `id` field does (else a row's number in its file).
+    ids = table.append_column("id", pa.array([f"doc-{i}" for i in range(len(TEXTS))]))
+    s3.put_object(Bucket=bucket, Key="docs-id.parquet", Body=parquet_bytes(ids, row_group_size=8))
+    from tensorgate.table import decode_table
+
+    assert decode_table(parquet_bytes(ids), {"text": {"length": 128}}).keys == [f"doc-{i}" for i in range(len(TEXTS))]
+    for key in ("docs.jsonl", "docs.parquet", "docs-id.parquet"):
         for split in ("layer4", "embedding"):
             got = pushdown_get(s3, bucket, key, model="minilm", split=split)
             tensors, meta = safetensors_of(got["Body"].read())
             assert rel_l2(tensors["features"], want[split]) <= 1e-5, (key, split)
             assert tensors["labels"].tolist() == labels
             keys = json.loads(meta["keys"])
-            assert keys == ([f"doc-{i}" for i in range(len(TEXTS))] if key == "docs.jsonl"
-                            else [str(i) for i in range(len(TEXTS))])
+            assert keys == ([str(i) for i in range(len(TEXTS))] if key == "docs.parquet"
+                            else [f"doc-{i}" for i in range(len(TEXTS))])
     # Parquet out: the other columns kept, the sentence embeddings added, the row groups kept.
     got = pushdown_get(s3, bucket, "docs.parquet", model="minilm", split="embedding", format="parquet", dtype="f16")
     out = pq.ParquetFile(io.BytesIO(got["Body"].read()))

@@ -127,14 +127,16 @@ class Client:
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
             range: str | None = None, if_none_match: str | None = None, before_body=None,
-            raw: bool = False, column: str | None = None) -> Fetch:
+            raw: bool = False, column: str | None = None, row_groups: str | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
         `before_body()`, if given, is called when the headers are in and before the body is read
         (a loader orders its transfers with it). `raw=True` returns the body undecoded (as uint8),
-        e.g. a byte range of an output."""
-        fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt)
+        e.g. a byte range of an output. `column`: a Parquet file's input column; `row_groups`:
+        some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges."""
+        fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt, column=column,
+                         **{"row-groups": row_groups})
         t0 = time.perf_counter()
         extra = {"Range": range} if range else {}
         if if_none_match:

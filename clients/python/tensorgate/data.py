@@ -185,6 +185,19 @@ def split_slices(slices: list[Slice], counts: dict[str, int] | None, part: int, 
     return out
 
 
+def _row_group_shards(client, bucket: str, keys: list[str]) -> tuple[list[str], dict[str, int]]:
+    """Every row group of the Parquet files `keys` as a shard, with its rows from the footers."""
+    from .table import row_group_counts, row_group_unit
+
+    units: dict[str, int] = {}
+    for key in keys:
+        if not key.endswith(".parquet"):
+            raise ValueError(f"row_groups=True reads Parquet files; {key!r} is not one")
+        for group, n in enumerate(row_group_counts(client, bucket, key)):
+            units[row_group_unit(key, group)] = n
+    return list(units), units
+
+
 class _Buffer:
     """A shuffle buffer whose state is plain data: once `size` samples wait, each arrival swaps
     with a random waiting one and the last leaves; at the end the rest leave in random order."""
@@ -218,6 +231,11 @@ class ShardDataset(_IterBase, _Ranked):
       keys ending in `.tar` or `.parquet`). A Parquet file in Hugging Face `datasets`' layout is
       a shard whose rows are samples (`index`/`counts` from `write_index` count them from the
       footers); `column` names its image column (default `image`).
+    - `row_groups`: each row group of a Parquet file is a shard of its own (`key#row-group=n`):
+      shuffled, assigned to ranks and workers and fetched one row group per request (the
+      gateway reads it by ranges), with exact counts from the footers (two ranged reads per file,
+      once per process). For large files (`datasets` writes shards of up to 500 MB): memory,
+      caching and shuffling go by row group instead of by file.
     - `split`: a split name, `"none"` (raw shards decoded here) or `"auto"`: one process of the job
       (rank 0, worker 0) profiles and posts the plan, once per job; every other one sends
       `split=auto` and the gateway applies that plan (each response names the split that ran, and
@@ -243,8 +261,9 @@ class ShardDataset(_IterBase, _Ranked):
                  drop_last: bool = False, prefetch: int = 4, storage_batch: int | None = None,
                  local_cache_bytes: int = 0, suffix_threads: int = 1, tensors: str | None = None,
                  train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50,
-                 dtype: str | None = None, column: str | None = None):
+                 dtype: str | None = None, column: str | None = None, row_groups: bool = False):
         self.endpoint = _endpoint(source)
+        self.row_groups = row_groups
         self.bucket, self.model, self.split, self.prefix = bucket, model, split, prefix
         self.keys = list(keys) if keys is not None else None
         self.batch_size, self.shuffle, self.seed, self.shuffle_buffer = batch_size, shuffle, seed, shuffle_buffer
@@ -308,6 +327,8 @@ class ShardDataset(_IterBase, _Ranked):
             counts = self.counts
             if counts is None and self.index is not None:
                 counts = read_index(self.client, self.bucket, self.index)
+            if self.row_groups:
+                keys, counts = _row_group_shards(self.client, self.bucket, keys)
             if counts is not None:
                 missing = [k for k in keys if k not in counts]
                 if missing:

@@ -12,9 +12,11 @@ from collections import deque
 
 import numpy as np
 
+from .client import Fetch
 from .codec import Features
 from .profiler import profile as measure
 from .suffix import NO_PUSHDOWN, SuffixRunner
+from .table import RangedObject, decode_table, one_row_group, split_unit
 from .wds import SHARD_SUFFIXES, decode_shard
 
 #: Default bound of `ShardLoader.events` and `ShardLoader.fetches` (the newest are kept).
@@ -134,19 +136,34 @@ class ShardLoader:
         etag = held[0] if held else None
         turns = self._turns
         wait = lambda: turns.wait(index)  # noqa: E731
+        # A row group of a Parquet file as a shard of its own (`table.ROW_GROUP_MARK`).
+        name, group = split_unit(key)
+        cut = None  # a row group read here by ranges: (its bytes as a file, its first row)
         try:
-            if split == NO_PUSHDOWN:
+            if split == NO_PUSHDOWN and group is not None:
+                t0 = time.perf_counter()
+                wait()
+                cut = one_row_group(RangedObject(self.client, self.bucket, name), group)
+                t1 = time.perf_counter()
+                got = Fetch(Features(features=None), len(cut[0]), t1 - t0, t1 - t0, NO_PUSHDOWN, None, None, t0, t1)
+            elif split == NO_PUSHDOWN:
                 got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait)
             else:
-                got = self.client.get(self.bucket, key, self.model, split, batch=self.storage_batch,
-                                      dtype=self.dtype, if_none_match=etag, before_body=wait, column=self.column)
+                got = self.client.get(self.bucket, name, self.model, split, batch=self.storage_batch,
+                                      dtype=self.dtype, if_none_match=etag, before_body=wait, column=self.column,
+                                      row_groups=None if group is None else str(group))
         finally:
             turns.done(index)
         ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
         if got.not_modified:
             feats = held[1]
         elif ran == NO_PUSHDOWN:
-            feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
+            if group is None:
+                feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
+            else:
+                # split=auto planned no pushdown: the gateway sent the whole file.
+                cut = cut or one_row_group(got.result.features.tobytes(), group)
+                feats = decode_table(cut[0], self.info, self.column, cut[1])
             feats.features = self._runner(NO_PUSHDOWN)(feats.features)
         else:
             feats = got.result
@@ -194,8 +211,10 @@ class ShardLoader:
         if self.requested_split == "auto" and self.planning and not self.plans:
             t = time.perf_counter()
 
-            prof = measure(self.client, self.bucket, shards[0], self.model, self.batch_size,
-                           shards=len(shards), train_secs_per_batch=self.train_secs_per_batch,
+            # Row groups as shards: the profile reads their file, and counts the files.
+            files = list(dict.fromkeys(split_unit(k)[0] for k in shards))
+            prof = measure(self.client, self.bucket, files[0], self.model, self.batch_size,
+                           shards=len(files), train_secs_per_batch=self.train_secs_per_batch,
                            threads=self.suffix_threads, storage=storage, dtype=self.dtype, column=self.column)
             self._adopt(prof)
             self.profile_seconds = time.perf_counter() - t

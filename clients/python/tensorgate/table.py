@@ -19,6 +19,22 @@ MAGIC = b"PAR1"
 DEFAULT_COLUMN = "image"
 #: A text model's column when none is named (the gateway's default).
 DEFAULT_TEXT_COLUMN = "text"
+#: Names one row group of a Parquet file as a shard of its own (`ShardDataset(row_groups=True)`):
+#: `"<key>#row-group=<n>"`, fetched with the gateway's `row-groups` field.
+ROW_GROUP_MARK = "#row-group="
+
+
+def row_group_unit(key: str, group: int) -> str:
+    """The shard name of row group `group` of Parquet file `key`."""
+    return f"{key}{ROW_GROUP_MARK}{group}"
+
+
+def split_unit(unit: str) -> tuple[str, int | None]:
+    """A shard name as (object key, row group), the row group `None` for a whole object."""
+    key, mark, group = unit.rpartition(ROW_GROUP_MARK)
+    if mark and key and group.isdigit():
+        return key, int(group)
+    return unit, None
 
 
 def is_parquet(raw: bytes) -> bool:
@@ -73,9 +89,9 @@ def first_rows(client, bucket: str, key: str, info: dict, column: str | None, n:
     return out.getvalue(), pf.metadata.num_rows, obj.size
 
 
-def row_count(client, bucket: str, key: str) -> int:
-    """The rows of a stored Parquet file, from its footer: one ranged read of its last 8 bytes
-    (the footer's length), one of the footer."""
+def _metadata(client, bucket: str, key: str):
+    """A stored Parquet file's footer: one ranged read of its last 8 bytes (the footer's
+    length), one of the footer."""
     import pyarrow.parquet as pq
 
     tail = client.s3.get_object(Bucket=bucket, Key=key, Range="bytes=-8")["Body"].read()
@@ -84,14 +100,41 @@ def row_count(client, bucket: str, key: str) -> int:
     n = int.from_bytes(tail[:4], "little")
     footer = client.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{n + 8}")["Body"].read()
     # The footer alone, framed as a file: its metadata does not need the pages.
-    return pq.read_metadata(io.BytesIO(MAGIC + footer)).num_rows
+    return pq.read_metadata(io.BytesIO(MAGIC + footer))
 
 
-def decode_table(raw: bytes, info: dict, column: str | None = None) -> Features:
+def row_count(client, bucket: str, key: str) -> int:
+    """The rows of a stored Parquet file, from its footer."""
+    return _metadata(client, bucket, key).num_rows
+
+
+def row_group_counts(client, bucket: str, key: str) -> list[int]:
+    """The rows of each row group of a stored Parquet file, from its footer."""
+    md = _metadata(client, bucket, key)
+    return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+
+
+def one_row_group(source, group: int) -> tuple[bytes, int]:
+    """Row group `group` of a Parquet file (its bytes, or a file such as `RangedObject`, which
+    then reads the footer and that group's column chunks only) as a Parquet file of its own, and
+    the number of its first row in the whole file."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source)
+    if not 0 <= group < pf.metadata.num_row_groups:
+        raise ValueError(f"the Parquet file has {pf.metadata.num_row_groups} row groups, not {group + 1}")
+    first = sum(pf.metadata.row_group(i).num_rows for i in range(group))
+    out = io.BytesIO()
+    pq.write_table(pf.read_row_group(group), out)
+    return out.getvalue(), first
+
+
+def decode_table(raw: bytes, info: dict, column: str | None = None, first_row: int = 0) -> Features:
     """A raw Parquet file decoded here (the baseline): every row's image preprocessed as the
-    gateway would (`info` is the model's `/v1/models` entry), keys from the image's `path` (else
-    the row number), labels from an integer `label` column. For a text model, the rows' texts (an
-    array of `str`, which `SuffixRunner("none")` tokenizes), keyed by row number."""
+    gateway would (`info` is the model's `/v1/models` entry), keys from the image's `path`, else
+    an `id` column (strings or integers), else the row number (counted from `first_row`: a row
+    group's place in its file), labels from an integer `label` column. For a text model, the
+    rows' texts (an array of `str`, which `SuffixRunner("none")` tokenizes), keyed the same way."""
     import pyarrow.parquet as pq
     import pyarrow.types as pat
 
@@ -104,16 +147,30 @@ def decode_table(raw: bytes, info: dict, column: str | None = None) -> Features:
         if not (pat.is_string(col.type) or pat.is_large_string(col.type)) or col.null_count:
             raise ValueError(f"column {name!r} is not a column of texts")
         return Features(features=np.array(col.to_pylist(), dtype=object), labels=_labels(table, name),
-                        keys=[str(i) for i in range(len(col))])
+                        keys=_keys(table, name, [None] * len(col), first_row))
     if pat.is_struct(col.type):
         images, paths = col.field("bytes").to_pylist(), col.field("path").to_pylist() if any(
             f.name == "path" for f in col.type) else [None] * len(col)
     else:
         images, paths = col.to_pylist(), [None] * len(col)
-    keys = [p if p is not None else str(i) for i, p in enumerate(paths)]
+    keys = _keys(table, name, paths, first_row)
     if any(b is None for b in images):
         raise ValueError(f"row {images.index(None)} has no image")
     return Features(features=np.stack([preprocess(b, info) for b in images]), labels=_labels(table, name), keys=keys)
+
+
+def _keys(table, column: str, paths: list, first_row: int) -> list[str]:
+    """Each row's key as the gateway gives it: its image's path, else its `id` (a string or integer
+    column other than the input), else its number in the file."""
+    import pyarrow.types as pat
+
+    ids = [None] * len(paths)
+    if "id" in table.column_names and column != "id":
+        kind = table.column("id").type
+        if pat.is_integer(kind) or pat.is_string(kind) or pat.is_large_string(kind):
+            ids = table.column("id").to_pylist()
+    return [p if p is not None else str(k) if k is not None else str(first_row + i)
+            for i, (p, k) in enumerate(zip(paths, ids))]
 
 
 def _labels(table, column: str) -> np.ndarray | None:
