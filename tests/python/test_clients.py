@@ -553,3 +553,40 @@ def test_a_parquet_file_is_pushed_down_a_few_row_groups_at_a_time_by_ranged_read
             pushdown_get(s3, bucket, key, model="tiny-cnn", split="pool", **{"row-groups": groups})
         assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
         assert says in e.value.response["Error"]["Message"]
+
+
+@pytest.mark.skipif(TRANSPARENT, reason="alias buckets need terminating identity mode (ADR 0013)")
+def test_an_alias_listing_pages_at_most_100_entries_and_a_paginator_gets_them_all(gateway, s3):
+    """An alias listing computes each entry's output before answering, so a page holds at most
+    100 entries whatever `max-keys` asks (`alias::ALIAS_LISTING_PAGE`); clients page on through
+    the store's own continuation (v2) or marker (v1), and every entry's size is its output's."""
+    import numpy as np
+
+    from conftest import metric
+    from test_pushdown import npy_bytes
+
+    _, admin, _ = gateway
+    try:
+        s3.create_bucket(Bucket="alias-target")
+    except botocore.exceptions.ClientError as e:
+        assert e.response["Error"]["Code"] in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists")
+    prefix = f"page-{STORE_KIND}/"
+    x = np.random.default_rng(3).random((3, 32, 32), dtype=np.float32)
+    keys = [f"{prefix}{i:03d}.npy" for i in range(103)]
+    for key in keys:
+        s3.put_object(Bucket="alias-target", Key=key, Body=npy_bytes(x))
+    misses = metric(admin, "tensorgate_cache_misses_total")
+    out_size = len(s3.get_object(Bucket="alias-tiny-pool", Key=keys[0])["Body"].read())
+
+    first = s3.list_objects_v2(Bucket="alias-tiny-pool", Prefix=prefix, MaxKeys=1000)
+    assert len(first["Contents"]) == 100 and first["IsTruncated"] and first["KeyCount"] == 100
+    rest = s3.list_objects_v2(Bucket="alias-tiny-pool", Prefix=prefix, ContinuationToken=first["NextContinuationToken"])
+    assert [o["Key"] for o in first["Contents"] + rest["Contents"]] == keys and not rest["IsTruncated"]
+    assert {o["Size"] for o in first["Contents"] + rest["Contents"]} == {out_size}
+
+    v1 = s3.get_paginator("list_objects").paginate(Bucket="alias-tiny-pool", Prefix=prefix,
+                                                   PaginationConfig={"PageSize": 500})
+    pages = [[o["Key"] for o in p["Contents"]] for p in v1]
+    assert [len(p) for p in pages] == [100, 3] and sum(pages, []) == keys
+    # Each output was computed once: the v1 listing found every one in the cache.
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 103
