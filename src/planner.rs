@@ -61,6 +61,11 @@ pub struct ClientProfile {
     pub memory_bytes: BTreeMap<String, u64>,
     #[serde(default)]
     pub memory_limit: Option<u64>,
+    /// A text model's mean attended tokens per sample (the client's texts): the storage node
+    /// measures its costs at that length where its batches are cut to their longest text
+    /// (pooled outputs); default the model's length.
+    #[serde(default)]
+    pub tokens_per_sample: Option<f64>,
 }
 
 /// One split as the storage node measured it.
@@ -75,6 +80,10 @@ pub struct StorageSplit {
     /// Output shape per sample (lets a client time its suffix without fetching features).
     #[serde(default)]
     pub shape: Vec<usize>,
+    /// A text model's: the tokens per text its cost was measured at (the client's texts where
+    /// the split's batches are cut to their longest text, else the model's length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_length: Option<usize>,
 }
 
 /// The storage side: candidate splits in model order up to the freeze split, and its load.
@@ -202,6 +211,7 @@ mod tests {
                     secs_per_sample: secs * secs_scale,
                     bytes_per_sample: bytes,
                     shape: Vec::new(),
+                    text_length: None,
                 })
                 .collect(),
             parallelism: 1.0,
@@ -223,6 +233,7 @@ mod tests {
             decode_secs_per_byte: None,
             memory_bytes: BTreeMap::new(),
             memory_limit: None,
+            tokens_per_sample: None,
         }
     }
 

@@ -266,6 +266,9 @@ struct ModelQuery {
     /// As in [`PlanRequest`] (`/v1/storage` only).
     #[serde(default)]
     dtype: Dtype,
+    /// A text model's mean attended tokens per sample (`ClientProfile::tokens_per_sample`;
+    /// `/v1/storage` only).
+    tokens: Option<f64>,
 }
 
 /// The storage-side terms of the cost model for a model, measured now (what a client needs to
@@ -275,7 +278,7 @@ async fn storage(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Re
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.storage_profile(&q.model, q.tenant.as_deref(), q.dtype).await {
+    match pd.storage_profile(&q.model, q.tenant.as_deref(), (q.dtype, q.tokens)).await {
         Ok(p) => json(StatusCode::OK, &serde_json::json!(p)),
         Err(e) => failure(e),
     }

@@ -439,6 +439,13 @@ impl Runner {
         if self.cut_padding { text::batch_length(data, len) } else { len }
     }
 
+    /// Cuts batches' padding from now on where that leaves `output` unchanged
+    /// ([`Self::padding_is_inert`]); returns whether it does.
+    pub(crate) fn cut_padding_where_inert(&mut self, manifest: &Manifest, output: &str) -> Result<bool, String> {
+        self.cut_padding = self.padding_is_inert(manifest, output)?;
+        Ok(self.cut_padding)
+    }
+
     /// Whether a text prefix's output stays the same when a batch's padding is cut off: its shape
     /// does not have the length and padded positions do not reach it (outputs pooled over the
     /// attended tokens, `pool` and `embedding`; not the sequence outputs `layer*`, nor a model
@@ -547,11 +554,22 @@ fn check_prefix(
 /// A deterministic batch of probe values in [-1, 1); for a text model, token ids below 1,000
 /// (within every vocabulary) with every token attended.
 pub(crate) fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
+    probe_texts(model, batch, usize::MAX)
+}
+
+/// [`probe_input`], a text model's rows attended over their first `attended` tokens (padded
+/// after, as the tokenizer pads shorter texts).
+pub(crate) fn probe_texts(model: &Model, batch: usize, attended: usize) -> (Vec<usize>, Vec<f32>) {
     let mut shape = vec![batch];
     shape.extend(&model.manifest.input_shape);
     let n: usize = shape.iter().product();
     if let (Some(_), &[_, 2, len]) = (&model.manifest.text, shape.as_slice()) {
-        let row = |r: usize| (0..len).map(move |i| ((r * len + i) * 7919 % 1000) as f32).chain((0..len).map(|_| 1.0));
+        let used = |i: usize| i < attended;
+        let row = move |r: usize| {
+            (0..len)
+                .map(move |i| if used(i) { ((r * len + i) * 7919 % 1000) as f32 } else { 0.0 })
+                .chain((0..len).map(move |i| f32::from(u8::from(used(i)))))
+        };
         return (shape, (0..batch).flat_map(row).collect());
     }
     (shape, (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect())
@@ -602,8 +620,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     }
     .with_prefix(s.prefix_bytes.len() as u64);
     check_prefix(&s.env, model, &s.tensor, &mut session)?;
-    session.cut_padding = session.padding_is_inert(&model.manifest, &s.tensor)?;
-    s.cut_padding.store(session.cut_padding, Ordering::SeqCst);
+    s.cut_padding.store(session.cut_padding_where_inert(&model.manifest, &s.tensor)?, Ordering::SeqCst);
     Ok((session, memory))
 }
 

@@ -90,10 +90,14 @@ pub struct SplitCost {
     pub secs_per_sample: f64,
     pub bytes_per_sample: f64,
     pub shape: Vec<usize>,
+    /// A text model's: the length its batches ran at.
+    pub text_length: Option<usize>,
 }
 
-/// Per-(model, split) measured costs.
-pub type SplitCosts = HashMap<(String, String), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
+/// Per-(model, split, text length) measured costs: a text model's at a length its batches may be
+/// cut to ([`planning`]), a multiple of [`text::LENGTH_STEP`] up to the model's (so at most
+/// `L / LENGTH_STEP` per split); other models' at their input (length 0).
+pub type SplitCosts = HashMap<(String, String, usize), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
 
 /// A computed output, ready to send.
 #[derive(Debug)]

@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use super::error::PushdownError;
+use super::registry::Model;
 use super::spec::Dtype;
-use super::{Pushdown, SplitCost, engine, prefix, split_def};
+use super::{Pushdown, SplitCost, engine, prefix, split_def, text};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
 /// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).
@@ -21,6 +22,21 @@ pub const MAX_PLANS: usize = 4096;
 
 /// Longest tenant name a plan is kept under: AWS access key ids are at most 128 characters.
 pub const MAX_TENANT_BYTES: usize = 128;
+
+/// The text length a cost is measured at for `model`: `tokens` (a mean of attended tokens) rounded
+/// up to [`text::LENGTH_STEP`] and at most the model's length; the model's length without
+/// `tokens`; 0 for a model that does not read texts.
+fn text_length(model: &Model, tokens: Option<f64>) -> usize {
+    let (Some(_), &[2, len]) = (&model.manifest.text, model.manifest.input_shape.as_slice()) else { return 0 };
+    match tokens {
+        // A finite, positive mean: at least one step, at most the model's length.
+        Some(t) if t.is_finite() && t > 0.0 => {
+            let t = t.min(len as f64).ceil() as usize;
+            t.next_multiple_of(text::LENGTH_STEP).min(len)
+        }
+        _ => len,
+    }
+}
 
 impl Pushdown {
     /// Candidate splits of `model`: the manifest's splits in order, up to its freeze split.
@@ -41,9 +57,11 @@ impl Pushdown {
 
     /// Measures (once, then cached; concurrent askers wait for the one measurement) one split's
     /// prefix time per sample on one thread and its output bytes per sample, with a throwaway
-    /// session on a blocking thread. A failed measurement is retried by the next asker.
-    async fn split_cost(&self, model: &str, split: &str) -> Result<SplitCost, PushdownError> {
-        let key = (model.to_owned(), split.to_owned());
+    /// session on a blocking thread. A failed measurement is retried by the next asker. A text
+    /// model's rows are attended over `length` tokens ([`text_length`]); where the split's
+    /// engine cuts padding (a pooled output) its batches run at that length, else at the model's.
+    async fn split_cost(&self, model: &str, split: &str, length: usize) -> Result<SplitCost, PushdownError> {
+        let key = (model.to_owned(), split.to_owned(), length);
         let cell =
             self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key).or_default().clone();
         let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
@@ -54,16 +72,19 @@ impl Pushdown {
             tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
                 let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
                 let mut session = engine::session(&env, &bytes, 1, arena, &m.dir)?;
-                let (shape, input) = engine::probe_input(&m, MEASURE_BATCH);
+                let cut = session.cut_padding_where_inert(&m.manifest, &tensor)?;
+                let (shape, input) = engine::probe_texts(&m, MEASURE_BATCH, length);
                 session.run(&m.manifest, &tensor, &shape, input.clone())?;
                 // CPU time (the session has one intra-op thread): requests running on the same
                 // core do not inflate it.
                 let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest, &tensor, &shape, input));
                 let out = out?;
+                let full = m.manifest.input_shape.last().copied().unwrap_or(length);
                 Ok(SplitCost {
                     secs_per_sample: spent.as_secs_f64() / MEASURE_BATCH as f64,
                     bytes_per_sample: (4 * out.data.len() / MEASURE_BATCH) as f64,
                     shape: out.shape.iter().skip(1).copied().collect(),
+                    text_length: m.manifest.text.as_ref().map(|_| if cut { length } else { full }),
                 })
             })
             .await
@@ -85,7 +106,9 @@ impl Pushdown {
     /// of which gets an equal share of the node (the governor's fair allotments). The asking
     /// tenant's own requests are not load: a client re-planning mid-epoch has its shards queued.
     /// Output bytes are those of `dtype` (a client asking for f16 features moves half the f32
-    /// bytes, which can move the best split).
+    /// bytes, which can move the best split). A text model's costs are measured at `tokens`
+    /// attended tokens per text (the client's texts, as its profile states them; default the
+    /// model's length, an upper bound).
     ///
     /// # Errors
     /// Unknown model, ONNX Runtime unavailable, or a split that cannot be measured.
@@ -93,21 +116,27 @@ impl Pushdown {
         &self,
         model: &str,
         tenant: Option<&str>,
-        dtype: Dtype,
+        (dtype, tokens): (Dtype, Option<f64>),
     ) -> Result<StorageProfile, PushdownError> {
         let decode = self.preprocess_secs_per_sample();
+        let length = text_length(&*self.model(model)?, tokens);
         let mut splits = Vec::new();
         for split in self.candidate_splits(model)? {
-            let c = self.split_cost(model, &split).await?;
+            let c = self.split_cost(model, &split, length).await?;
             // What this split's engine measured on real batches, once it has served some; else
-            // the probe's timing.
-            let observed =
-                self.engines.running(&(model.to_owned(), split.clone())).and_then(|e| e.observed_secs_per_sample());
+            // the probe's timing. (A text model's engine has run the tenants' texts, whatever
+            // their lengths; a profile that names its own is measured at them.)
+            let observed = self
+                .engines
+                .running(&(model.to_owned(), split.clone()))
+                .filter(|_| tokens.is_none())
+                .and_then(|e| e.observed_secs_per_sample());
             splits.push(StorageSplit {
                 split,
                 secs_per_sample: observed.unwrap_or(c.secs_per_sample) + decode,
                 bytes_per_sample: c.bytes_per_sample * dtype.size() as f64 / Dtype::F32.size() as f64,
                 shape: c.shape,
+                text_length: c.text_length,
             });
         }
         let others = self.governor.active_tenants().into_iter().filter(|t| Some(t.as_str()) != tenant).count();
@@ -126,7 +155,7 @@ impl Pushdown {
         tenant: Option<&str>,
         dtype: Dtype,
     ) -> Result<(Plan, StorageProfile), PushdownError> {
-        let storage = self.storage_profile(model, tenant, dtype).await?;
+        let storage = self.storage_profile(model, tenant, (dtype, client.tokens_per_sample)).await?;
         let plan = planner::plan(&storage, client)
             .map_err(|e| PushdownError::InvalidArgument { field: "profile".into(), message: e.to_string() })?;
         let tenant = tenant.unwrap_or_default();

@@ -302,6 +302,17 @@ def test_split_auto_profiles_parquet_files_and_the_loader_yields_what_the_plan_c
     assert plan["profile"]["samples"] == 40  # rows from the footer x files
     if model == "minilm":
         assert set(compute) <= {"none", info["freeze"]}
+        # The storage node's costs were measured at these texts' length where its batches are cut
+        # to their longest text (pooled outputs), at the model's for sequence outputs.
+        tokens = plan["profile"]["tokens_per_sample"]
+        assert 1 <= tokens < info["input_shape"][-1]
+        measured = {s["split"]: s["text_length"] for s in plan["storage"]["splits"]}
+        step = -(-int(np.ceil(tokens)) // 8) * 8
+        assert measured[info["freeze"]] == step < info["input_shape"][-1]
+        assert all(n == info["input_shape"][-1] for s, n in measured.items() if s.startswith("layer"))
+    else:
+        assert "tokens_per_sample" not in plan["profile"]
+        assert all("text_length" not in s for s in plan["storage"]["splits"])
     assert plan["plan"]["chosen"] in compute
     print(model, "profiled", sorted(compute), "chose", plan["plan"]["chosen"])
     baseline, base_rows, _ = read("none")

@@ -139,7 +139,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         whole, sizes = _complete_members(head, keep=PROBE // 2)
         per_sample = sum(sizes) / len(sizes) if sizes else float(len(head))
         shard_bytes = client.sizes(bucket, key).get(key, len(head))
-    compute = {}
+    compute, tokens = {}, None
     if baseline and sizes:
         try:
             n = len(decode_shard(whole, info, column).keys)  # also the warm-up (imports Pillow)
@@ -147,7 +147,11 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
             inputs = decode_shard(whole, info, column).features
             decode = (time.perf_counter() - t) / n
             if text:  # tokenizing and encoding these texts: their lengths set the cost
-                frozen = _timed(SuffixRunner(client, model, NO_PUSHDOWN, threads=threads), inputs) / n
+                runner = SuffixRunner(client, model, NO_PUSHDOWN, threads=threads)
+                frozen = _timed(runner, inputs) / n
+                # The storage node's costs too, where it cuts batches to their longest text.
+                masks = [e.attention_mask for e in runner.tokenizer.encode_batch([str(t) for t in inputs])]
+                tokens = sum(map(sum, masks)) / max(len(masks), 1)
             else:
                 frozen = timings.get(
                     NO_PUSHDOWN, lambda: _suffix_secs(client, model, NO_PUSHDOWN, info["input_shape"], threads))
@@ -178,6 +182,7 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         "raw_bytes_per_sample": per_sample,
         "decode_secs_per_byte": max(receive_cpu, 5e-10),
         **({"memory_limit": memory_limit} if memory_limit else {}),
+        **({"tokens_per_sample": tokens} if tokens else {}),
     }
 
 
