@@ -198,7 +198,7 @@ pub fn parquet_table(data: &[u8]) {
     let Ok(footer) = table::Footer::read(&whole, want) else { return };
     let claimed = footer.row_count();
     assert!(claimed <= shard::MAX_SAMPLES);
-    if let Ok((rows, kept)) = footer.rows(whole) {
+    if let Ok((rows, kept)) = footer.rows(&whole) {
         assert_eq!(rows.len(), claimed);
         let kept = kept.expect("kept columns");
         let out = table::write(&kept, vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
@@ -222,7 +222,7 @@ pub fn parquet_table(data: &[u8]) {
     let span = object.slice(usize::try_from(start).unwrap_or(0)..usize::try_from(end).unwrap_or(0));
     let span = table::Source::piece(len, start, span);
     let claimed = footer.row_count();
-    if let Ok((rows, _)) = footer.rows(span) {
+    if let Ok((rows, _)) = footer.rows(&span) {
         assert_eq!(rows.len(), claimed);
     }
 }

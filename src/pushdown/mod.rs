@@ -386,7 +386,7 @@ impl Pushdown {
                 });
             }
             let parsed = match footer {
-                Some(footer) => Parsed::table(footer),
+                Some(footer) => Parsed::table(Some(*footer)),
                 None => parse(&object, whole_table.as_ref(), &parse_model, &source)?,
             };
             if want_tar && parsed.kind != Kind::Shard {
@@ -406,7 +406,6 @@ impl Pushdown {
         let mut decode_time = t0.elapsed();
 
         let t1 = Instant::now();
-        let max_pixels = self.cfg.max_image_pixels;
         let samples_n = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
         let n = samples_n as u64;
         // A tar body also holds copies of the samples' other members and its framing; a Parquet
@@ -430,23 +429,6 @@ impl Pushdown {
                 job.source.as_ref(),
             )
             .await?;
-        let scratch = if let Some(object) = table_source.filter(|_| parsed.table.is_some()) {
-            let t = Instant::now();
-            let manifest_model = model.clone();
-            let (decoded, scratch) = tokio::task::spawn_blocking(move || {
-                decode_table(object, &mut parsed, manifest_model.tokenizer.as_deref())?;
-                parsed.put_in_engine_order(manifest_model.manifest.text.is_some());
-                let scratch = image_costs(&parsed, &manifest_model.manifest, limits)?;
-                Ok::<_, PushdownError>((parsed, scratch))
-            })
-            .await
-            .map_err(|e| PushdownError::Internal(e.to_string()))??;
-            parsed = decoded;
-            decode_time += t.elapsed();
-            scratch
-        } else {
-            scratch
-        };
         // Adaptive: samples of all requests batch together up to the engine's cap (what its
         // reservation covers). Comparison mode: batches as large as the requested storage batch
         // (HAPI without adaptation runs the training batch as one storage batch).
@@ -457,49 +439,45 @@ impl Pushdown {
             .tenant_samples
             .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
             .clone();
-        // The samples in engine order ([`Parsed::put_in_engine_order`]); `i` is a sample's place
-        // in the source, where its output goes back below.
-        let order = std::mem::take(&mut parsed.order);
-        let runs = parsed.items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| {
-            let (engine, model, keys, stream, samples) =
-                (engine.clone(), model.clone(), &parsed.keys, &stream, &samples);
-            async move {
-                let slot = stream.admit(scratch).await?;
-                samples.inc();
-                let input = match item {
-                    Item::Ready(v) => v,
-                    Item::Image(bytes) => {
-                        let (m, tally) = (model.clone(), self.preprocessed.clone());
-                        // Held until the decode is done: one image per core at a time, tenants in
-                        // turn, a request's samples in order.
-                        let _cpu = self.preprocess_slots.acquire(tenant).await;
-                        tokio::task::spawn_blocking(move || {
-                            let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
-                            // CPU time, not wall time: samples preprocess concurrently, and their
-                            // wall times would count the contention many times over.
-                            let (out, spent) =
-                                cpu_timed(|| preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels));
-                            let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-                            tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
-                            tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            out
-                        })
-                        .await
-                        .map_err(|e| PushdownError::Internal(e.to_string()))?
-                        .map_err(|e| name_sample(e, keys.get(i)))?
-                    }
-                };
-                let out = engine.infer(input, cap).await.map_err(|e| name_sample(e, keys.get(i)));
-                drop(slot);
-                out
+        let run = Run { engine: &engine, model: &model, stream: &stream, samples: &samples, cap, tenant };
+        // A Parquet file's rows are decoded and run one row group after the other: the governor
+        // holds one group's decoded columns (`Footer::decoded_bytes`), which each group reuses.
+        let mut outputs = Vec::with_capacity(samples_n);
+        match (parsed.table.take().map(Arc::new), table_source) {
+            (Some(footer), Some(object)) => {
+                let mut kept = footer.kept();
+                let mut labels = Vec::with_capacity(samples_n);
+                for part in 0..footer.group_count() {
+                    let t = Instant::now();
+                    let (footer, object, m) = (footer.clone(), object.clone(), model.clone());
+                    let (group, scratch, back) = tokio::task::spawn_blocking(move || {
+                        let mut kept = kept;
+                        let rows = footer.group_rows(&object, part, kept.as_mut())?;
+                        let mut group = table_rows(rows, m.tokenizer.as_deref())?;
+                        group.put_in_engine_order(m.manifest.text.is_some());
+                        let scratch = image_costs(&group, &m.manifest, limits)?;
+                        Ok::<_, PushdownError>((group, scratch, kept))
+                    })
+                    .await
+                    .map_err(|e| PushdownError::Internal(e.to_string()))??;
+                    kept = back;
+                    decode_time += t.elapsed();
+                    let Parsed { items, keys, labels: group_labels, order, .. } = group;
+                    outputs.extend(self.run_samples(&run, (items, scratch, order), &keys).await?);
+                    labels.extend(
+                        group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()),
+                    );
+                    parsed.keys.extend(keys);
+                }
+                parsed.labels = labels.into_iter().collect();
+                parsed.others = vec![Vec::new(); parsed.keys.len()];
+                parsed.kept = kept;
             }
-        });
-        let ran = try_join_all(runs).await?;
-        let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
-        for (i, out) in order.into_iter().zip(ran) {
-            outputs[i] = Some(out);
+            _ => {
+                let (items, order) = (std::mem::take(&mut parsed.items), std::mem::take(&mut parsed.order));
+                outputs = self.run_samples(&run, (items, scratch, order), &parsed.keys).await?;
+            }
         }
-        let outputs: Vec<Tensor> = outputs.into_iter().flatten().collect();
         let infer_time = t1.elapsed();
 
         let t2 = Instant::now();
@@ -557,6 +535,69 @@ impl Pushdown {
             encode: t2.elapsed(),
             reservation: vec![outputs_held],
         })
+    }
+}
+
+/// What running a request's samples needs beside them ([`Pushdown::run_samples`]).
+struct Run<'a> {
+    engine: &'a Arc<Engine>,
+    model: &'a Arc<Model>,
+    stream: &'a governor::Stream,
+    /// The tenant's admitted-samples counter.
+    samples: &'a prometheus_client::metrics::counter::Counter,
+    /// The engine batch cap the samples ask for.
+    cap: usize,
+    tenant: &'a str,
+}
+
+impl Pushdown {
+    /// Runs samples through the engine: each admitted by the request's stream (module docs of
+    /// [`governor`]), an image preprocessed on a blocking thread (one per core at a time, tenants
+    /// in turn), then inferred. `items[j]` is the source's sample `order[j]`, named by
+    /// `keys[order[j]]` in errors; the outputs come back in source order.
+    async fn run_samples(
+        &self,
+        run: &Run<'_>,
+        (items, scratch, order): (Vec<Item>, Vec<u64>, Vec<usize>),
+        keys: &[String],
+    ) -> Result<Vec<Tensor>, PushdownError> {
+        let max_pixels = self.cfg.max_image_pixels;
+        let runs = items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| async move {
+            let slot = run.stream.admit(scratch).await?;
+            run.samples.inc();
+            let input = match item {
+                Item::Ready(v) => v,
+                Item::Image(bytes) => {
+                    let (m, tally) = (run.model.clone(), self.preprocessed.clone());
+                    // Held until the decode is done: one image per core at a time, tenants in
+                    // turn, a request's samples in order.
+                    let _cpu = self.preprocess_slots.acquire(run.tenant).await;
+                    tokio::task::spawn_blocking(move || {
+                        let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
+                        // CPU time, not wall time: samples preprocess concurrently, and their
+                        // wall times would count the contention many times over.
+                        let (out, spent) =
+                            cpu_timed(|| preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels));
+                        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+                        tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+                        tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        out
+                    })
+                    .await
+                    .map_err(|e| PushdownError::Internal(e.to_string()))?
+                    .map_err(|e| name_sample(e, keys.get(i)))?
+                }
+            };
+            let out = run.engine.infer(input, run.cap).await.map_err(|e| name_sample(e, keys.get(i)));
+            drop(slot);
+            out
+        });
+        let ran = try_join_all(runs).await?;
+        let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
+        for (i, out) in order.into_iter().zip(ran) {
+            outputs[i] = Some(out);
+        }
+        Ok(outputs.into_iter().flatten().collect())
     }
 }
 
@@ -704,7 +745,7 @@ impl Job<'_> {
     /// # Errors
     /// As [`Self::run`].
     pub async fn run_table(mut self, source: table::Source, footer: table::Footer) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, Input::Table(source, footer)).await?;
+        let mut out = self.service.compute(&self, Input::Table(source, Box::new(footer))).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
@@ -739,7 +780,7 @@ enum Input {
     /// The whole object.
     Object(Bytes),
     /// Row groups of a Parquet file read by ranges, and its checked footer.
-    Table(table::Source, table::Footer),
+    Table(table::Source, Box<table::Footer>),
 }
 
 /// What the object held.
@@ -784,15 +825,15 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// A Parquet file's rows, still to decode ([`decode_table`]).
-    fn table(footer: table::Footer) -> Self {
+    /// A Parquet file's rows: still to decode with `footer`, or none yet.
+    fn table(footer: Option<table::Footer>) -> Self {
         Self {
             kind: Kind::Table,
             items: Vec::new(),
             keys: Vec::new(),
             labels: None,
             others: Vec::new(),
-            table: Some(footer),
+            table: footer,
             kept: None,
             order: Vec::new(),
         }
@@ -903,7 +944,7 @@ fn parse(
             return Err(no_preprocess(&manifest.name));
         }
         let footer = table::Footer::read(table, source.reading(model.tokenizer.is_some()))?;
-        return Ok(Parsed::table(footer));
+        return Ok(Parsed::table(Some(footer)));
     }
     if let Some(encoder) = &model.tokenizer {
         if lines {
@@ -1002,19 +1043,12 @@ impl SourceLimits {
     }
 }
 
-/// A Parquet file's rows as the items, keys and labels of its samples: encoded images, or texts
-/// tokenized here by a text model's `encoder`.
-fn decode_table(
-    object: table::Source,
-    parsed: &mut Parsed,
-    encoder: Option<&text::Encoder>,
-) -> Result<(), PushdownError> {
-    let Some(footer) = parsed.table.take() else { return Ok(()) };
-    let (rows, kept) = footer.rows(object)?;
-    parsed.kept = kept;
+/// Rows of a Parquet file (a row group's) as the items, keys and labels of samples: encoded
+/// images, or texts tokenized here by a text model's `encoder`.
+fn table_rows(rows: Vec<table::Row>, encoder: Option<&text::Encoder>) -> Result<Parsed, PushdownError> {
+    let mut parsed = Parsed::table(None);
     parsed.labels = rows.iter().map(|r| r.label).collect();
     parsed.keys = rows.iter().map(|r| r.key.clone()).collect();
-    parsed.others = vec![Vec::new(); rows.len()];
     parsed.items = match encoder {
         None => rows.into_iter().map(|r| Item::Image(r.input)).collect(),
         Some(encoder) => rows
@@ -1026,7 +1060,7 @@ fn decode_table(
             })
             .collect::<Result<_, _>>()?,
     };
-    Ok(())
+    Ok(parsed)
 }
 
 /// Splits a `.npy` into per-sample inputs; `true` if it carried a batch dimension.

@@ -183,16 +183,17 @@ pub struct Footer {
     /// Root indices of the image column and, if any, the label and key columns.
     image: usize,
     id: Option<usize>,
-    /// The row groups read, in file order, and the number of the first one's first row.
+    /// The row groups read, in file order, and the number of each one's first row in the file.
     groups: Vec<usize>,
-    first_row: usize,
+    firsts: Vec<usize>,
     /// Where the footer begins: every column chunk ends before it.
     data_end: u64,
     label: Option<usize>,
     /// The image column's name (a decoded batch's columns are in the file's order).
     column: String,
     rows: usize,
-    decoded_bytes: u64,
+    /// What each group's columns to decode take, as the footer states it.
+    decoded: Vec<u64>,
     /// Whether every other column is decoded too, for a Parquet output ([`Kept`]).
     keep: bool,
     /// What the kept columns take decoded, as the footer states it.
@@ -287,10 +288,19 @@ impl Footer {
         let group_rows = |i: usize| usize::try_from(meta.row_group(i).num_rows()).unwrap_or(usize::MAX);
         let first_row = (0..groups.first().copied().unwrap_or(0)).map(group_rows).fold(0, usize::saturating_add);
         let rows = groups.iter().map(|&i| group_rows(i)).fold(0, usize::saturating_add);
+        // Each group's first row, in the file's numbering (rows without a key are keyed by it).
+        let firsts = groups
+            .iter()
+            .scan(first_row, |next, &i| {
+                let first = *next;
+                *next = next.saturating_add(group_rows(i));
+                Some(first)
+            })
+            .collect();
         if rows == 0 || rows > MAX_SAMPLES {
-            let what = row_groups.map_or_else(|| "file".to_owned(), |g| format!("file's row groups {g}"));
+            let what = row_groups.map_or_else(|| "file has".to_owned(), |g| format!("file's row groups {g} hold"));
             return Err(PushdownError::BadInput(format!(
-                "the Parquet {what} hold {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups)"
+                "the Parquet {what} {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups: row-groups)"
             )));
         }
         // What decoding the columns takes: their chunks' uncompressed bytes as the footer states
@@ -300,9 +310,10 @@ impl Footer {
         } else {
             std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).chain(id.map(|_| KEY_COLUMN)).collect()
         };
-        let mut decoded = 16 * rows as u64;
         let mut kept_bytes = 0u64;
+        let mut decoded = Vec::with_capacity(groups.len());
         for group in groups.iter().map(|&i| meta.row_group(i)) {
+            let mut claim = 16 * u64::try_from(group.num_rows()).unwrap_or(0);
             for chunk in group.columns() {
                 let root = chunk.column_path().parts().first().map(String::as_str);
                 if root.is_some_and(|p| roots.contains(&p)) {
@@ -317,16 +328,16 @@ impl Footer {
                             chunk.compression()
                         )));
                     }
-                    decoded = decoded.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
+                    claim = claim.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
                 }
             }
-        }
-        if decoded > max_decoded {
-            return Err(PushdownError::BadInput(format!(
-                "the Parquet file's input columns decode to {decoded} bytes, more than pushdown.max_object_bytes \
-                 ({max_decoded}){}",
-                if row_groups.is_none() { "; name some row groups (row-groups)" } else { "" }
-            )));
+            if claim > max_decoded {
+                return Err(PushdownError::BadInput(format!(
+                    "a row group's input columns decode to {claim} bytes, more than pushdown.max_object_bytes \
+                     ({max_decoded})"
+                )));
+            }
+            decoded.push(claim);
         }
         let kept_bytes = if keep { kept_bytes } else { 0 };
         Ok(Self {
@@ -335,11 +346,11 @@ impl Footer {
             id,
             label,
             groups,
-            first_row,
+            firsts,
             data_end: len - 8 - u64::from(footer_len),
             column: name.to_owned(),
             rows,
-            decoded_bytes: decoded,
+            decoded,
             keep,
             kept_bytes,
         })
@@ -375,11 +386,19 @@ impl Footer {
         self.rows
     }
 
-    /// The most bytes the decoded rows may take (held by the governor while they live): what the
-    /// footer states, with room for Arrow's rounding ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
+    /// Row groups read: the parts a request decodes and runs one after the other
+    /// ([`Self::group_rows`]).
+    #[must_use]
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// The most bytes one row group's decoded rows may take (held by the governor while a
+    /// request runs; each group reuses it): the largest group's as the footer states it, with
+    /// room for Arrow's rounding ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
     #[must_use]
     pub fn decoded_bytes(&self) -> u64 {
-        self.decoded_bytes.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
+        self.decoded.iter().copied().max().unwrap_or(0).saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
     }
 
     /// What a Parquet output's body holds beside the features: the kept columns, re-encoded
@@ -389,20 +408,61 @@ impl Footer {
         if self.keep { self.kept_bytes.saturating_add(OUTPUT_FOOTER_BYTES) } else { 0 }
     }
 
-    /// Decodes the input columns' rows, and the other columns when the footer was read to keep
-    /// them.
-    ///
-    /// # Errors
-    /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes than the
-    /// footer claimed.
-    pub fn rows(self, object: Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
-        guarded(UNREADABLE, || self.decode(object))
+    /// The other columns, for a Parquet output, with no rows yet ([`Self::group_rows`] adds each
+    /// group's); `None` unless the footer was read to keep them.
+    #[must_use]
+    pub fn kept(&self) -> Option<Kept> {
+        let schema = self.metadata.schema();
+        self.keep.then(|| Kept {
+            schema: Arc::new(schema.project(&self.kept_columns()).expect("indices within the schema")),
+            batches: Vec::new(),
+            group_rows: self
+                .groups
+                .iter()
+                .map(|&i| usize::try_from(self.metadata.metadata().row_group(i).num_rows()).unwrap_or(0))
+                .collect(),
+            column: self.column.clone(),
+        })
     }
 
-    fn decode(self, object: Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
-        let (limit, claimed, expected) = (self.decoded_bytes(), self.decoded_bytes, self.rows);
-        let (column, labelled, keyed) = (self.column.clone(), self.label.is_some(), self.id.is_some());
-        let schema = self.metadata.schema().clone();
+    /// The kept columns' indices, in the file's order.
+    fn kept_columns(&self) -> Vec<usize> {
+        (0..self.metadata.schema().fields().len()).filter(|i| *i != self.image).collect()
+    }
+
+    /// Every row group's rows, one group after the other ([`Self::group_rows`]), and the kept
+    /// columns.
+    ///
+    /// # Errors
+    /// As [`Self::group_rows`].
+    pub fn rows(&self, object: &Source) -> Result<(Vec<Row>, Option<Kept>), PushdownError> {
+        let mut kept = self.kept();
+        let mut out = Vec::with_capacity(self.rows);
+        for part in 0..self.group_count() {
+            out.extend(self.group_rows(object, part, kept.as_mut())?);
+        }
+        Ok((out, kept))
+    }
+
+    /// Decodes the input columns' rows of the `part`-th row group read, and adds its other
+    /// columns to `kept` (from [`Self::kept`]).
+    ///
+    /// # Errors
+    /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes or rows
+    /// than the footer states.
+    pub fn group_rows(&self, object: &Source, part: usize, kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
+        guarded(UNREADABLE, || self.decode(object, part, kept))
+    }
+
+    fn decode(&self, object: &Source, part: usize, mut kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
+        let (Some(&group), Some(&claimed), Some(&first_row)) =
+            (self.groups.get(part), self.decoded.get(part), self.firsts.get(part))
+        else {
+            return Err(PushdownError::Internal(format!("no row group {part} was read")));
+        };
+        let limit = claimed.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK);
+        let expected = usize::try_from(self.metadata.metadata().row_group(group).num_rows()).unwrap_or(0);
+        let (column, labelled, keyed) = (self.column.as_str(), self.label.is_some(), self.id.is_some());
         let mask = if self.keep {
             ProjectionMask::all()
         } else {
@@ -411,21 +471,9 @@ impl Footer {
                 std::iter::once(self.image).chain(self.label).chain(self.id).collect::<Vec<_>>(),
             )
         };
-        // The kept columns, in the file's order; the output's row groups are the source's.
-        let kept_columns: Vec<usize> = (0..schema.fields().len()).filter(|i| *i != self.image).collect();
-        let mut kept = self.keep.then(|| Kept {
-            schema: Arc::new(schema.project(&kept_columns).expect("indices within the schema")),
-            batches: Vec::new(),
-            group_rows: self
-                .groups
-                .iter()
-                .map(|&i| usize::try_from(self.metadata.metadata().row_group(i).num_rows()).unwrap_or(0))
-                .collect(),
-            column: column.clone(),
-        });
-        let first_row = self.first_row;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object, self.metadata)
-            .with_row_groups(self.groups)
+        let kept_columns = self.kept_columns();
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object.clone(), self.metadata.clone())
+            .with_row_groups(vec![group])
             .with_projection(mask)
             .with_batch_size(ROWS_PER_BATCH)
             .build()
@@ -437,11 +485,11 @@ impl Footer {
             decoded = decoded.saturating_add(batch.get_array_memory_size() as u64);
             if decoded > limit {
                 return Err(PushdownError::BadInput(format!(
-                    "the Parquet file's pages decode to more than its footer states ({claimed} bytes)"
+                    "row group {group} of the Parquet file decodes to more than its footer states ({claimed} bytes)"
                 )));
             }
-            rows_of(&batch, (&column, labelled, keyed), first_row + out.len(), &mut out)?;
-            if let Some(kept) = kept.as_mut() {
+            rows_of(&batch, (column, labelled, keyed), first_row + out.len(), &mut out)?;
+            if let Some(kept) = kept.as_deref_mut() {
                 let batch = batch
                     .project(&kept_columns)
                     .map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
@@ -450,11 +498,11 @@ impl Footer {
         }
         if out.len() != expected {
             return Err(PushdownError::BadInput(format!(
-                "the Parquet file has {} rows, its footer states {expected}",
+                "row group {group} of the Parquet file has {} rows, its footer states {expected}",
                 out.len()
             )));
         }
-        Ok((out, kept))
+        Ok(out)
     }
 }
 
@@ -813,7 +861,7 @@ mod tests {
         let footer = read(&object, None, 1 << 20, false).expect("footer");
         assert_eq!(footer.row_count(), 3);
         assert!(footer.decoded_bytes() > 0);
-        let (rows, _) = footer.rows(Source::whole(object)).expect("rows");
+        let (rows, _) = footer.rows(&Source::whole(object)).expect("rows");
         let got: Vec<(&str, &[u8], Option<i64>)> =
             rows.iter().map(|r| (r.key.as_str(), &r.input[..], r.label)).collect();
         assert_eq!(got, [("a.jpg", &b"A"[..], Some(3)), ("1", &b"BB"[..], Some(1)), ("c.png", &b"CCC"[..], Some(4))]);
@@ -845,7 +893,7 @@ mod tests {
 
         let footer = read(&object, None, 1 << 20, true).expect("footer");
         assert!(footer.output_bytes() > OUTPUT_FOOTER_BYTES);
-        let (rows, kept) = footer.rows(Source::whole(object)).expect("rows");
+        let (rows, kept) = footer.rows(&Source::whole(object)).expect("rows");
         assert_eq!(rows.len(), 5);
         let features: Vec<f32> = (0..10).map(|v| v as f32 / 4.0).collect();
         let out = write(&kept.expect("kept"), features.clone(), &[5, 2, 1], Dtype::F16, ("m", "pool")).expect("write");
@@ -901,7 +949,7 @@ mod tests {
         assert_eq!(footer.row_count(), 3);
         let (start, end) = footer.span().expect("span");
         assert!(start >= 4 && end <= len - 8 && start < end);
-        let (rows, _) = footer.rows(Source::piece(len, start, at(start, end))).expect("rows");
+        let (rows, _) = footer.rows(&Source::piece(len, start, at(start, end))).expect("rows");
         let got: Vec<(&str, &[u8], Option<i64>)> =
             rows.iter().map(|r| (r.key.as_str(), &r.input[..], r.label)).collect();
         assert_eq!(got, [("2", data[2], Some(2)), ("3", data[3], Some(3)), ("4", data[4], Some(4))]);
@@ -909,7 +957,13 @@ mod tests {
         // Bytes outside what was read are an error, not a panic or other rows.
         let footer = Footer::read(&tail, want(0, 0)).expect("footer");
         let (start, end) = footer.span().expect("span");
-        assert!(footer.rows(Source::piece(len, start + 1, at(start + 1, end))).is_err());
+        assert!(footer.rows(&Source::piece(len, start + 1, at(start + 1, end))).is_err());
+        // A request holds one group's decoded columns at a time: a whole file's hold is its
+        // largest group's, not the sum.
+        let whole = read(&object, None, 1 << 20, false).expect("footer");
+        let each: Vec<u64> = (0..3).map(|g| Footer::read(&tail, want(g, g)).expect("footer").decoded_bytes()).collect();
+        assert_eq!(whole.decoded_bytes(), *each.iter().max().expect("groups"));
+        assert_eq!(whole.group_count(), 3);
         let err = Footer::read(&tail, want(2, 3)).expect_err("refused").to_string();
         assert!(err.contains("has 3 row groups"), "{err}");
         // The footer alone is not in a piece that ends before it.
@@ -931,7 +985,7 @@ mod tests {
         assert!(err(Some("img"), 10).contains("more than pushdown.max_object_bytes"));
         let (rows, _) = read(&object, Some("img"), 1 << 20, false)
             .expect("footer")
-            .rows(Source::whole(object.clone()))
+            .rows(&Source::whole(object.clone()))
             .expect("rows");
         assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["0", "1", "2", "3"]);
         assert!(rows.iter().all(|r| r.label.is_none()));
@@ -942,7 +996,7 @@ mod tests {
         for (ids, want) in ids.into_iter().zip([["p0", "1", "c"], ["p0", "8", "9"]]) {
             let object = file(vec![("image", images(&[Some("p0"), None, None], &[b"x", b"y", b"z"])), ("id", ids)], 2);
             let (rows, _) =
-                read(&object, None, 1 << 20, false).expect("footer").rows(Source::whole(object)).expect("rows");
+                read(&object, None, 1 << 20, false).expect("footer").rows(&Source::whole(object)).expect("rows");
             assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), want);
         }
     }
@@ -953,7 +1007,7 @@ mod tests {
         let mut refused = 0;
         for entry in std::fs::read_dir(dir).expect("regressions") {
             let object = Bytes::from(std::fs::read(entry.expect("entry").path()).expect("read"));
-            let outcome = read(&object, None, 1 << 24, true).and_then(|f| f.rows(Source::whole(object.clone())));
+            let outcome = read(&object, None, 1 << 24, true).and_then(|f| f.rows(&Source::whole(object.clone())));
             refused += usize::from(outcome.is_err());
         }
         assert!(refused >= 12, "{refused}");

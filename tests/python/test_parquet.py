@@ -169,6 +169,9 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
          {"format": "parquet"}, 400, "has a column \"features\" already"),
         ("not-a-table.npy", b"\x93NUMPY" + bytes(100), {"format": "parquet"}, 400, "parquet is for Parquet sources"),
         ("bf16.parquet", good, {"format": "parquet", "dtype": "bf16"}, 400, "no .npy or Parquet encoding"),
+        # Row groups the file lacks; a bad range.
+        ("one-group.parquet", good, {"row-groups": "1-2"}, 400, "has 1 row groups, numbered from 0"),
+        ("backwards.parquet", good, {"row-groups": "2-1"}, 400, "row-groups"),
     ]
 
 
