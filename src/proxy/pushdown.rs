@@ -175,7 +175,7 @@ impl Gateway {
             // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
             let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
             let object = job.read_source(resp.into_body(), declared).await?;
-            let (fetch, source_bytes, out) = match content_range.filter(|_| partial) {
+            let (fetch, source_bytes, out) = match content_range.filter(|_| partial && ranged) {
                 // The tail of a larger file: its footer names the row groups' span, read next.
                 Some((offset, _, len)) => {
                     let tail_bytes = object.len();
@@ -183,7 +183,7 @@ impl Gateway {
                     let mut headers = span_headers;
                     headers.insert(http::header::RANGE, range_value(start, end)?);
                     // The same version as the tail's.
-                    if let Ok(v) = HeaderValue::from_str(&source_etag) {
+                    if let Some(v) = HeaderValue::from_str(&source_etag).ok().filter(|_| !source_etag.is_empty()) {
                         headers.insert(http::header::IF_MATCH, v);
                     }
                     let resp = self.backend.send(span_read(headers)).await?;
