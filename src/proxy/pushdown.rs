@@ -91,6 +91,11 @@ impl Gateway {
             for name in headers::HOP_BY_HOP {
                 h.remove(*name);
             }
+            // A Range outside the signature (a presigned URL signs only `host`) refers to the
+            // output, as in terminating mode: the source is read whole.
+            if !crate::s3::authority::signs_header(&parts.headers, parts.uri.query(), "range") {
+                h.remove(http::header::RANGE);
+            }
             h
         } else {
             let mut h = forwarded_headers(&parts.headers);

@@ -102,6 +102,37 @@ pub fn claimed_access_key(headers: &http::HeaderMap, query: Option<&str>) -> Opt
     })
 }
 
+/// Whether the caller's signature covers header `name` (lowercase), read without checking it
+/// (transparent mode): SigV4 lists what it signs (`SignedHeaders` in `Authorization`, or
+/// `X-Amz-SignedHeaders` in a presigned URL, often `host` alone); SigV2 signs `Content-MD5`,
+/// `Content-Type`, `Date` and `x-amz-*` headers. Unknown forms count as signed, so that a header
+/// is dropped only where the store cannot have checked it.
+#[must_use]
+pub fn signs_header(headers: &http::HeaderMap, query: Option<&str>, name: &str) -> bool {
+    let listed = |list: &str| list.split(';').any(|h| h.trim().eq_ignore_ascii_case(name));
+    if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(rest) = auth.strip_prefix("AWS4-HMAC-SHA256") {
+            return rest.split(',').find_map(|p| p.trim().strip_prefix("SignedHeaders=")).is_none_or(listed);
+        }
+        if auth.starts_with("AWS ") {
+            return ["content-md5", "content-type", "date"].contains(&name) || name.starts_with("x-amz-");
+        }
+        return true;
+    }
+    let signed = query.unwrap_or_default().split('&').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        (k == "X-Amz-SignedHeaders").then(|| crate::s3::sigv4::uri_decode(v))
+    });
+    match signed {
+        Some(list) => listed(&list),
+        // SigV2 in the query (`Signature=`): as in its header form.
+        None if query.is_some_and(|q| q.split('&').any(|p| p.starts_with("Signature="))) => {
+            ["content-md5", "content-type", "date"].contains(&name) || name.starts_with("x-amz-")
+        }
+        None => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +158,24 @@ mod tests {
         );
         assert_eq!(claimed_access_key(&http::HeaderMap::new(), Some("list-type=2")), None);
         assert_eq!(claimed_access_key(&with_auth("AWS4-HMAC-SHA256 Credential=/x"), None), None);
+    }
+
+    #[test]
+    fn a_header_is_unsigned_only_where_the_signature_says_so() {
+        let v4 = "AWS4-HMAC-SHA256 Credential=AK/20261203/us-east-1/s3/aws4_request, \
+                  SignedHeaders=host;range;x-amz-date, Signature=00";
+        assert!(signs_header(&with_auth(v4), None, "range"));
+        assert!(!signs_header(&with_auth(v4), None, "if-match"));
+        assert!(!signs_header(&with_auth("AWS AK:c2ln"), None, "range"));
+        assert!(signs_header(&with_auth("AWS AK:c2ln"), None, "x-amz-date"));
+        let presigned = "X-Amz-Credential=AK%2F20261203&X-Amz-SignedHeaders=host&X-Amz-Signature=00";
+        assert!(!signs_header(&http::HeaderMap::new(), Some(presigned), "range"));
+        let with_range = "X-Amz-SignedHeaders=host%3Brange&X-Amz-Signature=00";
+        assert!(signs_header(&http::HeaderMap::new(), Some(with_range), "range"));
+        assert!(!signs_header(&http::HeaderMap::new(), Some("AWSAccessKeyId=K&Signature=s"), "range"));
+        // Nothing readable: as if signed.
+        assert!(signs_header(&with_auth("Bearer x"), None, "range"));
+        assert!(signs_header(&http::HeaderMap::new(), Some("list-type=2"), "range"));
     }
 
     #[test]
