@@ -271,6 +271,7 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", help="override the mode's models")
     ap.add_argument("--rates", nargs="+", type=int, help="override the mode's rates (Mbit/s)")
     ap.add_argument("--batch", type=int, help="override the mode's training batch size (the planner's B)")
+    ap.add_argument("--repeats", type=int, help="override the mode's repeats per configuration (medians over them)")
     ap.add_argument("--splits-only", action="store_true",
                     help="only the first-epoch sweep (splits, baselines, auto): no overlap ablation, no cache run "
                          "(another batch size's configurations for the planner's choice quality)")
@@ -281,6 +282,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cfg = dict(MODES[args.mode], **({"models": args.models} if args.models else {}),
                **({"rates": args.rates} if args.rates else {}), **({"batch": args.batch} if args.batch else {}),
+               **({"repeats": args.repeats} if args.repeats else {}),
                **({"ablation": [], "cache_epochs": 0} if args.splits_only else {}))
     namespaces = args.mode != "smoke"
     suffix = ("" if args.dtype == "f32" else f"-{args.dtype}") + (f"-b{args.batch}" if args.batch else "")
