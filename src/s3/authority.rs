@@ -115,22 +115,23 @@ pub fn signs_header(headers: &http::HeaderMap, query: Option<&str>, name: &str) 
             return rest.split(',').find_map(|p| p.trim().strip_prefix("SignedHeaders=")).is_none_or(listed);
         }
         if auth.starts_with("AWS ") {
-            return ["content-md5", "content-type", "date"].contains(&name) || name.starts_with("x-amz-");
+            return sigv2_signs(name);
         }
         return true;
     }
-    let signed = query.unwrap_or_default().split('&').find_map(|p| {
-        let (k, v) = p.split_once('=')?;
-        (k == "X-Amz-SignedHeaders").then(|| crate::s3::sigv4::uri_decode(v))
-    });
-    match signed {
+    let query = query.unwrap_or_default();
+    match crate::s3::sigv4::query_param(query, "X-Amz-SignedHeaders") {
         Some(list) => listed(&list),
         // SigV2 in the query (`Signature=`): as in its header form.
-        None if query.is_some_and(|q| q.split('&').any(|p| p.starts_with("Signature="))) => {
-            ["content-md5", "content-type", "date"].contains(&name) || name.starts_with("x-amz-")
-        }
+        None if crate::s3::sigv4::query_param(query, "Signature").is_some() => sigv2_signs(name),
         None => true,
     }
+}
+
+/// Whether SigV2 signs header `name` (lowercase): `Content-MD5`, `Content-Type`, `Date` and the
+/// `x-amz-*` headers.
+fn sigv2_signs(name: &str) -> bool {
+    ["content-md5", "content-type", "date"].contains(&name) || name.starts_with("x-amz-")
 }
 
 #[cfg(test)]

@@ -47,6 +47,12 @@ pub fn uri_decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
+/// The decoded value of query parameter `name`.
+#[must_use]
+pub fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| uri_decode(v)))
+}
+
 /// Canonical URI of an S3 request: the path decoded once and re-encoded with the spec's rules, so
 /// clients that escape more or fewer characters than the spec requires still verify.
 #[must_use]

@@ -257,11 +257,6 @@ fn verify_header(
     })
 }
 
-/// The decoded value of query parameter `name`.
-fn query_param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| super::uri_decode(v)))
-}
-
 fn has_body(headers: &HeaderMap) -> bool {
     headers.contains_key(http::header::TRANSFER_ENCODING)
         || headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
@@ -308,7 +303,7 @@ fn verify_v2_presigned(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let q = uri.query().unwrap_or_default();
-    let param = |name: &str| query_param(q, name);
+    let param = |name: &str| super::query_param(q, name);
     let access_key = param("AWSAccessKeyId").ok_or(AuthError::MalformedQuery("missing AWSAccessKeyId"))?;
     let expires = param("Expires").ok_or(AuthError::MalformedQuery("missing Expires"))?;
     let sig = param("Signature").ok_or(AuthError::MalformedQuery("missing Signature"))?;
@@ -337,7 +332,7 @@ fn verify_presigned(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let q = uri.query().unwrap_or_default();
-    let param = |name: &str| query_param(q, name);
+    let param = |name: &str| super::query_param(q, name);
     if param("X-Amz-Algorithm").as_deref() != Some(ALGORITHM) {
         return Err(AuthError::UnsupportedAlgorithm);
     }
