@@ -1,5 +1,6 @@
 //! Slots for the storage node's preprocessing CPU work, handed out fairly: tenants take turns
-//! (round robin by access key), and a tenant's samples are served in the order they asked.
+//! (round robin by access key), and a tenant's samples are served in the order its requests
+//! arrived ([`FairSlots::arrival`]), each request's in its own order.
 //!
 //! Without a bound, every admitted sample of every request decodes at once on the blocking pool,
 //! and on a node with few cores they all finish together: a client's first shard is ready no
@@ -7,9 +8,15 @@
 //! shards finish one after the other, so shard i crosses the network while shard i+1 computes
 //! (HAPI's cross-iteration overlap, on the storage side), and one tenant's backlog cannot delay
 //! another's samples by more than a turn.
+//!
+//! Within a tenant the order is the requests' arrival, not the order their samples asked: a
+//! client that asks for shards 0-3 at once reads them in that order, but their sources come back
+//! from the store in any order, and a shard whose source came back first would be computed first
+//! while the client waits for shard 0 (and then for the others all at once).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
@@ -18,13 +25,21 @@ use tokio::sync::oneshot;
 #[derive(Debug)]
 pub struct FairSlots {
     inner: Mutex<Inner>,
+    /// The next request's arrival number ([`Self::arrival`]).
+    arrivals: AtomicU64,
 }
+
+/// Where a waiter stands in its tenant's queue: its request's arrival number, its sample's
+/// position in the request, and the order it asked in (which keeps keys unique).
+type Place = (u64, u64, u64);
 
 #[derive(Debug)]
 struct Inner {
     free: usize,
-    /// Waiters by tenant, each queue in arrival order; a tenant with no waiters has no entry.
-    waiting: BTreeMap<String, VecDeque<oneshot::Sender<Slot>>>,
+    /// Waiters by tenant, each queue by place; a tenant with no waiters has no entry.
+    waiting: BTreeMap<String, BTreeMap<Place, oneshot::Sender<Slot>>>,
+    /// Waiters queued so far (the last part of a place).
+    asked: u64,
     /// The tenant served last: the next turn goes to the one after it.
     last: Option<String>,
 }
@@ -49,16 +64,26 @@ impl FairSlots {
     /// A pool of `slots` (at least one).
     #[must_use]
     pub fn new(slots: usize) -> Arc<Self> {
-        Arc::new(Self { inner: Mutex::new(Inner { free: slots.max(1), waiting: BTreeMap::new(), last: None }) })
+        Arc::new(Self {
+            inner: Mutex::new(Inner { free: slots.max(1), waiting: BTreeMap::new(), asked: 0, last: None }),
+            arrivals: AtomicU64::new(0),
+        })
+    }
+
+    /// A number for a request that has just arrived: its samples wait behind those of the
+    /// tenant's requests that arrived before it.
+    pub fn arrival(&self) -> u64 {
+        self.arrivals.fetch_add(1, Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for a slot for `tenant`. Cancel-safe: a waiter dropped before its turn leaves the
-    /// queue when the turn comes, and a slot handed to a waiter that is gone passes on.
-    pub async fn acquire(self: &Arc<Self>, tenant: &str) -> Slot {
+    /// Waits for a slot for sample `sample` of the request numbered `arrival` of `tenant`.
+    /// Cancel-safe: a waiter dropped before its turn leaves the queue when the turn comes, and a
+    /// slot handed to a waiter that is gone passes on.
+    pub async fn acquire(self: &Arc<Self>, tenant: &str, (arrival, sample): (u64, u64)) -> Slot {
         loop {
             let rx = {
                 let mut g = self.lock();
@@ -67,7 +92,9 @@ impl FairSlots {
                     return Slot { slots: self.clone(), armed: true };
                 }
                 let (tx, rx) = oneshot::channel();
-                g.waiting.entry(tenant.to_owned()).or_default().push_back(tx);
+                g.asked += 1;
+                let place = (arrival, sample, g.asked);
+                g.waiting.entry(tenant.to_owned()).or_default().insert(place, tx);
                 rx
             };
             // A sender is only dropped after sending, so this does not fail; if it did, ask again.
@@ -100,7 +127,7 @@ impl FairSlots {
                 return;
             };
             let queue = g.waiting.get_mut(&tenant).expect("tenant has waiters");
-            let tx = queue.pop_front().expect("queues are never empty");
+            let (_, tx) = queue.pop_first().expect("queues are never empty");
             if queue.is_empty() {
                 g.waiting.remove(&tenant);
             }
@@ -117,15 +144,22 @@ impl FairSlots {
 mod tests {
     use super::*;
 
-    /// Records the order in which queued waiters get the single slot.
+    /// Records the order in which queued waiters get the single slot; each asks as sample 0 of
+    /// a request of its own, numbered in the order they ask.
     async fn order(slots: &Arc<FairSlots>, asks: &[(&str, u32)]) -> Vec<u32> {
-        let first = slots.acquire("holder").await;
+        let places: Vec<_> = asks.iter().map(|&(tenant, id)| (tenant, id, (slots.arrival(), 0))).collect();
+        order_at(slots, &places).await
+    }
+
+    /// Records the order in which waiters, queued in the order given, get the single slot.
+    async fn order_at(slots: &Arc<FairSlots>, asks: &[(&str, u32, (u64, u64))]) -> Vec<u32> {
+        let first = slots.acquire("holder", (u64::MAX, 0)).await;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for &(tenant, id) in asks {
+        for &(tenant, id, place) in asks {
             let (slots, seen, tenant) = (slots.clone(), seen.clone(), tenant.to_owned());
             tasks.push(tokio::spawn(async move {
-                let _slot = slots.acquire(&tenant).await;
+                let _slot = slots.acquire(&tenant, place).await;
                 seen.lock().unwrap().push(id);
             }));
             tokio::task::yield_now().await; // queued in this order
@@ -145,6 +179,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_tenants_requests_are_served_in_the_order_they_arrived() {
+        let slots = FairSlots::new(1);
+        let (r0, r1) = (slots.arrival(), slots.arrival());
+        // Request 1's samples asked first (its source came back first): request 0's still go
+        // first, each request's in its own order, and the other tenant still takes turns.
+        let asks = [
+            ("a", 11, (r1, 0)),
+            ("a", 12, (r1, 1)),
+            ("b", 20, (slots.arrival(), 0)),
+            ("a", 1, (r0, 0)),
+            ("a", 2, (r0, 1)),
+        ];
+        assert_eq!(order_at(&slots, &asks).await, vec![1, 20, 2, 11, 12]);
+        assert_eq!(slots.free(), 1);
+    }
+
+    #[tokio::test]
     async fn tenants_take_turns() {
         let slots = FairSlots::new(1);
         // a queued three before b asked: b still gets the second turn.
@@ -156,17 +207,17 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_waiter_does_not_keep_the_slot() {
         let slots = FairSlots::new(1);
-        let held = slots.acquire("a").await;
+        let held = slots.acquire("a", (0, 0)).await;
         let waiter = {
             let slots = slots.clone();
-            tokio::spawn(async move { slots.acquire("b").await })
+            tokio::spawn(async move { slots.acquire("b", (1, 0)).await })
         };
         tokio::task::yield_now().await;
         waiter.abort();
         let _ = waiter.await;
         drop(held);
         assert_eq!(slots.free(), 1, "the slot went back to the pool");
-        let _again = slots.acquire("c").await;
+        let _again = slots.acquire("c", (2, 0)).await;
         assert_eq!(slots.free(), 0);
     }
 }

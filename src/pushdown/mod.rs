@@ -277,6 +277,7 @@ impl Pushdown {
             engine: None,
             engine_wait: Duration::ZERO,
             source: None,
+            arrival: self.preprocess_slots.arrival(),
         }))
     }
 
@@ -439,7 +440,15 @@ impl Pushdown {
             .tenant_samples
             .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
             .clone();
-        let run = Run { engine: &engine, model: &model, stream: &stream, samples: &samples, cap, tenant };
+        let run = Run {
+            engine: &engine,
+            model: &model,
+            stream: &stream,
+            samples: &samples,
+            cap,
+            tenant,
+            arrival: job.arrival,
+        };
         // A Parquet file's rows are decoded and run one row group after the other: the governor
         // holds one group's decoded columns (`Footer::decoded_bytes`), which each group reuses.
         let mut outputs = Vec::with_capacity(samples_n);
@@ -548,6 +557,9 @@ struct Run<'a> {
     /// The engine batch cap the samples ask for.
     cap: usize,
     tenant: &'a str,
+    /// The request's arrival number: its samples preprocess after those of the tenant's earlier
+    /// requests ([`fair::FairSlots::arrival`]).
+    arrival: u64,
 }
 
 impl Pushdown {
@@ -570,8 +582,8 @@ impl Pushdown {
                 Item::Image(bytes) => {
                     let (m, tally) = (run.model.clone(), self.preprocessed.clone());
                     // Held until the decode is done: one image per core at a time, tenants in
-                    // turn, a request's samples in order.
-                    let _cpu = self.preprocess_slots.acquire(run.tenant).await;
+                    // turn, a tenant's requests in the order they arrived.
+                    let _cpu = self.preprocess_slots.acquire(run.tenant, (run.arrival, i as u64)).await;
                     tokio::task::spawn_blocking(move || {
                         let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
                         // CPU time, not wall time: samples preprocess concurrently, and their
@@ -620,6 +632,8 @@ pub struct Job<'a> {
     /// How long [`Self::read_source`] waited for the engine (not part of the source's fetch).
     engine_wait: Duration,
     source: Option<governor::Held>,
+    /// When the request arrived, among all pushdown requests ([`fair::FairSlots::arrival`]).
+    arrival: u64,
 }
 
 impl Job<'_> {
