@@ -70,6 +70,7 @@ def main(argv=None):
     prefetch_graphs(client, args.model)
     head = Head(args.classes)
     epochs, moved, chosen = [], 0, split
+    batches, timeline = [], {}
     loader = None
     for _ in range(args.epochs):
         t = time.perf_counter()
@@ -77,22 +78,35 @@ def main(argv=None):
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
                                  prefetch=4 if args.overlap else 1, overlap=bool(args.overlap),
                                  local_cache_bytes=local, dtype=args.dtype)
-        before = loader.bytes_received
+        before, first = loader.bytes_received, not epochs
+        waited = t
         for features, labels, _ in loader:
+            got = time.perf_counter()
             head.step(features, labels)
             if args.train_secs:
                 time.sleep(args.train_secs)
+            if first:
+                batches.append({"waited": round(got - waited, 4), "head": round(time.perf_counter() - got, 4)})
+            waited = time.perf_counter()
         epochs.append(time.perf_counter() - t)
+        if first:  # where the first epoch's time went (seconds from the epoch's start)
+            timeline = {"events": [[kind, index, round(at - t, 4)] for kind, index, at in loader.events],
+                        "bodies": [[f.split, f.bytes, round(f.body_started - t, 4), round(f.body_ended - t, 4)]
+                                   for f in loader.fetches]}
         moved += loader.bytes_received - before
         if loader.plans:
             chosen = loader.plans[-1]["plan"]["chosen"]
             loader.requested_split = chosen  # later epochs keep the plan (no re-profiling)
             loader.split = chosen
     plans = [{"chosen": p["plan"]["chosen"], "bandwidth": p["profile"]["bandwidth_bytes_per_sec"],
-              "predicted": {c["split"]: c["epoch_secs"] for c in p["plan"]["candidates"]}} for p in (loader.plans if loader else [])]
+              "predicted": {c["split"]: c["epoch_secs"] for c in p["plan"]["candidates"]},
+              # the cost model's terms, to re-evaluate the choice offline (`tensorgate plan`)
+              "candidates": p["plan"]["candidates"], "profile": p["profile"], "storage": p.get("storage")}
+             for p in (loader.plans if loader else [])]
     used = sorted(loader.splits_used) if loader else []
     json.dump({"epochs": epochs, "bytes": moved, "split": chosen, "splits_used": used, "plans": plans,
-               "profile_secs": loader.profile_seconds if loader else 0.0}, sys.stdout)
+               "profile_secs": loader.profile_seconds if loader else 0.0, "timeline": timeline,
+               "batches": batches}, sys.stdout)
     print()
 
 

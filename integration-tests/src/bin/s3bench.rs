@@ -127,8 +127,10 @@ async fn main() {
     } else {
         &[(4 * 1024, 1500, 16), (1024 * 1024, 150, 8), (64 * 1024 * 1024, 6, 2)]
     };
+    // `ONLY_SIZE=67108864`: that row alone (for profiling one row).
+    let only: Option<usize> = std::env::var("ONLY_SIZE").ok().and_then(|v| v.parse().ok());
     let pids = cpu_pids();
-    for &(size, count, conc) in sizes {
+    for &(size, count, conc) in sizes.iter().filter(|(size, ..)| only.is_none_or(|o| o == *size)) {
         let data = bytes::Bytes::from(vec![0x5au8; size]);
         let (c2, b2, d2) = (c.clone(), bucket.clone(), data.clone());
         let ((_, put_wall), put_cpu) = with_cpu(
@@ -171,6 +173,9 @@ async fn main() {
         );
     }
 
+    if only.is_some_and(|o| o != 4 * 1024) {
+        return;
+    }
     for (conc, count) in [(1usize, 1000usize), (32, 3000)] {
         let (c2, b2) = (c.clone(), bucket.clone());
         let (mut lat, _) = run(count, conc, move |i| {
