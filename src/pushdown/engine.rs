@@ -21,7 +21,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -35,6 +34,7 @@ use super::governor::{EngineHold, Governor, Held};
 use super::manifest::Manifest;
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
+use super::queue::{Place, Queue, Refused};
 use super::registry::Model;
 use super::tensor::Tensor;
 use super::text;
@@ -116,7 +116,7 @@ type Verdict = Option<Result<(MemoryModel, usize), PushdownError>>;
 /// A running worker for one (model, split).
 #[derive(Debug)]
 pub struct Engine {
-    tx: SyncSender<Job>,
+    queue: Arc<Queue<Job>>,
     depth: Arc<AtomicUsize>,
     sample_len: usize,
     gauges: Gauges,
@@ -127,6 +127,14 @@ pub struct Engine {
     alive: Arc<AtomicUsize>,
     /// Fault injection for the supervision tests: the next run panics.
     panic_next: Arc<AtomicBool>,
+}
+
+impl Drop for Engine {
+    /// The workers take what is queued, then stop (as a channel's receivers do when its last
+    /// sender is gone).
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 /// Inference CPU time its workers spent on real batches, and the samples in them: the measured
@@ -188,9 +196,8 @@ impl Engine {
         };
         let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
-        let (tx, rx) = sync_channel(cfg.queue_capacity);
+        let queue = Arc::new(Queue::new(cfg.queue_capacity));
         let depth = Arc::new(AtomicUsize::new(0));
-        let rx = Arc::new(Mutex::new(rx));
         let prefix_bytes = Arc::new(prefix_bytes);
         let (verdict_tx, verdict) = tokio::sync::watch::channel(None);
         let verdict_tx = Arc::new(verdict_tx);
@@ -200,6 +207,7 @@ impl Engine {
             (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)), Arc::default());
         let start_hold = Arc::new(Mutex::new(Some(start_hold)));
         let cut_padding = Arc::new(AtomicBool::new(false));
+        let left = Arc::new(AtomicUsize::new(workers));
         for n in 0..workers {
             let shared = Shared {
                 env: env.clone(),
@@ -207,7 +215,7 @@ impl Engine {
                 tensor: tensor.to_owned(),
                 prefix_bytes: prefix_bytes.clone(),
                 cfg,
-                rx: rx.clone(),
+                queue: queue.clone(),
                 depth: depth.clone(),
                 gauges: gauges.clone(),
                 verdict: verdict_tx.clone(),
@@ -218,6 +226,7 @@ impl Engine {
                 hold: Arc::clone(&hold),
                 start_hold: Arc::clone(&start_hold),
                 cut_padding: Arc::clone(&cut_padding),
+                left: Arc::clone(&left),
             };
             alive.fetch_add(1, Ordering::SeqCst);
             *threads.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
@@ -230,10 +239,13 @@ impl Engine {
                     let _running = running;
                     let shared = shared;
                     worker(&shared, n == 0);
+                    if shared.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+                        stopped(&shared);
+                    }
                 })
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        Ok(Self { tx, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
+        Ok(Self { queue, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
     }
 
     /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
@@ -265,11 +277,13 @@ impl Engine {
         self.workers
     }
 
-    /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`.
+    /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`,
+    /// after the queued samples of earlier places (its request's arrival, its position in it:
+    /// [`Queue`]).
     ///
     /// # Errors
     /// Queue full (`Overloaded`), wrong input size, or an inference failure.
-    pub async fn infer(&self, input: Vec<f32>, cap: usize) -> Result<Tensor, PushdownError> {
+    pub async fn infer(&self, input: Vec<f32>, cap: usize, place: Place) -> Result<Tensor, PushdownError> {
         if input.len() != self.sample_len {
             return Err(PushdownError::BadInput(format!(
                 "input has {} values, the model takes {}",
@@ -281,12 +295,12 @@ impl Engine {
         // Count the sample before the worker can see it, so the worker's decrement never runs first.
         let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
-        if let Err(e) = self.tx.try_send(Job { input, cap: cap.max(1), reply, enqueued: Instant::now() }) {
+        if let Err(e) = self.queue.push(place, Job { input, cap: cap.max(1), reply, enqueued: Instant::now() }) {
             let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
             return Err(match e {
-                TrySendError::Full(_) => PushdownError::Overloaded,
-                TrySendError::Disconnected(_) => PushdownError::Internal("inference worker stopped".into()),
+                Refused::Full(_) => PushdownError::Overloaded,
+                Refused::Closed(_) => PushdownError::Internal("inference worker stopped".into()),
             });
         }
         rx.await.map_err(|_| PushdownError::Internal("inference worker dropped the request".into()))?
@@ -627,22 +641,20 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
 /// Waits for a sample, then takes whatever else is queued, up to the smallest cap among the taken
 /// samples: one batch. The lock is held only while taking, so other workers run their batches
 /// meanwhile. `None`: queue closed.
-fn next_batch(rx: &Mutex<Receiver<Job>>) -> Option<Vec<Job>> {
-    // Nothing panics while the lock is held; if something did, the queue itself is still sound.
-    let rx = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let first = rx.recv().ok()?;
-    let mut limit = first.cap;
-    let mut jobs = vec![first];
-    while jobs.len() < limit {
-        match rx.try_recv() {
-            Ok(j) => {
-                limit = limit.min(j.cap.max(jobs.len() + 1));
-                jobs.push(j);
-            }
-            Err(_) => break,
+fn next_batch(queue: &Queue<Job>) -> Option<Vec<Job>> {
+    queue.next_batch(|j| j.cap)
+}
+
+/// After the engine's last worker stopped (its sessions could not be built again, or the engine
+/// is gone): nothing more is queued, and what waits is answered.
+fn stopped(shared: &Shared) {
+    shared.queue.close();
+    while let Some(jobs) = next_batch(&shared.queue) {
+        shared.depth.fetch_sub(jobs.len(), Ordering::Relaxed);
+        for job in jobs {
+            let _ = job.reply.send(Err(PushdownError::Internal("inference worker stopped".into())));
         }
     }
-    Some(jobs)
 }
 
 /// What every worker of an engine shares.
@@ -652,7 +664,7 @@ struct Shared {
     tensor: String,
     prefix_bytes: Arc<Vec<u8>>,
     cfg: EngineConfig,
-    rx: Arc<Mutex<Receiver<Job>>>,
+    queue: Arc<Queue<Job>>,
     depth: Arc<AtomicUsize>,
     gauges: Gauges,
     verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
@@ -667,6 +679,8 @@ struct Shared {
     start_hold: Arc<Mutex<Option<Held>>>,
     /// What the first worker found for every session of the engine: [`Runner::padding_is_inert`].
     cut_padding: Arc<AtomicBool>,
+    /// Workers not yet stopped: the last one closes the queue ([`stopped`]).
+    left: Arc<AtomicUsize>,
 }
 
 /// A fresh session of the engine's prefix (after the first worker's verdict).
@@ -713,8 +727,8 @@ fn ready_session(s: &Shared, first: bool) -> Result<Runner, PushdownError> {
 }
 
 fn worker(shared: &Shared, first: bool) {
-    let (model, tensor, rx, depth, gauges) =
-        (&*shared.model, shared.tensor.as_str(), &*shared.rx, &*shared.depth, &shared.gauges);
+    let (model, tensor, queue, depth, gauges) =
+        (&*shared.model, shared.tensor.as_str(), &*shared.queue, &*shared.depth, &shared.gauges);
     let mut session = match ready_session(shared, first) {
         Ok(s) => {
             if first {
@@ -724,7 +738,7 @@ fn worker(shared: &Shared, first: bool) {
         }
         Err(e) => {
             tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Prefix unusable.");
-            while let Some(jobs) = next_batch(rx) {
+            while let Some(jobs) = next_batch(queue) {
                 depth.fetch_sub(jobs.len(), Ordering::Relaxed);
                 for job in jobs {
                     let _ = job.reply.send(Err(e.clone()));
@@ -734,7 +748,7 @@ fn worker(shared: &Shared, first: bool) {
         }
     };
     let sample_shape = &model.manifest.input_shape;
-    while let Some(mut jobs) = next_batch(rx) {
+    while let Some(mut jobs) = next_batch(queue) {
         let before = jobs.len();
         jobs.retain(|j| !j.reply.is_closed());
         depth.fetch_sub(before - jobs.len(), Ordering::Relaxed);

@@ -25,6 +25,7 @@ pub mod memory;
 pub mod planning;
 pub mod prefix;
 pub mod preprocess;
+pub mod queue;
 pub mod registry;
 pub mod runtime;
 pub mod shard;
@@ -600,7 +601,11 @@ impl Pushdown {
                     .map_err(|e| name_sample(e, keys.get(i)))?
                 }
             };
-            let out = run.engine.infer(input, run.cap).await.map_err(|e| name_sample(e, keys.get(i)));
+            let out = run
+                .engine
+                .infer(input, run.cap, (run.arrival, i as u64))
+                .await
+                .map_err(|e| name_sample(e, keys.get(i)));
             drop(slot);
             out
         });
