@@ -30,6 +30,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
 use super::error::PushdownError;
+use super::fair::{FairSlots, Slot};
 use super::governor::{EngineHold, Governor, Held};
 use super::manifest::Manifest;
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
@@ -85,6 +86,13 @@ impl<'de> Deserialize<'de> for OrtArena {
     }
 }
 
+/// How many batches' worth of samples (per worker) may be decoded and waiting for an engine's
+/// inference ([`Engine::ahead`]): two keeps its next batch ready while one runs. Without a bound a
+/// node decodes every sample of every open request first, on the same cores, and delays the first
+/// request's inference by all of that decoding (and holds every decoded input meanwhile): the
+/// oldest request's answer came after all requests' decoding.
+pub const LOOKAHEAD_BATCHES: usize = 2;
+
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
@@ -117,6 +125,10 @@ type Verdict = Option<Result<(MemoryModel, usize), PushdownError>>;
 #[derive(Debug)]
 pub struct Engine {
     queue: Arc<Queue<Job>>,
+    /// Places for samples between their decoding and the end of their inference
+    /// ([`LOOKAHEAD_BATCHES`]), handed out as the preprocessing slots are (tenants in turn, each
+    /// tenant's requests by arrival).
+    lookahead: Arc<FairSlots>,
     depth: Arc<AtomicUsize>,
     sample_len: usize,
     gauges: Gauges,
@@ -245,7 +257,8 @@ impl Engine {
                 })
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        Ok(Self { queue, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
+        let lookahead = FairSlots::new(LOOKAHEAD_BATCHES * workers * cfg.max_batch.max(1));
+        Ok(Self { queue, lookahead, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
     }
 
     /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
@@ -275,6 +288,12 @@ impl Engine {
     #[must_use]
     pub fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// Waits for a place ahead of this engine's inference for sample `place` of `tenant`: taken
+    /// before a sample is decoded, kept until its inference ends ([`LOOKAHEAD_BATCHES`]).
+    pub async fn ahead(&self, tenant: &str, place: Place) -> Slot {
+        self.lookahead.acquire(tenant, place).await
     }
 
     /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`,

@@ -578,13 +578,17 @@ impl Pushdown {
         let runs = items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| async move {
             let slot = run.stream.admit(scratch).await?;
             run.samples.inc();
+            // Decoded no further ahead of the engine than it can use: the oldest requests'
+            // samples first, the rest wait undecoded.
+            let place = (run.arrival, i as u64);
+            let _ahead = run.engine.ahead(run.tenant, place).await;
             let input = match item {
                 Item::Ready(v) => v,
                 Item::Image(bytes) => {
                     let (m, tally) = (run.model.clone(), self.preprocessed.clone());
                     // Held until the decode is done: one image per core at a time, tenants in
                     // turn, a tenant's requests in the order they arrived.
-                    let _cpu = self.preprocess_slots.acquire(run.tenant, (run.arrival, i as u64)).await;
+                    let _cpu = self.preprocess_slots.acquire(run.tenant, place).await;
                     tokio::task::spawn_blocking(move || {
                         let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
                         // CPU time, not wall time: samples preprocess concurrently, and their
@@ -601,11 +605,7 @@ impl Pushdown {
                     .map_err(|e| name_sample(e, keys.get(i)))?
                 }
             };
-            let out = run
-                .engine
-                .infer(input, run.cap, (run.arrival, i as u64))
-                .await
-                .map_err(|e| name_sample(e, keys.get(i)));
+            let out = run.engine.infer(input, run.cap, place).await.map_err(|e| name_sample(e, keys.get(i)));
             drop(slot);
             out
         });
