@@ -100,6 +100,31 @@ def test_the_next_shard_is_fetched_while_a_slow_step_trains(gw):
     assert steps == shards > 1
 
 
+def test_the_loader_sends_its_prefetched_requests_in_shard_order(gw):
+    """Requests fetched `prefetch` ahead go out in shard order (each waits for the one before it
+    to be signed and on its way), whatever order the loader's threads run in: the gateway computes
+    a tenant's requests in the order they arrive, and the loader reads them in shard order."""
+    client, _, _ = gw
+    loader = ShardLoader(client, "shards", "train/", MODEL, "block2", batch_size=4, prefetch=4)
+    sent, get = [], client.get
+
+    def recording(bucket, key, *args, before_send=None, **kw):
+        def hook():
+            sent.append(key)
+            before_send()
+        # The later shards' threads are let go first: without the loader's ordering they send first.
+        time.sleep(0.05 * (6 - int(key.rsplit("/", 1)[1].split(".")[0])) if key.endswith(".tar") else 0)
+        return get(bucket, key, *args, before_send=hook, **kw)
+
+    client.get = recording
+    try:
+        keys = [k for _, _, ks in loader for k in ks]
+    finally:
+        del client.get
+    assert len(keys) == 28
+    assert sent == sorted(sent) and len(sent) == 7, sent
+
+
 def test_unchanged_outputs_revalidate_with_304_and_the_loader_keeps_them(gw):
     client, _, _ = gw
     first = client.get("shards", "train/000.tar", MODEL, "block2")

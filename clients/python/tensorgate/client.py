@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -97,6 +98,7 @@ class Client:
         # so concurrent calls with different fields share one (thread-safe) boto3 client.
         s3.meta.events.register("provide-client-params.s3.GetObject", _stash_fields)
         s3.meta.events.register("before-sign.s3.GetObject", _add_headers)
+        s3.meta.events.register("before-send.s3.GetObject", _sending.fire)
         return s3
 
     def _targets(self, bucket: str, key: str) -> list:
@@ -127,12 +129,15 @@ class Client:
     def get(self, bucket: str, key: str, model: str | None = None, split: str | None = None, *,
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
             range: str | None = None, if_none_match: str | None = None, before_body=None,
-            raw: bool = False, column: str | None = None, row_groups: str | None = None) -> Fetch:
+            before_send=None, raw: bool = False, column: str | None = None,
+            row_groups: str | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
         `before_body()`, if given, is called when the headers are in and before the body is read
-        (a loader orders its transfers with it). `raw=True` returns the body undecoded (as uint8),
+        (a loader orders its transfers with it); `before_send()` when the request is signed and
+        about to go out (or has failed before that; called once; a loader sends its requests in
+        order with it, so the gateway computes them in that order). `raw=True` returns the body undecoded (as uint8),
         e.g. a byte range of an output. `column`: a Parquet file's input column; `row_groups`:
         some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges."""
         fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt, column=column,
@@ -142,6 +147,7 @@ class Client:
         if if_none_match:
             extra["IfNoneMatch"] = if_none_match
         try:
+            _sending.hook = before_send
             resp = self._get_object(bucket, key, TensorgateFields=fields, **extra)
         except botocore.exceptions.ClientError as e:
             meta = e.response.get("ResponseMetadata", {})
@@ -151,6 +157,8 @@ class Client:
             h = meta.get("HTTPHeaders", {})
             return Fetch(Features(features=None), 0, t - t0, 0.0, h.get("x-tensorgate-split"),
                          h.get("x-tensorgate-cache"), None, t, t, h.get("etag"), True)
+        finally:
+            _sending.fire()  # a request that failed before it went out still passes its turn
         if before_body:
             before_body()
         t1 = time.perf_counter()
@@ -296,6 +304,21 @@ def _fields(model: str | None, split: str | None, **optional) -> dict:
     if not model:
         return {}
     return {"model": model, "split": split or "auto", **{k: v for k, v in optional.items() if v is not None}}
+
+
+class _SendHook(threading.local):
+    """The `before_send` of the `Client.get` running in this thread, for botocore's
+    `before-send` event (which carries no call context); fired once."""
+
+    hook = None
+
+    def fire(self, **_):
+        hook, self.hook = self.hook, None
+        if hook:
+            hook()
+
+
+_sending = _SendHook()
 
 
 def _stash_fields(params, context, **_):

@@ -97,7 +97,7 @@ class ShardLoader:
         self.profile_seconds = 0.0
         self._runners: dict[str, SuffixRunner] = {}
         self._lock = threading.Lock()
-        self._turns = _Turns()
+        self._turns, self._sends = _Turns(), _Turns()
         self.split = split
 
     @property
@@ -134,12 +134,16 @@ class ShardLoader:
         self.events.append(("fetch_start", index, time.perf_counter()))
         held = self._held.get((key, split))
         etag = held[0] if held else None
-        turns = self._turns
+        turns, sends = self._turns, self._sends
         wait = lambda: turns.wait(index)  # noqa: E731
+        sent = lambda: sends.done(index)  # noqa: E731
         # A row group of a Parquet file as a shard of its own (`table.ROW_GROUP_MARK`).
         name, group = split_unit(key)
         cut = None  # a row group read here by ranges: (its bytes as a file, its first row)
         try:
+            # The requests go out in shard order, so that the gateway, which computes a tenant's
+            # requests in the order they arrive, finishes them in the order they are read.
+            sends.wait(index)
             if split == NO_PUSHDOWN and group is not None:
                 t0 = time.perf_counter()
                 wait()
@@ -147,12 +151,14 @@ class ShardLoader:
                 t1 = time.perf_counter()
                 got = Fetch(Features(features=None), len(cut[0]), t1 - t0, t1 - t0, NO_PUSHDOWN, None, None, t0, t1)
             elif split == NO_PUSHDOWN:
-                got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait)
+                got = self.client.get(self.bucket, key, if_none_match=etag, before_body=wait, before_send=sent)
             else:
                 got = self.client.get(self.bucket, name, self.model, split, batch=self.storage_batch,
-                                      dtype=self.dtype, if_none_match=etag, before_body=wait, column=self.column,
+                                      dtype=self.dtype, if_none_match=etag, before_body=wait, before_send=sent,
+                                      column=self.column,
                                       row_groups=None if group is None else str(group))
         finally:
+            sends.done(index)
             turns.done(index)
         ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
         if got.not_modified:
@@ -228,6 +234,7 @@ class ShardLoader:
         if not shards:
             return
         self._turns = turns = _Turns()
+        self._sends = sends = _Turns()
         pool = cf.ThreadPoolExecutor(self.prefetch)
         pending: deque = deque()
         next_shard = 0
@@ -251,7 +258,7 @@ class ShardLoader:
                 # reads outside the transfer order so that it holds nothing up.
                 storage = self.client.storage(self.model, self.dtype)
                 fewest = min(reversed(storage["splits"]), key=lambda s: s["bytes_per_sample"])["split"]
-                turns.next = 1
+                turns.next = sends.next = 1
                 pending.append(pool.submit(self._fetch, 0, shards[0], fewest))
                 next_shard = 1
             self._start(shards, storage)
@@ -270,6 +277,7 @@ class ShardLoader:
             for f in pending:
                 f.cancel()
             turns.close()
+            sends.close()
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __iter__(self):
