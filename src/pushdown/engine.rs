@@ -129,6 +129,10 @@ pub struct Engine {
     /// ([`LOOKAHEAD_BATCHES`]), handed out as the preprocessing slots are (tenants in turn, each
     /// tenant's requests by arrival).
     lookahead: Arc<FairSlots>,
+    /// Samples waiting for a lookahead place or holding one: what `queue_capacity` bounds
+    /// ([`Self::ahead`]).
+    pending: Arc<AtomicUsize>,
+    queue_capacity: usize,
     depth: Arc<AtomicUsize>,
     sample_len: usize,
     gauges: Gauges,
@@ -139,6 +143,34 @@ pub struct Engine {
     alive: Arc<AtomicUsize>,
     /// Fault injection for the supervision tests: the next run panics.
     panic_next: Arc<AtomicBool>,
+}
+
+/// A sample's place ahead of its engine's inference ([`Engine::ahead`]), given back on drop.
+#[derive(Debug)]
+pub struct Ahead {
+    _slot: Slot,
+    _pending: Pending,
+}
+
+/// One sample counted in [`Engine::ahead`]'s bound while it lives.
+#[derive(Debug)]
+struct Pending {
+    counter: Arc<AtomicUsize>,
+    /// The count with this sample.
+    count: usize,
+}
+
+impl Pending {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        let count = counter.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+        Self { counter: counter.clone(), count }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Engine {
@@ -258,7 +290,20 @@ impl Engine {
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
         let lookahead = FairSlots::new(LOOKAHEAD_BATCHES * workers * cfg.max_batch.max(1));
-        Ok(Self { queue, lookahead, depth, sample_len, gauges, verdict, workers, observed, alive, panic_next })
+        Ok(Self {
+            queue,
+            lookahead,
+            pending: Arc::default(),
+            queue_capacity: cfg.queue_capacity,
+            depth,
+            sample_len,
+            gauges,
+            verdict,
+            workers,
+            observed,
+            alive,
+            panic_next,
+        })
     }
 
     /// The (model, split)'s memory model and batch cap, once the first worker has measured it.
@@ -291,9 +336,19 @@ impl Engine {
     }
 
     /// Waits for a place ahead of this engine's inference for sample `place` of `tenant`: taken
-    /// before a sample is decoded, kept until its inference ends ([`LOOKAHEAD_BATCHES`]).
-    pub async fn ahead(&self, tenant: &str, place: Place) -> Slot {
-        self.lookahead.acquire(tenant, place).await
+    /// before a sample is decoded, kept (the returned guard) until its inference ends
+    /// ([`LOOKAHEAD_BATCHES`]). The samples waiting for a place count as queued: past
+    /// `queue_capacity` of them a sample is refused at once, as a full queue refuses it.
+    ///
+    /// # Errors
+    /// `Overloaded` when `queue_capacity` samples already wait for this engine.
+    pub async fn ahead(&self, tenant: &str, place: Place) -> Result<Ahead, PushdownError> {
+        let pending = Pending::new(&self.pending);
+        if pending.count > self.queue_capacity {
+            return Err(PushdownError::Overloaded);
+        }
+        let slot = self.lookahead.acquire(tenant, place).await;
+        Ok(Ahead { _slot: slot, _pending: pending })
     }
 
     /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`,

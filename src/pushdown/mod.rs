@@ -581,7 +581,7 @@ impl Pushdown {
             // Decoded no further ahead of the engine than it can use: the oldest requests'
             // samples first, the rest wait undecoded.
             let place = (run.arrival, i as u64);
-            let _ahead = run.engine.ahead(run.tenant, place).await;
+            let _ahead = run.engine.ahead(run.tenant, place).await?;
             let input = match item {
                 Item::Ready(v) => v,
                 Item::Image(bytes) => {
