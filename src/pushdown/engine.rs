@@ -723,10 +723,15 @@ fn next_batch(queue: &Queue<Job>) -> Option<Vec<Job>> {
 /// is gone): nothing more is queued, and what waits is answered.
 fn stopped(shared: &Shared) {
     shared.queue.close();
-    while let Some(jobs) = next_batch(&shared.queue) {
-        shared.depth.fetch_sub(jobs.len(), Ordering::Relaxed);
+    answer_until_closed(&shared.queue, &shared.depth, &PushdownError::Internal("inference worker stopped".into()));
+}
+
+/// Answers every sample queued with `e`, until the queue is closed and empty.
+fn answer_until_closed(queue: &Queue<Job>, depth: &AtomicUsize, e: &PushdownError) {
+    while let Some(jobs) = next_batch(queue) {
+        depth.fetch_sub(jobs.len(), Ordering::Relaxed);
         for job in jobs {
-            let _ = job.reply.send(Err(PushdownError::Internal("inference worker stopped".into())));
+            let _ = job.reply.send(Err(e.clone()));
         }
     }
 }
@@ -812,12 +817,7 @@ fn worker(shared: &Shared, first: bool) {
         }
         Err(e) => {
             tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Prefix unusable.");
-            while let Some(jobs) = next_batch(queue) {
-                depth.fetch_sub(jobs.len(), Ordering::Relaxed);
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-            }
+            answer_until_closed(queue, depth, &e);
             return;
         }
     };

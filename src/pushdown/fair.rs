@@ -1,6 +1,6 @@
 //! Slots for the storage node's preprocessing CPU work, handed out fairly: tenants take turns
-//! (round robin by access key), and a tenant's samples are served in the order its requests
-//! arrived ([`FairSlots::arrival`]), each request's in its own order.
+//! (round robin by access key), and a tenant's samples are served by [`Place`]: the order its
+//! requests arrived, each request's in its own order.
 //!
 //! Without a bound, every admitted sample of every request decodes at once on the blocking pool,
 //! and on a node with few cores they all finish together: a client's first shard is ready no
@@ -16,29 +16,28 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
+
+use super::queue::Place;
 
 /// The slot pool.
 #[derive(Debug)]
 pub struct FairSlots {
     inner: Mutex<Inner>,
-    /// The next request's arrival number ([`Self::arrival`]).
-    arrivals: AtomicU64,
 }
 
-/// Where a waiter stands in its tenant's queue: its request's arrival number, its sample's
-/// position in the request, and the order it asked in (which keeps keys unique).
-type Place = (u64, u64, u64);
+/// Where a waiter stands in its tenant's queue: its [`Place`], then the order it asked in (which
+/// keeps keys unique).
+type Key = (u64, u64, u64);
 
 #[derive(Debug)]
 struct Inner {
     free: usize,
     /// Waiters by tenant, each queue by place; a tenant with no waiters has no entry.
-    waiting: BTreeMap<String, BTreeMap<Place, oneshot::Sender<Slot>>>,
-    /// Waiters queued so far (the last part of a place).
+    waiting: BTreeMap<String, BTreeMap<Key, oneshot::Sender<Slot>>>,
+    /// Waiters queued so far (the last part of a key).
     asked: u64,
     /// The tenant served last: the next turn goes to the one after it.
     last: Option<String>,
@@ -66,24 +65,17 @@ impl FairSlots {
     pub fn new(slots: usize) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner { free: slots.max(1), waiting: BTreeMap::new(), asked: 0, last: None }),
-            arrivals: AtomicU64::new(0),
         })
-    }
-
-    /// A number for a request that has just arrived: its samples wait behind those of the
-    /// tenant's requests that arrived before it.
-    pub fn arrival(&self) -> u64 {
-        self.arrivals.fetch_add(1, Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for a slot for sample `sample` of the request numbered `arrival` of `tenant`.
-    /// Cancel-safe: a waiter dropped before its turn leaves the queue when the turn comes, and a
-    /// slot handed to a waiter that is gone passes on.
-    pub async fn acquire(self: &Arc<Self>, tenant: &str, (arrival, sample): (u64, u64)) -> Slot {
+    /// Waits for a slot for the sample at `place` of `tenant`. Cancel-safe: a waiter dropped
+    /// before its turn leaves the queue when the turn comes, and a slot handed to a waiter that is
+    /// gone passes on.
+    pub async fn acquire(self: &Arc<Self>, tenant: &str, (arrival, sample): Place) -> Slot {
         loop {
             let rx = {
                 let mut g = self.lock();
@@ -93,8 +85,8 @@ impl FairSlots {
                 }
                 let (tx, rx) = oneshot::channel();
                 g.asked += 1;
-                let place = (arrival, sample, g.asked);
-                g.waiting.entry(tenant.to_owned()).or_default().insert(place, tx);
+                let key = (arrival, sample, g.asked);
+                g.waiting.entry(tenant.to_owned()).or_default().insert(key, tx);
                 rx
             };
             // A sender is only dropped after sending, so this does not fail; if it did, ask again.
@@ -147,12 +139,12 @@ mod tests {
     /// Records the order in which queued waiters get the single slot; each asks as sample 0 of
     /// a request of its own, numbered in the order they ask.
     async fn order(slots: &Arc<FairSlots>, asks: &[(&str, u32)]) -> Vec<u32> {
-        let places: Vec<_> = asks.iter().map(|&(tenant, id)| (tenant, id, (slots.arrival(), 0))).collect();
+        let places: Vec<_> = (0..).zip(asks).map(|(n, &(tenant, id))| (tenant, id, (n, 0))).collect();
         order_at(slots, &places).await
     }
 
     /// Records the order in which waiters, queued in the order given, get the single slot.
-    async fn order_at(slots: &Arc<FairSlots>, asks: &[(&str, u32, (u64, u64))]) -> Vec<u32> {
+    async fn order_at(slots: &Arc<FairSlots>, asks: &[(&str, u32, Place)]) -> Vec<u32> {
         let first = slots.acquire("holder", (u64::MAX, 0)).await;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -181,16 +173,9 @@ mod tests {
     #[tokio::test]
     async fn a_tenants_requests_are_served_in_the_order_they_arrived() {
         let slots = FairSlots::new(1);
-        let (r0, r1) = (slots.arrival(), slots.arrival());
         // Request 1's samples asked first (its source came back first): request 0's still go
         // first, each request's in its own order, and the other tenant still takes turns.
-        let asks = [
-            ("a", 11, (r1, 0)),
-            ("a", 12, (r1, 1)),
-            ("b", 20, (slots.arrival(), 0)),
-            ("a", 1, (r0, 0)),
-            ("a", 2, (r0, 1)),
-        ];
+        let asks = [("a", 11, (1, 0)), ("a", 12, (1, 1)), ("b", 20, (2, 0)), ("a", 1, (0, 0)), ("a", 2, (0, 1))];
         assert_eq!(order_at(&slots, &asks).await, vec![1, 20, 2, 11, 12]);
         assert_eq!(slots.free(), 1);
     }

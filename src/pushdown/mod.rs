@@ -135,6 +135,8 @@ pub struct Pushdown {
     plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
+    /// The next request's arrival number ([`Job::arrival`]).
+    arrivals: std::sync::atomic::AtomicU64,
 }
 
 /// One engine's memory, for the admin API.
@@ -194,6 +196,7 @@ impl Pushdown {
             split_costs: Mutex::default(),
             preprocessed: Arc::default(),
             plans: Mutex::default(),
+            arrivals: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -278,7 +281,7 @@ impl Pushdown {
             engine: None,
             engine_wait: Duration::ZERO,
             source: None,
-            arrival: self.preprocess_slots.arrival(),
+            arrival: self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }))
     }
 
@@ -559,7 +562,7 @@ struct Run<'a> {
     cap: usize,
     tenant: &'a str,
     /// The request's arrival number: its samples preprocess after those of the tenant's earlier
-    /// requests ([`fair::FairSlots::arrival`]).
+    /// requests ([`Job::arrival`]).
     arrival: u64,
 }
 
@@ -637,7 +640,8 @@ pub struct Job<'a> {
     /// How long [`Self::read_source`] waited for the engine (not part of the source's fetch).
     engine_wait: Duration,
     source: Option<governor::Held>,
-    /// When the request arrived, among all pushdown requests ([`fair::FairSlots::arrival`]).
+    /// When the request arrived, among all pushdown requests (`Pushdown::arrivals`): its samples
+    /// are decoded and run after those of the tenant's earlier requests (ADR 0019).
     arrival: u64,
 }
 

@@ -135,10 +135,10 @@ class Client:
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
         `before_body()`, if given, is called when the headers are in and before the body is read
-        (a loader orders its transfers with it); `before_send()` when the request is signed and
-        about to go out (or has failed before that; called once; a loader sends its requests in
-        order with it, so the gateway computes them in that order). `raw=True` returns the body undecoded (as uint8),
-        e.g. a byte range of an output. `column`: a Parquet file's input column; `row_groups`:
+        (a loader orders its transfers with it); `before_send()`, once, when the request is signed
+        and about to go out, or has failed before that (a loader sends its requests in order with
+        it, so the gateway computes them in that order). `raw=True` returns the body undecoded (as
+        uint8), e.g. a byte range of an output. `column`: a Parquet file's input column; `row_groups`:
         some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges."""
         fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt, column=column,
                          **{"row-groups": row_groups})
