@@ -1,0 +1,101 @@
+"""Does the gateway finish a client's concurrent requests in the order they arrived? (ADR 0019)
+
+Four WebDataset shards of 64 synthetic JPEGs are asked for at once (threads started GAP seconds
+apart, default 2 ms), REPS times; prints when each request's response headers arrived (seconds
+from the first request). In order means shard i's answer before shard i+1's. Pinned: SeaweedFS and
+the gateway (release build, one inference worker, cache off) on CPU 0, this client on the caller's
+CPUs (run it under `taskset -c 1`). The gateway's CPU seconds over the run are printed last.
+
+Run: taskset -c 1 .venv/bin/python bench/arrival_order.py [SPLIT]   (default layer3; ResNet-18)
+     TENSORGATE_BIN=path/to/tensorgate ...   another build (default target/release/tensorgate)
+     COLD=1 ...                              no warm-up request (the engine starts under the load)
+     REPS=6 GAP=0.03 ...                     repetitions, and the gap between the threads' starts
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import onnxruntime
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import dataset  # noqa: E402
+
+from tensorgate import Client  # noqa: E402
+
+PORT = 18744
+LISTEN, ADMIN = "127.0.0.1:19801", "127.0.0.1:19802"
+SHARDS, PER_SHARD = 4, 64
+
+
+def main() -> None:
+    split = sys.argv[1] if len(sys.argv) > 1 else "layer3"
+    reps, gap = int(os.environ.get("REPS", "3")), float(os.environ.get("GAP", "0.002"))
+    env = dict(os.environ, SEAWEED_PORT=str(PORT))
+    store = subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "start"], env=env, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    pid = (ROOT / f".tmp/seaweedfs-{PORT}/pid").read_text().strip()
+    subprocess.run(["taskset", "-a", "-pc", "0", pid], capture_output=True, check=False)
+    work = Path(tempfile.mkdtemp(prefix="arrival-order-"))
+    cfg = work / "gateway.toml"
+    cfg.write_text('[[credentials]]\naccess_key = "bench"\nsecret_key = "bench-secret"\n'
+                   "[pushdown]\nworkers = 1\nmax_batch = 16\nqueue_capacity = 1024\n[pushdown.cache]\nenabled = false\n")
+    lib = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
+    binary = os.environ.get("TENSORGATE_BIN") or str(ROOT / "target/release/tensorgate")
+    genv = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    genv.update(TENSORGATE_CONFIG=str(cfg), TENSORGATE_LISTEN=LISTEN, TENSORGATE_ADMIN_LISTEN=ADMIN,
+                TENSORGATE_BACKEND_ENDPOINT=store, TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
+                TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk", TENSORGATE_MODELS_DIR=str(ROOT / "models"),
+                TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG="warn")
+    gw = subprocess.Popen(["taskset", "-c", "0", binary, "serve"], env=genv,
+                          stdout=open(work / "gateway.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://{ADMIN}/readyz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        s3 = boto3.client("s3", endpoint_url=store, aws_access_key_id="seaweed-ak",
+                          aws_secret_access_key="seaweed-sk", region_name="us-east-1")
+        s3.create_bucket(Bucket="order")
+        for i, shard in enumerate(dataset.image_shards(dataset.samples(SHARDS * PER_SHARD), PER_SHARD)):
+            s3.put_object(Bucket="order", Key=f"s{i}.tar", Body=shard)
+        c = Client(f"http://{LISTEN}", "bench", "bench-secret", admin=f"http://{ADMIN}")
+        if not os.environ.get("COLD"):
+            c.get("order", "s0.tar", "resnet18", split, dtype="f16")  # the engine started and warm
+        in_order = 0
+        for _ in range(reps):
+            t0, done = time.perf_counter(), {}
+
+            def one(i, t0=t0, done=done):
+                c.get("order", f"s{i}.tar", "resnet18", split, dtype="f16",
+                      before_body=lambda: done.__setitem__(i, round(time.perf_counter() - t0, 2)))
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(SHARDS)]
+            for t in threads:
+                t.start()
+                time.sleep(gap)
+            for t in threads:
+                t.join(timeout=600)
+            got = [done.get(i) for i in range(SHARDS)]
+            in_order += got == sorted(got)
+            print(f"{split}: headers at {got}", flush=True)
+        print(f"in order: {in_order} of {reps}")
+        stat = (Path("/proc") / str(gw.pid) / "stat").read_text().split(")")[1].split()
+        print(f"gateway CPU s: {(int(stat[11]) + int(stat[12])) / os.sysconf('SC_CLK_TCK'):.2f}")
+    finally:
+        gw.terminate()
+        gw.wait(timeout=30)
+        subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "stop"], env=env, capture_output=True, check=False)
+
+
+if __name__ == "__main__":
+    main()
