@@ -7,6 +7,9 @@ the gateway (release build, one inference worker, cache off) on CPU 0, this clie
 CPUs (run it under `taskset -c 1`). The gateway's CPU seconds over the run are printed last.
 
 Run: taskset -c 1 .venv/bin/python bench/arrival_order.py [SPLIT]   (default layer3; ResNet-18)
+     ... layer4,layer2                       shard 0 at the first split, the others at the second
+                                             (the Python loader's first shard, sent before its plan)
+     RUNS=N ...                              `pushdown.inference_runs` (default 0: one per core)
      TENSORGATE_BIN=path/to/tensorgate ...   another build (default target/release/tensorgate)
      COLD=1 ...                              no warm-up request (the engine starts under the load)
      REPS=6 GAP=0.03 ...                     repetitions, and the gap between the threads' starts
@@ -36,7 +39,9 @@ SHARDS, PER_SHARD = 4, 64
 
 
 def main() -> None:
-    split = sys.argv[1] if len(sys.argv) > 1 else "layer3"
+    splits = (sys.argv[1] if len(sys.argv) > 1 else "layer3").split(",")
+    split = ",".join(splits)
+    at = [splits[0]] + [splits[-1]] * (SHARDS - 1)  # shard i's split
     reps, gap = int(os.environ.get("REPS", "3")), float(os.environ.get("GAP", "0.002"))
     env = dict(os.environ, SEAWEED_PORT=str(PORT))
     store = subprocess.run([str(ROOT / "scripts/seaweedfs.sh"), "start"], env=env, capture_output=True, text=True,
@@ -46,7 +51,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="arrival-order-"))
     cfg = work / "gateway.toml"
     cfg.write_text('[[credentials]]\naccess_key = "bench"\nsecret_key = "bench-secret"\n'
-                   "[pushdown]\nworkers = 1\nmax_batch = 16\nqueue_capacity = 1024\n[pushdown.cache]\nenabled = false\n")
+                   "[pushdown]\nworkers = 1\nmax_batch = 16\nqueue_capacity = 1024\n"
+                   f"inference_runs = {int(os.environ.get('RUNS', '0'))}\n[pushdown.cache]\nenabled = false\n")
     lib = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
     binary = os.environ.get("TENSORGATE_BIN") or str(ROOT / "target/release/tensorgate")
     genv = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
@@ -70,13 +76,14 @@ def main() -> None:
             s3.put_object(Bucket="order", Key=f"s{i}.tar", Body=shard)
         c = Client(f"http://{LISTEN}", "bench", "bench-secret", admin=f"http://{ADMIN}")
         if not os.environ.get("COLD"):
-            c.get("order", "s0.tar", "resnet18", split, dtype="f16")  # the engine started and warm
+            for warm in dict.fromkeys(splits):  # the engines started and warm
+                c.get("order", "s0.tar", "resnet18", warm, dtype="f16")
         in_order = 0
         for _ in range(reps):
             t0, done = time.perf_counter(), {}
 
             def one(i, t0=t0, done=done):
-                c.get("order", f"s{i}.tar", "resnet18", split, dtype="f16",
+                c.get("order", f"s{i}.tar", "resnet18", at[i], dtype="f16",
                       before_body=lambda: done.__setitem__(i, round(time.perf_counter() - t0, 2)))
 
             threads = [threading.Thread(target=one, args=(i,)) for i in range(SHARDS)]

@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/pushdown.py   (after scripts/setup.sh and scripts/mo
      ORT_ARENA=off ...                      the gateway with `pushdown.ort_arena = "off"`
      ORT_ARENA=kept (or 1) ...              the gateway with `pushdown.ort_arena = "kept"`
      (unset: the default, "per-run")
+     RUNS=N ...                             the gateway with `pushdown.inference_runs = N`
 """
 
 import concurrent.futures as cf
@@ -145,7 +146,8 @@ def main():
         # A 4 GiB budget: the six engines of one run fit with batches of 16 in both settings (with
         # the arena on they do not fit the 1 GiB default: ADR 0011), so the budget is no variable.
         cfg.write_text(f"[pushdown]\nintra_threads = 1\nworkers = {threads}\nmemory_budget = {4 << 30}\n"
-                       + ARENA_LINE.get(os.environ.get("ORT_ARENA"), ""))
+                       + ARENA_LINE.get(os.environ.get("ORT_ARENA"), "")
+                       + (f"inference_runs = {int(os.environ['RUNS'])}\n" if os.environ.get("RUNS") else ""))
         env["TENSORGATE_CONFIG"] = str(cfg)
         pin = ["taskset", "-c", str(LAST)] if PIN and threads == 1 else []
         # The client on the other cores while the one-thread gateway has the last one to itself.

@@ -286,6 +286,9 @@ pub struct PushdownSettings {
     pub max_request_pixels: u64,
     /// Images preprocessed at once (tenants take turns); 0: one per core the process may use.
     pub preprocess_threads: usize,
+    /// Inference runs at once across all engines (tenants take turns, a tenant's requests in
+    /// arrival order); 0: one per core the process may use, divided by `intra_threads`.
+    pub inference_runs: usize,
     /// Alias buckets (`[[pushdown.aliases]]`).
     pub aliases: Vec<AliasConfig>,
     /// The tensor cache (`[pushdown.cache]`).
@@ -429,6 +432,7 @@ impl Default for PushdownSettings {
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             max_request_pixels: crate::pushdown::preprocess::DEFAULT_MAX_REQUEST_PIXELS,
             preprocess_threads: 0,
+            inference_runs: 0,
             aliases: Vec::new(),
             cache: CacheSettings::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,

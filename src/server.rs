@@ -146,6 +146,7 @@ impl Server {
                 max_image_pixels: p.max_image_pixels,
                 max_request_pixels: p.max_request_pixels,
                 preprocess_threads: p.preprocess_threads,
+                inference_runs: p.inference_runs,
                 governor: GovernorConfig {
                     budget: p.memory_budget,
                     adaptive: p.adaptation,

@@ -109,10 +109,27 @@ pub struct EngineConfig {
     pub ort_arena: OrtArena,
 }
 
+/// What every engine of a node shares.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub governor: Arc<Governor>,
+    /// Serializes memory probes: the resident peak they read is process-wide.
+    pub probe_lock: Arc<Mutex<()>>,
+    /// Every engine's inference threads still running.
+    pub threads: Arc<Threads>,
+    /// The inference slots (`pushdown.inference_runs`): a batch runs when they come to its
+    /// earliest sample, whichever engine it is on ([`super::fair`]).
+    pub runs: Arc<FairSlots>,
+}
+
 struct Job {
     input: Vec<f32>,
     /// Largest batch this sample may run in.
     cap: usize,
+    /// Whose sample it is and its place: a batch waits for an inference slot
+    /// (`pushdown.inference_runs`) as its earliest sample.
+    tenant: Arc<str>,
+    place: Place,
     reply: oneshot::Sender<Result<Tensor, PushdownError>>,
     enqueued: Instant,
 }
@@ -217,9 +234,10 @@ impl Engine {
         (split, tensor): (&str, &str),
         cfg: EngineConfig,
         metrics: &Metrics,
-        (governor, probe_lock, threads): (&Arc<Governor>, &Arc<Mutex<()>>, &Arc<Threads>),
+        node: &Node,
         start_hold: Held,
     ) -> Result<Self, PushdownError> {
+        let Node { governor, probe_lock, threads, runs } = node;
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
         let gauges = Gauges {
             queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
@@ -265,6 +283,7 @@ impl Engine {
                 verdict: verdict_tx.clone(),
                 governor: governor.clone(),
                 probe_lock: probe_lock.clone(),
+                runs: runs.clone(),
                 observed: observed.clone(),
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
@@ -351,13 +370,20 @@ impl Engine {
         Ok(Ahead { _slot: slot, _pending: pending })
     }
 
-    /// Runs one sample (per-sample shape, already preprocessed) in a batch of at most `cap`,
-    /// after the queued samples of earlier places (its request's arrival, its position in it:
-    /// [`Queue`]).
+    /// Runs sample `place` of `tenant` (per-sample shape, already preprocessed) in a batch of at
+    /// most `cap`, after the queued samples of earlier places (its request's arrival, its position
+    /// in it: [`Queue`]); the batch runs when the node's inference slots come to its earliest
+    /// sample (tenants in turn, then by place, across engines: [`super::fair`]).
     ///
     /// # Errors
     /// Queue full (`Overloaded`), wrong input size, or an inference failure.
-    pub async fn infer(&self, input: Vec<f32>, cap: usize, place: Place) -> Result<Tensor, PushdownError> {
+    pub async fn infer(
+        &self,
+        tenant: &str,
+        place: Place,
+        input: Vec<f32>,
+        cap: usize,
+    ) -> Result<Tensor, PushdownError> {
         if input.len() != self.sample_len {
             return Err(PushdownError::BadInput(format!(
                 "input has {} values, the model takes {}",
@@ -369,7 +395,8 @@ impl Engine {
         // Count the sample before the worker can see it, so the worker's decrement never runs first.
         let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
-        if let Err(e) = self.queue.push(place, Job { input, cap: cap.max(1), reply, enqueued: Instant::now() }) {
+        let job = Job { input, cap: cap.max(1), tenant: tenant.into(), place, reply, enqueued: Instant::now() };
+        if let Err(e) = self.queue.push(place, job) {
             let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
             return Err(match e {
@@ -749,6 +776,8 @@ struct Shared {
     verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
     governor: Arc<Governor>,
     probe_lock: Arc<Mutex<()>>,
+    /// The node's inference slots, shared by every engine ([`super::fair`]).
+    runs: Arc<FairSlots>,
     observed: Arc<Observed>,
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.
@@ -847,6 +876,8 @@ fn worker(shared: &Shared, first: bool) {
             gauges.tokens[0].inc_by(attended as u64);
             gauges.tokens[1].inc_by((batch * run).saturating_sub(attended) as u64);
         }
+        // The node's cores go to the oldest requests first, whichever engine serves them.
+        let core = shared.runs.acquire_blocking(&jobs[0].tenant, jobs[0].place);
         // With one intra-op thread ORT runs on this thread, and its CPU time is the cost; with more,
         // wall time is.
         let guarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -860,6 +891,7 @@ fn worker(shared: &Shared, first: bool) {
                 (session.run(&model.manifest, tensor, &shape, data), started.elapsed())
             }
         }));
+        drop(core);
         let Ok((result, spent)) = guarded else {
             let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
             gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));

@@ -1,6 +1,8 @@
-//! Slots for the storage node's preprocessing CPU work, handed out fairly: tenants take turns
-//! (round robin by access key), and a tenant's samples are served by [`Place`]: the order its
-//! requests arrived, each request's in its own order.
+//! Slots for the storage node's CPU work, handed out fairly: tenants take turns (round robin by
+//! access key), and a tenant's samples are served by [`Place`]: the order its requests arrived,
+//! each request's in its own order. Two pools use them: image preprocessing
+//! (`pushdown.preprocess_threads`) and inference runs across all engines
+//! (`pushdown.inference_runs`).
 //!
 //! Without a bound, every admitted sample of every request decodes at once on the blocking pool,
 //! and on a node with few cores they all finish together: a client's first shard is ready no
@@ -13,6 +15,12 @@
 //! client that asks for shards 0-3 at once reads them in that order, but their sources come back
 //! from the store in any order, and a shard whose source came back first would be computed first
 //! while the client waits for shard 0 (and then for the others all at once).
+//!
+//! The same holds across engines: each (model, split) has its own inference threads, so a
+//! client's shard 0 at one split and shards 1-3 at another (the Python loader's first shard, sent
+//! before its plan) would share the cores and shard 0 would finish late. Inference runs take a
+//! slot of their own pool, by their batch's earliest place, so the oldest request runs first
+//! whichever engine serves it.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -75,25 +83,49 @@ impl FairSlots {
     /// Waits for a slot for the sample at `place` of `tenant`. Cancel-safe: a waiter dropped
     /// before its turn leaves the queue when the turn comes, and a slot handed to a waiter that is
     /// gone passes on.
-    pub async fn acquire(self: &Arc<Self>, tenant: &str, (arrival, sample): Place) -> Slot {
+    pub async fn acquire(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
         loop {
-            let rx = {
-                let mut g = self.lock();
-                if g.free > 0 {
-                    g.free -= 1;
-                    return Slot { slots: self.clone(), armed: true };
-                }
-                let (tx, rx) = oneshot::channel();
-                g.asked += 1;
-                let key = (arrival, sample, g.asked);
-                g.waiting.entry(tenant.to_owned()).or_default().insert(key, tx);
-                rx
+            let rx = match self.take_or_queue(tenant, place) {
+                Ok(slot) => return slot,
+                Err(rx) => rx,
             };
             // A sender is only dropped after sending, so this does not fail; if it did, ask again.
             if let Ok(slot) = rx.await {
                 return slot;
             }
         }
+    }
+
+    /// [`Self::acquire`] for a thread outside the async runtime (an inference worker): parks
+    /// the thread until its turn.
+    pub fn acquire_blocking(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
+        loop {
+            let rx = match self.take_or_queue(tenant, place) {
+                Ok(slot) => return slot,
+                Err(rx) => rx,
+            };
+            if let Ok(slot) = rx.blocking_recv() {
+                return slot;
+            }
+        }
+    }
+
+    /// A free slot, or a place in `tenant`'s queue at `place` and the receiver its turn comes on.
+    fn take_or_queue(
+        self: &Arc<Self>,
+        tenant: &str,
+        (arrival, sample): Place,
+    ) -> Result<Slot, oneshot::Receiver<Slot>> {
+        let mut g = self.lock();
+        if g.free > 0 {
+            g.free -= 1;
+            return Ok(Slot { slots: self.clone(), armed: true });
+        }
+        let (tx, rx) = oneshot::channel();
+        g.asked += 1;
+        let key = (arrival, sample, g.asked);
+        g.waiting.entry(tenant.to_owned()).or_default().insert(key, tx);
+        Err(rx)
     }
 
     /// Slots free now.
@@ -204,5 +236,32 @@ mod tests {
         assert_eq!(slots.free(), 1, "the slot went back to the pool");
         let _again = slots.acquire("c", (2, 0)).await;
         assert_eq!(slots.free(), 0);
+    }
+
+    /// Threads outside the runtime (inference workers) wait in the same order: a later request
+    /// queued first still runs after an earlier one.
+    #[test]
+    fn blocking_waiters_are_served_by_place() {
+        let slots = FairSlots::new(1);
+        let held = slots.acquire_blocking("holder", (u64::MAX, 0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        // Queued latest request first; each waits before the next one queues.
+        for (arrival, asked) in [(3u64, 0usize), (1, 1), (2, 2)] {
+            let (slots2, seen) = (slots.clone(), seen.clone());
+            threads.push(std::thread::spawn(move || {
+                let _slot = slots2.acquire_blocking("a", (arrival, 0));
+                seen.lock().unwrap().push(arrival);
+            }));
+            while slots.lock().waiting.get("a").map_or(0, BTreeMap::len) <= asked {
+                std::thread::yield_now();
+            }
+        }
+        drop(held);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3]);
+        assert_eq!(slots.free(), 1);
     }
 }

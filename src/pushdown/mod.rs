@@ -81,6 +81,9 @@ pub struct PushdownConfig {
     pub max_request_pixels: u64,
     /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
     pub preprocess_threads: usize,
+    /// Inference runs at once across every engine ([`fair`]); 0: one per core this process may
+    /// use, divided by the sessions' intra-op threads.
+    pub inference_runs: usize,
     pub governor: GovernorConfig,
     pub metrics: crate::metrics::Metrics,
 }
@@ -135,6 +138,8 @@ pub struct Pushdown {
     plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
+    /// Slots for inference runs, shared by every engine the same way.
+    inference_slots: Arc<fair::FairSlots>,
     /// The next request's arrival number ([`Job::arrival`]).
     arrivals: std::sync::atomic::AtomicU64,
 }
@@ -184,8 +189,12 @@ impl Pushdown {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let preprocess_slots =
             fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
+        let per_run = cfg.engine.intra_threads.max(1);
+        let inference_slots =
+            fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
         Self {
             preprocess_slots,
+            inference_slots,
             cfg,
             registry,
             env,
@@ -300,7 +309,12 @@ impl Pushdown {
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
         let (model, split, cfg, metrics) = (model.clone(), split.to_owned(), self.cfg.engine, self.cfg.metrics.clone());
-        let (governor, probe_lock, threads) = (self.governor.clone(), self.probe_lock.clone(), self.threads.clone());
+        let node = engine::Node {
+            governor: self.governor.clone(),
+            probe_lock: self.probe_lock.clone(),
+            threads: self.threads.clone(),
+            runs: self.inference_slots.clone(),
+        };
         // What a start holds before the engine's own reservation: cutting the prefix decodes the
         // whole model, and the first worker checks the prefix against a session of the whole
         // model (docs/BENCHMARKS.md, "The per-run arena by default"). Held from before the cut
@@ -309,15 +323,7 @@ impl Pushdown {
         let start_hold = self.governor.hold(transient);
         self.engines
             .get_or_start(&key, start_hold, move |start_hold| {
-                Engine::start(
-                    &env,
-                    &model,
-                    (&split, &tensor),
-                    cfg,
-                    &metrics,
-                    (&governor, &probe_lock, &threads),
-                    start_hold,
-                )
+                Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
             })
             .await
     }
@@ -608,7 +614,8 @@ impl Pushdown {
                     .map_err(|e| name_sample(e, keys.get(i)))?
                 }
             };
-            let out = run.engine.infer(input, run.cap, place).await.map_err(|e| name_sample(e, keys.get(i)));
+            let out =
+                run.engine.infer(run.tenant, place, input, run.cap).await.map_err(|e| name_sample(e, keys.get(i)));
             drop(slot);
             out
         });
