@@ -148,7 +148,9 @@ class Tiers:
                        # three models alive in one gateway; the default 1 GiB is sized for a node
                        # serving a few splits, and the last engines of the sweep would not fit.
                        f"[pushdown]\nworkers = 1\nmax_batch = 16\nqueue_capacity = 1024\nmemory_budget = 8589934592\n"
-                       f"[pushdown.cache]\nenabled = {'true' if self.cache else 'false'}\nmemory_bytes = 2147483648\n")
+                       # RUNS=N: `pushdown.inference_runs` (the comparison with engines unordered).
+                       + (f"inference_runs = {int(os.environ['RUNS'])}\n" if os.environ.get("RUNS") else "")
+                       + f"[pushdown.cache]\nenabled = {'true' if self.cache else 'false'}\nmemory_bytes = 2147483648\n")
         genv = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
         genv.update(TENSORGATE_CONFIG=str(cfg), TENSORGATE_LISTEN=f"{self.host}:{port}",
                     TENSORGATE_ADMIN_LISTEN=f"{self.host}:{admin}", TENSORGATE_BACKEND_ENDPOINT=self.seaweed,
