@@ -1,7 +1,8 @@
 //! The whole pushdown request path in-process, against the real `fs` backend and real ONNX Runtime
 //! sessions of the `tiny-cnn` fixture model: tensor cache (miss, hit, revalidated unchanged,
 //! changed and gone), HEAD, Range, If-None-Match, alias buckets, `split=auto` per tenant, the
-//! SSE-C cache bypass, engine panic recovery and idle eviction. The numbers themselves are checked
+//! SSE-C cache bypass, engine panic recovery, idle eviction and one inference slot shared by several
+//! engines. The numbers themselves are checked
 //! against PIL + onnxruntime by `tests/python/test_pushdown.py`; here every path must give the same
 //! bytes as the first computation.
 
@@ -380,6 +381,41 @@ async fn every_arena_mode_gives_the_same_bytes() {
                 }
             }
         }
+    }
+}
+
+#[tokio::test]
+async fn one_inference_slot_serves_concurrent_requests_on_several_engines_in_full() {
+    // Every engine's batches wait for the node's one inference slot (`pushdown.inference_runs`),
+    // taken on the inference threads: concurrent requests on two splits with two workers each
+    // must all be answered, with the bytes an unlimited node computes.
+    let (dir_free, free) = gateway(|c| {
+        c.pushdown.cache.enabled = false;
+        c.pushdown.inference_runs = 64;
+    })
+    .await;
+    let (dir_one, one) = gateway(|c| {
+        c.pushdown.cache.enabled = false;
+        c.pushdown.workers = 2;
+        c.pushdown.inference_runs = 1;
+    })
+    .await;
+    let keys: Vec<String> = (0..6).map(|seed| format!("slot-{seed}.npy")).collect();
+    for (seed, key) in (0..).zip(&keys) {
+        put_file(&dir_free, key, &sample(seed));
+        put_file(&dir_one, key, &sample(seed));
+    }
+    let asks: Vec<(String, &str)> =
+        keys.iter().flat_map(|k| ["block1", "pool"].map(|split| (pushdown_path(k, split), split))).collect();
+    let concurrent = futures_util::future::join_all(asks.iter().map(|(path, _)| get(&one, path, &[])));
+    let answers = tokio::time::timeout(Duration::from_secs(120), concurrent)
+        .await
+        .expect("every request answered (no run waits forever for the slot)");
+    for ((path, split), b) in asks.iter().zip(answers) {
+        assert_eq!(b.status, 200, "{path}: {}", b.text());
+        assert_eq!(header(&b, "x-tensorgate-split"), *split);
+        let a = get(&free, path, &[]).await;
+        assert_eq!(a.body, b.body, "{path}: one slot changed the output");
     }
 }
 
