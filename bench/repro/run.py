@@ -155,7 +155,9 @@ class Tiers:
         genv.update(TENSORGATE_CONFIG=str(cfg), TENSORGATE_LISTEN=f"{self.host}:{port}",
                     TENSORGATE_ADMIN_LISTEN=f"{self.host}:{admin}", TENSORGATE_BACKEND_ENDPOINT=self.seaweed,
                     TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak", TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
-                    TENSORGATE_MODELS_DIR=str(ROOT / "models"), TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG="warn")
+                    TENSORGATE_MODELS_DIR=str(ROOT / "models"), TENSORGATE_ORT_LIBRARY=str(lib),
+                    # REPRO_GATEWAY_LOG=tensorgate::pushdown=debug: when each request's samples start and end.
+                    TENSORGATE_LOG=os.environ.get("REPRO_GATEWAY_LOG", "warn"))
         log = open(self.workdir / f"gateway-{port}.log", "w")
         binary = os.environ.get("TENSORGATE_BIN") or str(ROOT / "target/release/tensorgate")
         self.gateway = subprocess.Popen(self.storage_cmd([binary, "serve"]), env=genv,

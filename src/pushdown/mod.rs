@@ -584,6 +584,8 @@ impl Pushdown {
         keys: &[String],
     ) -> Result<Vec<Tensor>, PushdownError> {
         let max_pixels = self.cfg.max_image_pixels;
+        // When each request's samples start and end: the order requests are computed in (ADR 0019).
+        tracing::debug!(arrival = run.arrival, samples = order.len(), "Samples ready.");
         let runs = items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| async move {
             let slot = run.stream.admit(scratch).await?;
             run.samples.inc();
@@ -620,6 +622,7 @@ impl Pushdown {
             out
         });
         let ran = try_join_all(runs).await?;
+        tracing::debug!(arrival = run.arrival, "Samples computed.");
         let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
         for (i, out) in order.into_iter().zip(ran) {
             outputs[i] = Some(out);
