@@ -536,6 +536,7 @@ impl Pushdown {
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        tracing::debug!(arrival = job.arrival, bytes = body.len(), "Output encoded.");
         drop(stream);
         let content_type = match format {
             Format::Npy => "application/x-npy",

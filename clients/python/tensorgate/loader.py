@@ -135,7 +135,11 @@ class ShardLoader:
         held = self._held.get((key, split))
         etag = held[0] if held else None
         turns, sends = self._turns, self._sends
-        wait = lambda: turns.wait(index)  # noqa: E731
+
+        def wait():  # the response's headers are here: its body is read in turn
+            self.events.append(("headers", index, time.perf_counter()))
+            turns.wait(index)
+
         sent = lambda: sends.done(index)  # noqa: E731
         # A row group of a Parquet file as a shard of its own (`table.ROW_GROUP_MARK`).
         name, group = split_unit(key)
