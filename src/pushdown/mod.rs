@@ -125,11 +125,9 @@ pub struct Pushdown {
     registry: Registry,
     env: Result<ort::environment::Environment, String>,
     engines: Arc<engines::EngineTable>,
-    governor: Arc<Governor>,
-    /// Serializes memory probes: the resident peak they read is process-wide.
-    probe_lock: Arc<Mutex<()>>,
-    /// Every engine's inference threads still running (shutdown waits for them).
-    threads: Arc<engine::Threads>,
+    /// What every engine shares: the memory governor, the probe lock, the inference threads
+    /// (shutdown waits for them) and the inference slots.
+    node: engine::Node,
     /// Measured prefix costs per (model, split), for planning.
     split_costs: Mutex<SplitCosts>,
     /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
@@ -138,8 +136,6 @@ pub struct Pushdown {
     plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
-    /// Slots for inference runs, shared by every engine the same way.
-    inference_slots: Arc<fair::FairSlots>,
     /// The next request's arrival number ([`Job::arrival`]).
     arrivals: std::sync::atomic::AtomicU64,
 }
@@ -163,7 +159,7 @@ pub struct EngineMemory {
 impl Drop for Pushdown {
     fn drop(&mut self) {
         self.engines.clear();
-        self.threads.wait_ended(ENGINE_STOP_WAIT);
+        self.node.threads.wait_ended(ENGINE_STOP_WAIT);
     }
 }
 
@@ -190,18 +186,14 @@ impl Pushdown {
         let preprocess_slots =
             fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
         let per_run = cfg.engine.intra_threads.max(1);
-        let inference_slots =
-            fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
+        let runs = fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
         Self {
             preprocess_slots,
-            inference_slots,
             cfg,
             registry,
             env,
             engines,
-            governor,
-            probe_lock: Arc::default(),
-            threads: Arc::default(),
+            node: engine::Node { governor, probe_lock: Arc::default(), threads: Arc::default(), runs },
             split_costs: Mutex::default(),
             preprocessed: Arc::default(),
             plans: Mutex::default(),
@@ -211,7 +203,7 @@ impl Pushdown {
 
     #[must_use]
     pub fn governor(&self) -> &Arc<Governor> {
-        &self.governor
+        &self.node.governor
     }
 
     /// Every started engine's memory model.
@@ -223,7 +215,7 @@ impl Pushdown {
             .into_iter()
             .map(|((model, split), e)| {
                 let now = e.memory_model_now();
-                let adaptive = self.governor.config().adaptive;
+                let adaptive = self.node.governor.config().adaptive;
                 EngineMemory {
                     model,
                     split,
@@ -309,18 +301,13 @@ impl Pushdown {
             .map(|s| s.tensor.clone())
             .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
         let (model, split, cfg, metrics) = (model.clone(), split.to_owned(), self.cfg.engine, self.cfg.metrics.clone());
-        let node = engine::Node {
-            governor: self.governor.clone(),
-            probe_lock: self.probe_lock.clone(),
-            threads: self.threads.clone(),
-            runs: self.inference_slots.clone(),
-        };
+        let node = self.node.clone();
         // What a start holds before the engine's own reservation: cutting the prefix decodes the
         // whole model, and the first worker checks the prefix against a session of the whole
         // model (docs/BENCHMARKS.md, "The per-run arena by default"). Held from before the cut
         // until the first worker has measured (`engine::ready_session`).
         let transient = START_TRANSIENT_MODEL_COPIES * model.bytes.len() as u64;
-        let start_hold = self.governor.hold(transient);
+        let start_hold = self.node.governor.hold(transient);
         self.engines
             .get_or_start(&key, start_hold, move |start_hold| {
                 Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
@@ -347,7 +334,7 @@ impl Pushdown {
     /// whether they all did.
     pub async fn shutdown(&self) -> bool {
         self.engines.clear();
-        let threads = self.threads.clone();
+        let threads = self.node.threads.clone();
         let ended = tokio::task::spawn_blocking(move || threads.wait_ended(ENGINE_STOP_WAIT)).await.unwrap_or(false);
         if !ended {
             tracing::warn!(wait_secs = ENGINE_STOP_WAIT.as_secs(), "Inference threads still running after shutdown.");
@@ -358,7 +345,7 @@ impl Pushdown {
     /// Inference threads of this service's engines that still hold anything of ONNX Runtime.
     #[must_use]
     pub fn inference_threads(&self) -> usize {
-        self.threads.running()
+        self.node.threads.running()
     }
 
     /// Fault injection for the supervision tests: the next run of this engine panics. `false` if
@@ -426,6 +413,7 @@ impl Pushdown {
             if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
         let decoded_bytes = parsed.table.as_ref().map_or(0, |t| t.decoded_bytes().saturating_add(t.output_bytes()));
         let (stream, outputs_held) = self
+            .node
             .governor
             .open(
                 tenant,
@@ -443,7 +431,7 @@ impl Pushdown {
         // Adaptive: samples of all requests batch together up to the engine's cap (what its
         // reservation covers). Comparison mode: batches as large as the requested storage batch
         // (HAPI without adaptation runs the training batch as one storage batch).
-        let cap = if self.governor.config().adaptive { batch_cap } else { stream.allotment() };
+        let cap = if self.node.governor.config().adaptive { batch_cap } else { stream.allotment() };
         let samples = self
             .cfg
             .metrics
@@ -720,13 +708,13 @@ impl Job<'_> {
         use http_body_util::BodyExt;
         let limit = self.service.cfg.max_object_bytes;
         let bound = declared.map_or(limit, |n| n.min(limit));
-        self.service.governor.could_ever_hold(bound)?;
+        self.service.node.governor.could_ever_hold(bound)?;
         let waited = Instant::now();
         let engine = self.engine().await?;
         self.engine_wait = waited.elapsed();
         let one_sample = engine.1.queued_bytes_per_sample + engine.1.held_bytes_per_sample;
         self.engine = Some(engine);
-        let mut hold = self.service.governor.hold_source(bound, one_sample).await?;
+        let mut hold = self.service.node.governor.hold_source(bound, one_sample).await?;
         let timeout = self.service.cfg.source_timeout;
         let read = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
         let object = match tokio::time::timeout(timeout, read).await {

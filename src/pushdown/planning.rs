@@ -139,7 +139,7 @@ impl Pushdown {
                 text_length: c.text_length,
             });
         }
-        let others = self.governor.active_tenants().into_iter().filter(|t| Some(t.as_str()) != tenant).count();
+        let others = self.node.governor.active_tenants().into_iter().filter(|t| Some(t.as_str()) != tenant).count();
         Ok(StorageProfile { splits, parallelism: self.cfg.engine.workers as f64, load_factor: 1.0 + others as f64 })
     }
 
