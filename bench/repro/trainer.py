@@ -11,6 +11,7 @@ plans for them)."""
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -77,7 +78,10 @@ def main(argv=None):
         if loader is None:  # one loader: an auto plan is made once, in the first epoch
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
                                  prefetch=4 if args.overlap else 1, overlap=bool(args.overlap),
-                                 local_cache_bytes=local, dtype=args.dtype)
+                                 local_cache_bytes=local, dtype=args.dtype,
+                                 # SUFFIX_RUNS=N: shards running their suffix at once (the
+                                 # comparison with the loader's suffixes unordered).
+                                 suffix_runs=int(os.environ.get("SUFFIX_RUNS", "0")))
         before, first = loader.bytes_received, not epochs
         waited = t
         for features, labels, _ in loader:

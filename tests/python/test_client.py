@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -123,6 +124,69 @@ def test_the_loader_sends_its_prefetched_requests_in_shard_order(gw):
         del client.get
     assert len(keys) == 28
     assert sent == sorted(sent) and len(sent) == 7, sent
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_suffixes_run_in_shard_order_as_many_at_once_as_asked(gw, runs):
+    """Shards decode and run their suffix `suffix_runs` at a time, in shard order: shard i starts
+    only once every shard up to i - suffix_runs has ended, so on a compute tier with one core the
+    shard read first finishes first instead of all shards in flight finishing together. The
+    suffix is slowed so that unordered runs would overlap."""
+    client, _, data = gw
+    loader = ShardLoader(client, "shards", "train/", MODEL, "stem", batch_size=4, prefetch=4, suffix_runs=runs)
+    active, most, lock = [0], [0], threading.Lock()
+    runner = loader._runner
+
+    def slowed(split):
+        run = runner(split)
+
+        def call(x):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.1)
+            try:
+                return run(x)
+            finally:
+                with lock:
+                    active[0] -= 1
+        return call
+
+    loader._runner = slowed
+    keys = [k for _, _, ks in loader for k in ks]
+    assert keys == sorted(data)
+    order = [(kind, i) for kind, i, _ in loader.events if kind in ("run_start", "run_end")]
+    assert sorted(i for kind, i in order if kind == "run_start") == list(range(7)), order
+    assert 1 <= most[0] <= runs
+    # Shard i starts only once every shard up to i - runs has ended (in order when runs is 1).
+    for at, (kind, i) in enumerate(order):
+        if kind == "run_start":
+            ended = {j for k, j in order[:at] if k == "run_end"}
+            assert set(range(i - runs + 1)) <= ended, (i, order)
+    if runs == 1:  # one at a time: each run ends before the next starts
+        assert order == [(kind, i) for i in range(7) for kind in ("run_start", "run_end")], order
+
+
+def test_turns_start_in_order_width_at_a_time():
+    from tensorgate.loader import _Turns
+
+    turns = _Turns(2)
+    started = []
+
+    def go(i):
+        turns.wait(i)
+        started.append(i)
+
+    late = threading.Thread(target=go, args=(2,))
+    late.start()
+    for i in (0, 1):
+        turns.wait(i)  # within the width: no waiting
+    turns.done(1)  # out of order: shard 0 still runs, so shard 2 may not start
+    late.join(0.2)
+    assert late.is_alive() and started == []
+    turns.done(0)
+    late.join(10)
+    assert started == [2] and turns.next == 2
 
 
 def test_unchanged_outputs_revalidate_with_304_and_the_loader_keeps_them(gw):

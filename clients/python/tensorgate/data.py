@@ -249,7 +249,7 @@ class ShardDataset(_IterBase, _Ranked):
       dataset or pickles it into its loader workers (`_Ranked`).
     - `drop_last`: equal per-rank sample counts by dropping (True) or padding (False); in
       pre-batched mode it also drops each worker's last partial batch.
-    - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `train_secs_per_batch`,
+    - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `suffix_runs`, `train_secs_per_batch`,
       `replan_threshold`, `replan_every`, `dtype`, `column`: as in `ShardLoader` (only the planning
       process re-plans).
     """
@@ -261,7 +261,8 @@ class ShardDataset(_IterBase, _Ranked):
                  drop_last: bool = False, prefetch: int = 4, storage_batch: int | None = None,
                  local_cache_bytes: int = 0, suffix_threads: int = 1, tensors: str | None = None,
                  train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50,
-                 dtype: str | None = None, column: str | None = None, row_groups: bool = False):
+                 dtype: str | None = None, column: str | None = None, row_groups: bool = False,
+                 suffix_runs: int = 0):
         self.endpoint = _endpoint(source)
         self.row_groups = row_groups
         self.bucket, self.model, self.split, self.prefix = bucket, model, split, prefix
@@ -271,7 +272,7 @@ class ShardDataset(_IterBase, _Ranked):
         self._init_ranks(rank, world_size)
         self.drop_last = drop_last
         self.prefetch, self.storage_batch = prefetch, storage_batch
-        self.local_cache_bytes, self.suffix_threads = local_cache_bytes, suffix_threads
+        self.local_cache_bytes, self.suffix_threads, self.suffix_runs = local_cache_bytes, suffix_threads, suffix_runs
         self.train_secs_per_batch, self.dtype, self.column = train_secs_per_batch, dtype, column
         self.replan = (replan_threshold, replan_every)
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
@@ -377,7 +378,7 @@ class ShardDataset(_IterBase, _Ranked):
             cache["loader"] = ShardLoader(
                 self.client, self.bucket, self.prefix, self.model, self.split, self.batch_size or 1,
                 prefetch=self.prefetch, storage_batch=self.storage_batch, suffix_threads=self.suffix_threads,
-                local_cache_bytes=self.local_cache_bytes, keys=[], plan=plan,
+                suffix_runs=self.suffix_runs, local_cache_bytes=self.local_cache_bytes, keys=[], plan=plan,
                 train_secs_per_batch=self.train_secs_per_batch, replan_threshold=self.replan[0],
                 replan_every=self.replan[1], dtype=self.dtype, column=self.column)
         return cache["loader"]

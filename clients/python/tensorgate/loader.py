@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import os
 import threading
 import time
 from collections import deque
@@ -36,6 +37,11 @@ class ShardLoader:
       shards are further split across workers.
     - `prefetch`: shards requested ahead of the one being consumed (in parallel, order kept).
     - `storage_batch`: asked of the gateway (`x-tensorgate-batch`); it may lower it.
+    - `suffix_runs`: how many shards may decode and run their suffix at once (default 0: the
+      cores this process may use, divided by `suffix_threads`). They go in shard order: shard i
+      starts only once every shard up to i - `suffix_runs` has finished, so on a compute tier
+      with fewer cores than shards in flight the shard read first finishes first, instead of all
+      of them finishing together when they share the cores.
     - `overlap=False` fetches each shard only when the previous one has been consumed (the
       ablation: no cross-tier overlap).
     - `local_cache_bytes`: keep up to this many bytes of finished features (after the suffix) here,
@@ -60,11 +66,13 @@ class ShardLoader:
                  drop_last: bool = False, train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3,
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
-                 history: int = HISTORY, dtype: str | None = None, column: str | None = None):
+                 history: int = HISTORY, dtype: str | None = None, column: str | None = None,
+                 suffix_runs: int = 0):
         from .data import _dist
 
-        #: The ranks given (`torch()` passes these on, so its dataset resolves the rest itself).
-        self._given = (rank, world_size)
+        #: The ranks and suffix runs given (`torch()` passes these on, so its dataset, in its own
+        #: processes, resolves the rest itself).
+        self._given = (rank, world_size, suffix_runs)
         seen = _dist() or (0, 1)
         rank = seen[0] if rank is None else rank
         world_size = seen[1] if world_size is None else world_size
@@ -77,13 +85,15 @@ class ShardLoader:
         self.train_secs_per_batch = train_secs_per_batch
         self.replan_threshold, self.replan_every = replan_threshold, replan_every
         self.suffix_threads = suffix_threads
+        self.suffix_runs = suffix_runs or max(1, _cores() // max(1, suffix_threads))
         self.overlap = overlap
         self.local_cache_bytes = local_cache_bytes
         self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
         self._held_bytes = 0
         self.keys, self.planning, self.dtype, self.column = keys, plan, dtype, column
         self._info: dict | None = None
-        #: ("fetch_start"|"fetch_end"|"yield", shard, time), the newest `history`.
+        #: ("fetch_start"|"headers"|"run_start"|"run_end"|"fetch_end"|"yield", shard, time), the
+        #: newest `history`; a run is the shard's decoding and suffix on this side.
         self.events: deque[tuple[str, int, float]] = deque(maxlen=history)
         #: Per shard, the client's Fetch (bytes, transfer time, split; `result` dropped), the newest
         #: `history`.
@@ -97,7 +107,7 @@ class ShardLoader:
         self.profile_seconds = 0.0
         self._runners: dict[str, SuffixRunner] = {}
         self._lock = threading.Lock()
-        self._turns, self._sends = _Turns(), _Turns()
+        self._turns, self._sends, self._runs = _Turns(), _Turns(), _Turns(self.suffix_runs)
         self.split = split
 
     @property
@@ -134,7 +144,7 @@ class ShardLoader:
         self.events.append(("fetch_start", index, time.perf_counter()))
         held = self._held.get((key, split))
         etag = held[0] if held else None
-        turns, sends = self._turns, self._sends
+        turns, sends, runs = self._turns, self._sends, self._runs
 
         def wait():  # the response's headers are here: its body is read in turn
             self.events.append(("headers", index, time.perf_counter()))
@@ -161,24 +171,34 @@ class ShardLoader:
                                       dtype=self.dtype, if_none_match=etag, before_body=wait, before_send=sent,
                                       column=self.column,
                                       row_groups=None if group is None else str(group))
+        except BaseException:
+            runs.done(index)  # later shards do not wait for a run that will not come
+            raise
         finally:
             sends.done(index)
             turns.done(index)
         ran = got.split or split  # split=auto: the gateway names what ran ("none": the raw shard)
-        if got.not_modified:
-            feats = held[1]
-        elif ran == NO_PUSHDOWN:
-            if group is None:
-                feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
+        # The compute tier's CPU work (decoding, the suffix), in shard order, `suffix_runs` at a time.
+        runs.wait(index)
+        self.events.append(("run_start", index, time.perf_counter()))
+        try:
+            if got.not_modified:
+                feats = held[1]
+            elif ran == NO_PUSHDOWN:
+                if group is None:
+                    feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
+                else:
+                    # split=auto planned no pushdown: the gateway sent the whole file.
+                    cut = cut or one_row_group(got.result.features.tobytes(), group)
+                    feats = decode_table(cut[0], self.info, self.column, cut[1])
+                feats.features = self._runner(NO_PUSHDOWN)(feats.features)
             else:
-                # split=auto planned no pushdown: the gateway sent the whole file.
-                cut = cut or one_row_group(got.result.features.tobytes(), group)
-                feats = decode_table(cut[0], self.info, self.column, cut[1])
-            feats.features = self._runner(NO_PUSHDOWN)(feats.features)
-        else:
-            feats = got.result
-            # f16/bf16 on the wire; float32 to the trainer whether or not a suffix ran.
-            feats.features = np.asarray(self._runner(ran)(feats.features), dtype=np.float32)
+                feats = got.result
+                # f16/bf16 on the wire; float32 to the trainer whether or not a suffix ran.
+                feats.features = np.asarray(self._runner(ran)(feats.features), dtype=np.float32)
+        finally:
+            self.events.append(("run_end", index, time.perf_counter()))
+            runs.done(index)
         if self.local_cache_bytes and got.etag and not got.not_modified:
             self._keep((key, split), got.etag, feats)
         with self._lock:  # the record without its body: the history must not hold features
@@ -239,6 +259,7 @@ class ShardLoader:
             return
         self._turns = turns = _Turns()
         self._sends = sends = _Turns()
+        self._runs = runs = _Turns(self.suffix_runs)
         pool = cf.ThreadPoolExecutor(self.prefetch)
         pending: deque = deque()
         next_shard = 0
@@ -280,8 +301,8 @@ class ShardLoader:
         finally:
             for f in pending:
                 f.cancel()
-            turns.close()
-            sends.close()
+            for t in (turns, sends, runs):
+                t.close()
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __iter__(self):
@@ -324,31 +345,45 @@ class ShardLoader:
                             keys=self.keys, batch_size=self.batch_size, rank=self._given[0],
                             world_size=self._given[1], drop_last=self.drop_last, prefetch=self.prefetch,
                             storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
-                            suffix_threads=self.suffix_threads, dtype=self.dtype, column=self.column)
+                            suffix_threads=self.suffix_threads, suffix_runs=self._given[2], dtype=self.dtype,
+                            column=self.column)
 
 
 class _Turns:
-    """Bodies are read in shard order, one at a time: requests go out `prefetch` ahead (so the
-    storage node works ahead), but the link carries shard i before shard i+1 instead of splitting
-    between them, so the first batch arrives as soon as one shard can cross, not all of them."""
+    """Shards take turns, in shard order, `width` at a time: shard i may start once every shard
+    up to i - width is done (with a width of 1, strictly one after another). Bodies are read one
+    at a time: requests go out `prefetch` ahead (so the storage node works ahead), but the link
+    carries shard i before shard i+1 instead of splitting between them, so the first batch
+    arrives as soon as one shard can cross, not all of them. The same holds for the compute
+    tier's cores and the suffixes."""
 
-    def __init__(self):
-        self.next, self.closed = 0, False
+    def __init__(self, width: int = 1):
+        self.next, self.width, self.closed = 0, width, False
+        self.finished: set[int] = set()  # done, after `next`
         self.cond = threading.Condition()
 
     def wait(self, index: int) -> None:
         with self.cond:
-            self.cond.wait_for(lambda: self.closed or self.next >= index)
+            self.cond.wait_for(lambda: self.closed or index < self.next + self.width)
 
     def done(self, index: int) -> None:
         with self.cond:
-            self.next = max(self.next, index + 1)
+            if index >= self.next:
+                self.finished.add(index)
+            while self.next in self.finished:
+                self.finished.discard(self.next)
+                self.next += 1
             self.cond.notify_all()
 
     def close(self) -> None:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def link_rate(fetches) -> float | None:
