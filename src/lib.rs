@@ -7,6 +7,7 @@ pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod cache;
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod demo;

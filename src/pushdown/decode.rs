@@ -19,8 +19,6 @@
 
 use std::io::Cursor;
 
-use image::{DynamicImage, ImageReader};
-
 use super::error::{PushdownError, guarded};
 
 /// The image formats pushdown decodes.
@@ -181,15 +179,23 @@ pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
         Some(Format::Png) => {
             let (depth, color) = png_ihdr(bytes)?;
             png_chunks_check(bytes)?;
-            let (width, height) = ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png)
-                .into_dimensions()
-                .map_err(|e| bad(format!("cannot read image header: {e}")))?;
+            let (width, height) = guarded("cannot read image header", || {
+                let mut d = png::Decoder::new(Cursor::new(bytes));
+                let info = d.read_header_info().map_err(|e| bad(format!("cannot read image header: {e}")))?;
+                Ok((info.width, info.height))
+            })?;
             // After expansion (palette to RGB, tRNS to alpha) at most 2 or 4 channels.
             let channels: u64 = match color {
                 png_color::GRAY | png_color::GRAY_ALPHA => 2,
                 png_color::RGB | png_color::PALETTE | png_color::RGBA => 4,
                 _ => return Err(bad(format!("cannot read image header: PNG colour type {color} does not exist"))),
             };
+            // The PNG specification's bound; beyond it `width * height * 8` overflows a u64.
+            if width > PNG_MAX_DIMENSION || height > PNG_MAX_DIMENSION {
+                return Err(bad(format!(
+                    "cannot read image header: a PNG dimension above {PNG_MAX_DIMENSION} ({width}x{height})"
+                )));
+            }
             let sample = if depth == 16 { 2 } else { 1 };
             let native_bytes = u64::from(width) * u64::from(height) * channels * sample;
             Ok(Header { format: Format::Png, width, height, native_bytes })
@@ -197,6 +203,9 @@ pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
         None => Err(bad("not a JPEG or PNG image")),
     }
 }
+
+/// The largest width or height the PNG specification allows (2^31 - 1).
+const PNG_MAX_DIMENSION: u32 = i32::MAX as u32;
 
 fn dim(v: usize) -> Result<u32, PushdownError> {
     u32::try_from(v).map_err(|_| bad("cannot read image header: dimension out of range"))
@@ -260,27 +269,38 @@ fn inverted_cmyk_to_rgb(stored: &[u8]) -> Vec<u8> {
 
 fn decode_png(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
     let (depth, color) = png_ihdr(bytes)?;
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), image::ImageFormat::Png);
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(head.width);
-    limits.max_image_height = Some(head.height);
-    limits.max_alloc = Some(head.native_bytes.max(1));
-    reader.limits(limits);
-    let img = guarded("cannot decode image", || reader.decode().map_err(|e| bad(format!("cannot decode image: {e}"))))?;
-    // 16-bit grey is PIL's `I;16`, clamped to 8 bits; tRNS may have given it an alpha channel here.
+    let failed = |e: png::DecodingError| bad(format!("cannot decode image: {e}"));
+    let (buf, colour, bits) = guarded("cannot decode image", || {
+        // The decoder's own buffers (rows, the inflate window, chunks) within the header's bound.
+        let limit = usize::try_from(head.native_bytes.max(1)).unwrap_or(usize::MAX);
+        let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), png::Limits { bytes: limit });
+        // Palette to RGB, tRNS to alpha, 1-, 2- and 4-bit grey to 8 bits; 16-bit samples kept.
+        decoder.set_transformations(png::Transformations::EXPAND);
+        let mut reader = decoder.read_info().map_err(failed)?;
+        let size = reader.output_buffer_size().filter(|&n| n as u64 <= head.native_bytes);
+        let Some(size) = size else {
+            return Err(bad("cannot decode image: its pixels exceed what its header allows"));
+        };
+        let mut buf = vec![0; size];
+        let out = reader.next_frame(&mut buf).map_err(failed)?;
+        buf.truncate(out.buffer_size());
+        Ok((buf, out.color_type, out.bit_depth))
+    })?;
+    // 16-bit samples are big-endian: the high byte comes first. 16-bit grey is PIL's `I;16`,
+    // clamped to 8 bits; tRNS may have given it an alpha channel here.
     let clamp_gray16 = depth == 16 && color == png_color::GRAY;
-    let hi = |v: u16| (v >> 8) as u8;
-    let gray16 = |v: u16| if clamp_gray16 { v.min(255) as u8 } else { hi(v) };
-    Ok(match img {
-        DynamicImage::ImageRgb8(b) => b.into_raw(),
-        DynamicImage::ImageRgba8(b) => b.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
-        DynamicImage::ImageLuma8(b) => b.iter().flat_map(|&v| [v; 3]).collect(),
-        DynamicImage::ImageLumaA8(b) => b.chunks_exact(2).flat_map(|p| [p[0]; 3]).collect(),
-        DynamicImage::ImageLuma16(b) => b.iter().flat_map(|&v| [gray16(v); 3]).collect(),
-        DynamicImage::ImageLumaA16(b) => b.chunks_exact(2).flat_map(|p| [gray16(p[0]); 3]).collect(),
-        DynamicImage::ImageRgb16(b) => b.iter().map(|&v| hi(v)).collect(),
-        DynamicImage::ImageRgba16(b) => b.chunks_exact(4).flat_map(|p| [hi(p[0]), hi(p[1]), hi(p[2])]).collect(),
-        other => return Err(bad(format!("cannot decode image: unsupported PNG pixel type {:?}", other.color()))),
+    let gray16 = |p: &[u8]| if clamp_gray16 { u16::from_be_bytes([p[0], p[1]]).min(255) as u8 } else { p[0] };
+    use png::{BitDepth::Eight, BitDepth::Sixteen, ColorType::*};
+    Ok(match (colour, bits) {
+        (Rgb, Eight) => buf,
+        (Rgba, Eight) => buf.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        (Grayscale, Eight) => buf.iter().flat_map(|&v| [v; 3]).collect(),
+        (GrayscaleAlpha, Eight) => buf.chunks_exact(2).flat_map(|p| [p[0]; 3]).collect(),
+        (Grayscale, Sixteen) => buf.chunks_exact(2).flat_map(|p| [gray16(p); 3]).collect(),
+        (GrayscaleAlpha, Sixteen) => buf.chunks_exact(4).flat_map(|p| [gray16(p); 3]).collect(),
+        (Rgb, Sixteen) => buf.chunks_exact(2).map(|p| p[0]).collect(),
+        (Rgba, Sixteen) => buf.chunks_exact(8).flat_map(|p| [p[0], p[2], p[4]]).collect(),
+        other => return Err(bad(format!("cannot decode image: unsupported PNG pixel type {other:?}"))),
     })
 }
 
@@ -331,12 +351,30 @@ mod tests {
     }
 
     #[test]
+    fn dimensions_beyond_the_png_bound_are_refused_not_overflowed() {
+        // Found by the image fuzz target (whose build skips PNG CRCs; these carry valid ones):
+        // 3782150275 x 3291152396 overflowed the native buffer's size.
+        for found in [
+            &include_bytes!("../../fuzz/regressions/image/png-dimensions-overflow-1.png")[..],
+            &include_bytes!("../../fuzz/regressions/image/png-dimensions-overflow-2.png")[..],
+        ] {
+            let e = header(found).expect_err("refused");
+            assert!(e.to_string().contains("PNG dimension above"), "{e}");
+        }
+    }
+
+    #[test]
     fn headers_bound_the_native_buffer() {
         let rgba16 = {
-            let img = image::ImageBuffer::<image::Rgba<u16>, _>::from_pixel(10, 4, image::Rgba([1, 2, 3, 4]));
-            let mut out = Cursor::new(Vec::new());
-            img.write_to(&mut out, image::ImageFormat::Png).expect("encode");
-            out.into_inner()
+            let mut out = Vec::new();
+            let mut e = png::Encoder::new(&mut out, 10, 4);
+            e.set_color(png::ColorType::Rgba);
+            e.set_depth(png::BitDepth::Sixteen);
+            let mut w = e.write_header().expect("header");
+            let px: Vec<u8> = [1u16, 2, 3, 4].iter().flat_map(|v| v.to_be_bytes()).collect();
+            w.write_image_data(&px.repeat(10 * 4)).expect("encode");
+            w.finish().expect("finish");
+            out
         };
         let h = header(&rgba16).expect("header");
         assert_eq!((h.format, h.width, h.height, h.native_bytes), (Format::Png, 10, 4, 10 * 4 * 8));

@@ -333,14 +333,11 @@ pub fn reference_resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: 
 mod tests {
     use super::*;
 
-    use std::io::Cursor;
-
     fn png(w: u32, h: u32) -> Vec<u8> {
-        let img =
-            image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8]));
-        let mut out = Cursor::new(Vec::new());
-        img.write_to(&mut out, image::ImageFormat::Png).expect("encode");
-        out.into_inner()
+        let rgb: Vec<u8> = (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8]))
+            .collect();
+        crate::demo::png_rgb8(w, h, &rgb).expect("encode")
     }
 
     fn plain(crop: u32) -> Preprocess {

@@ -1,0 +1,220 @@
+//! The `tensorgate` command line (`serve`, `check-config`, `models`, `plan`) and its exit codes:
+//! wiring only. It lives in the library, and `main.rs` only calls [`main`], so that what the
+//! command instantiates (clap's parser, the runtime's `block_on` of the server, serde) is compiled
+//! once, in the library's parallel codegen units, and not again in a binary crate that compiles
+//! alone at the end of every release build (22 s of the 5-minute fresh build, `docs/BENCHMARKS.md`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config::{Config, Overrides};
+use clap::{Parser, Subcommand};
+
+/// Exit code for a bad configuration (sysexits EX_USAGE).
+const EX_USAGE: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tensorgate",
+    version,
+    about = "S3 gateway that runs the frozen prefix of a neural network next to the data"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve(Box<Overrides>),
+    /// Validate a config file, with the `TENSORGATE_*` environment applied as `serve` would, and
+    /// exit (non-zero, naming the bad key, if invalid).
+    CheckConfig { file: PathBuf },
+    /// Inspect and cut ONNX models.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+    /// Evaluate the split planner's cost model on a JSON file holding `storage` (a storage
+    /// profile, as `/v1/plan` reports it) and `client` (a client profile); print every
+    /// candidate's predicted epoch time and the choice (docs/planner.md).
+    Plan {
+        file: PathBuf,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelsCommand {
+    /// List the tensors a model can be cut at (node outputs, in graph order).
+    Tensors { model: PathBuf },
+    /// Write the prefix of MODEL that computes the given tensors.
+    Cut {
+        model: PathBuf,
+        /// Tensor to compute (repeatable; they become the prefix's outputs in this order).
+        #[arg(long = "split", required = true)]
+        splits: Vec<String>,
+        /// Where to write the prefix (external-data files are referenced relative to it).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Restarts the process once with glibc's mmap threshold fixed and huge pages advised for large
+/// mappings (`memory::MALLOC_TUNABLE`), unless a threshold is already set: the operator's
+/// settings are then kept as they are, and a restarted process sees its own threshold. Without the
+/// threshold, glibc raises it after large frees and keeps inference buffers of up to 32 MiB in its
+/// heaps: resident memory then stays near the highest burst instead of following what the memory
+/// governor has reserved (docs/adr/0005); without huge pages every run faults its larger tensors
+/// in 4 KiB at a time (docs/adr/0012).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn with_allocator_tunables() {
+    use std::os::unix::process::CommandExt;
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if current.contains("glibc.malloc.mmap_threshold") {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let tunable = crate::pushdown::memory::MALLOC_TUNABLE;
+    let value = if current.is_empty() { tunable.to_owned() } else { format!("{current}:{tunable}") };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    let err = cmd.args(args).env("GLIBC_TUNABLES", value).exec();
+    eprintln!("tensorgate: cannot restart with allocator tunables ({err}); continuing without");
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn with_allocator_tunables() {}
+
+/// The `tensorgate` command, as `main.rs` runs it.
+#[must_use]
+pub fn main() -> ExitCode {
+    with_allocator_tunables();
+    let cli = Cli::parse();
+    match cli.command.unwrap_or_else(|| Command::Serve(Box::new(Overrides::parse_from_env()))) {
+        Command::CheckConfig { file } => {
+            match Config::load(&Overrides { config: Some(file.clone()), ..Overrides::parse_from_env() }) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(EX_USAGE)
+                }
+            }
+        }
+        Command::Serve(o) => serve(&o),
+        Command::Models(m) => report(models(m)),
+        Command::Plan { file, json } => report(plan(&file, json)),
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tensorgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn plan(file: &std::path::Path, as_json: bool) -> anyhow::Result<()> {
+    use crate::planner;
+    use anyhow::Context;
+    #[derive(serde::Deserialize)]
+    struct Input {
+        storage: planner::StorageProfile,
+        client: planner::ClientProfile,
+    }
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let input: Input = serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+    let plan = planner::plan(&input.storage, &input.client)?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12} {:>12} {:>10} {:>10} {:>10} {:>12}  note",
+        "split", "epoch (s)", "stream", "train", "np", "bytes/sample"
+    );
+    for c in &plan.candidates {
+        let t = c.epoch_secs.map_or_else(|| "-".to_owned(), |t| format!("{t:.2}"));
+        let mark = if c.split == plan.chosen { "<- chosen" } else { c.excluded.as_deref().unwrap_or("") };
+        println!(
+            "{:<12} {:>12} {:>10.4} {:>10.4} {:>10.4} {:>12.0}  {mark}",
+            c.split, t, c.stream_secs, c.train_secs, c.np_secs, c.bytes_per_sample
+        );
+    }
+    Ok(())
+}
+
+fn models(cmd: ModelsCommand) -> anyhow::Result<()> {
+    use crate::pushdown::prefix;
+    use anyhow::Context;
+    match cmd {
+        ModelsCommand::Tensors { model } => {
+            let bytes = std::fs::read(&model).with_context(|| format!("reading {}", model.display()))?;
+            for name in prefix::tensor_names(&bytes)? {
+                println!("{name}");
+            }
+        }
+        ModelsCommand::Cut { model, splits, out } => {
+            let bytes = std::fs::read(&model).with_context(|| format!("reading {}", model.display()))?;
+            let names: Vec<&str> = splits.iter().map(String::as_str).collect();
+            let cut = prefix::cut(&bytes, &names)?;
+            std::fs::write(&out, &cut).with_context(|| format!("writing {}", out.display()))?;
+            println!("{}: {} bytes ({} in the full model)", out.display(), cut.len(), bytes.len());
+        }
+    }
+    Ok(())
+}
+
+fn serve(o: &Overrides) -> ExitCode {
+    let config = match Config::load(o) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tensorgate: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    crate::telemetry::init(config.log.format, &config.log.filter);
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "Starting tensorgate.");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tensorgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::run(&config, crate::server::shutdown_signal())) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot start.");
+            eprintln!("tensorgate: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
+trait ParseFromEnv {
+    fn parse_from_env() -> Self;
+}
+
+impl ParseFromEnv for Overrides {
+    /// `tensorgate` with no subcommand behaves as `tensorgate serve`, reading only the environment.
+    fn parse_from_env() -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            o: Overrides,
+        }
+        Only::parse_from(["tensorgate"]).o
+    }
+}
