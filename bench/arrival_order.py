@@ -5,6 +5,8 @@ apart, default 2 ms), REPS times; prints when each request's response headers ar
 from the first request). In order means shard i's answer before shard i+1's. Pinned: SeaweedFS and
 the gateway (release build, one inference worker, cache off) on CPU 0, this client on the caller's
 CPUs (run it under `taskset -c 1`). The gateway's CPU seconds over the run are printed last.
+Each repetition asks twice, once with `seq` (the client's order, as the loader sends it; ADR 0021)
+and once without (the gateway numbers requests as it gets to them), alternating.
 
 Run: taskset -c 1 .venv/bin/python bench/arrival_order.py [SPLIT]   (default layer3; ResNet-18)
      ... layer4,layer2                       shard 0 at the first split, the others at the second
@@ -16,6 +18,7 @@ Run: taskset -c 1 .venv/bin/python bench/arrival_order.py [SPLIT]   (default lay
 """
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -78,12 +81,13 @@ def main() -> None:
         if not os.environ.get("COLD"):
             for warm in dict.fromkeys(splits):  # the engines started and warm
                 c.get("order", "s0.tar", "resnet18", warm, dtype="f16")
-        in_order = 0
-        for _ in range(reps):
-            t0, done = time.perf_counter(), {}
+        in_order = {"seq": 0, "no seq": 0}
+        for _, mode in ((r, m) for r in range(reps) for m in in_order):
+            t0, done, stream = time.perf_counter(), {}, secrets.token_hex(8)
 
-            def one(i, t0=t0, done=done):
+            def one(i, t0=t0, done=done, stream=stream, mode=mode):
                 c.get("order", f"s{i}.tar", "resnet18", at[i], dtype="f16",
+                      seq=f"{stream}.{i}" if mode == "seq" else None,
                       before_body=lambda: done.__setitem__(i, round(time.perf_counter() - t0, 2)))
 
             threads = [threading.Thread(target=one, args=(i,)) for i in range(SHARDS)]
@@ -93,9 +97,10 @@ def main() -> None:
             for t in threads:
                 t.join(timeout=600)
             got = [done.get(i) for i in range(SHARDS)]
-            in_order += got == sorted(got)
-            print(f"{split}: headers at {got}", flush=True)
-        print(f"in order: {in_order} of {reps}")
+            in_order[mode] += got == sorted(got)
+            print(f"{split}, {mode}: headers at {got}", flush=True)
+        for mode, n in in_order.items():
+            print(f"in order, {mode}: {n} of {reps}")
         stat = (Path("/proc") / str(gw.pid) / "stat").read_text().split(")")[1].split()
         print(f"gateway CPU s: {(int(stat[11]) + int(stat[12])) / os.sysconf('SC_CLK_TCK'):.2f}")
     finally:

@@ -22,6 +22,7 @@ pub mod fair;
 pub mod governor;
 pub mod manifest;
 pub mod memory;
+pub mod order;
 pub mod planning;
 pub mod prefix;
 pub mod preprocess;
@@ -136,8 +137,8 @@ pub struct Pushdown {
     plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
-    /// The next request's arrival number ([`Job::arrival`]).
-    arrivals: std::sync::atomic::AtomicU64,
+    /// Requests' arrival numbers ([`Job::arrival`]), in their clients' order where they say it.
+    arrivals: order::Arrivals,
 }
 
 /// One engine's memory, for the admin API.
@@ -197,7 +198,7 @@ impl Pushdown {
             split_costs: Mutex::default(),
             preprocessed: Arc::default(),
             plans: Mutex::default(),
-            arrivals: std::sync::atomic::AtomicU64::new(0),
+            arrivals: order::Arrivals::default(),
         }
     }
 
@@ -272,6 +273,7 @@ impl Pushdown {
         self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
+        let arrival = self.arrivals.number(spec.seq.as_ref());
         Ok(Some(Job {
             service: self,
             spec,
@@ -282,7 +284,7 @@ impl Pushdown {
             engine: None,
             engine_wait: Duration::ZERO,
             source: None,
-            arrival: self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            arrival,
         }))
     }
 
@@ -639,8 +641,9 @@ pub struct Job<'a> {
     /// How long [`Self::read_source`] waited for the engine (not part of the source's fetch).
     engine_wait: Duration,
     source: Option<governor::Held>,
-    /// When the request arrived, among all pushdown requests (`Pushdown::arrivals`): its samples
-    /// are decoded and run after those of the tenant's earlier requests (ADR 0019).
+    /// When the request arrived, among all pushdown requests, or where its client's order puts it
+    /// (`Pushdown::arrivals`): its samples are decoded and run after those of the tenant's earlier
+    /// requests (ADR 0019, ADR 0021).
     arrival: u64,
 }
 

@@ -1,10 +1,11 @@
 //! The pushdown request: which model, split, output format, dtype, storage batch, Parquet input
-//! column and Parquet row groups a GET asks for, from request headers (`x-tensorgate-*`) or query parameters
+//! column and Parquet row groups a GET asks for, and where it stands in its client's order, from request headers (`x-tensorgate-*`) or query parameters
 //! (`tensorgate-*`). Pure. Bad values name the field; DESIGN.md section 2 is the contract.
 
 use http::HeaderMap;
 
 use super::error::PushdownError;
+use super::order::Seq;
 
 pub const HEADER_PREFIX: &str = "x-tensorgate-";
 pub const QUERY_PREFIX: &str = "tensorgate-";
@@ -76,6 +77,10 @@ pub struct PushdownSpec {
     /// footer and those groups' bytes with ranged reads, so a file of any size is pushed down a
     /// few row groups at a time (each its own cached output). Refused for other sources.
     pub row_groups: Option<RowGroups>,
+    /// Where the request stands in its client's order (`seq=<stream>.<n>`): its samples are
+    /// computed in that order among the stream's requests (`super::order`). Does not change the
+    /// output.
+    pub seq: Option<Seq>,
 }
 
 /// Row groups `first..=last` of a Parquet file (`row-groups=3` or `row-groups=3-5`).
@@ -154,8 +159,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     if fields.is_empty() {
         return Ok(None);
     }
-    let (mut model, mut split, mut format, mut dtype, mut batch, mut column, mut row_groups) =
-        (None, None, None, None, None, None, None);
+    let (mut model, mut split, mut format, mut dtype, mut batch, mut column, mut row_groups, mut seq) =
+        (None, None, None, None, None, None, None, None);
     for (field, value) in fields {
         let slot = match field.as_str() {
             "model" => &mut model,
@@ -165,10 +170,11 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             "batch" => &mut batch,
             "column" => &mut column,
             "row-groups" => &mut row_groups,
+            "seq" => &mut seq,
             _ => {
                 return Err(invalid(
                     &field,
-                    "is not a pushdown field (model, split, format, dtype, batch, column, row-groups)",
+                    "is not a pushdown field (model, split, format, dtype, batch, column, row-groups, seq)",
                 ));
             }
         };
@@ -214,7 +220,19 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             invalid("row-groups", &format!("{v:?} is not a row-group index or a range of them (3, or 3-5)"))
         })?),
     };
-    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column, row_groups }))
+    let seq = match seq.as_deref() {
+        None => None,
+        Some(v) => Some(Seq::parse(v).ok_or_else(|| {
+            invalid(
+                "seq",
+                &format!(
+                    "{v:?} is not <stream>.<n>: a stream name of letters, digits, - and _ (at most {} bytes) and a whole number",
+                    super::order::MAX_STREAM_NAME
+                ),
+            )
+        })?),
+    };
+    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column, row_groups, seq }))
 }
 
 impl PushdownSpec {
@@ -234,6 +252,9 @@ impl PushdownSpec {
         }
         if let Some(g) = self.row_groups {
             out.push(("row-groups", g.to_string()));
+        }
+        if let Some(q) = &self.seq {
+            out.push(("seq", q.to_string()));
         }
         out
     }
@@ -293,6 +314,16 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_order_round_trips_and_is_not_part_of_the_output() {
+        let spec = parse(&HeaderMap::new(), Some("tensorgate-model=m&tensorgate-split=s&tensorgate-seq=ab12.3"))
+            .expect("ok")
+            .expect("spec");
+        assert_eq!(spec.seq, Some(Seq { stream: "ab12".into(), n: 3 }));
+        let (_, back) = spec.fields().into_iter().find(|(k, _)| *k == "seq").expect("a field");
+        assert_eq!(Seq::parse(&back), spec.seq);
+    }
+
+    #[test]
     fn triggers_are_removed_by_their_decoded_names() {
         let q = "tensorgate-model=m&versionId=1&tensorgate%2Dsplit=s&tensorgate%2dformat=tar&&partNumber=2";
         assert!(parse(&HeaderMap::new(), Some(q)).expect("parsed").is_some());
@@ -311,6 +342,7 @@ mod tests {
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-colour", "red")]), "colour"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-batch", "0")]), "batch"),
             (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-column", "")]), "column"),
+            (h(&[("x-tensorgate-model", "m"), ("x-tensorgate-split", "s"), ("x-tensorgate-seq", "7")]), "seq"),
             (
                 h(&[
                     ("x-tensorgate-model", "m"),

@@ -37,11 +37,13 @@ def test_second_epoch_is_served_from_cache_with_identical_bytes(gateway, s3, buc
     for i in range(4):
         s3.put_object(Bucket=bucket, Key=f"e/{i}.npy", Body=npy_bytes(sample(i)))
     misses = metric(admin, "tensorgate_cache_misses_total")
-    epoch1 = [get(s3, bucket, f"e/{i}.npy") for i in range(4)]
+    # Each epoch's requests in their own order, as the loader sends them (`seq`): not part of the
+    # output, so the second epoch still finds the first's.
+    epoch1 = [get(s3, bucket, f"e/{i}.npy", seq=f"epoch1.{i}") for i in range(4)]
     assert [h["x-tensorgate-cache"] for _, h in epoch1] == ["miss"] * 4
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 4
     computed = metric(admin, 'tensorgate_pushdown_requests_total{model="tiny-cnn",split="pool"}')
-    epoch2 = [get(s3, bucket, f"e/{i}.npy") for i in range(4)]
+    epoch2 = [get(s3, bucket, f"e/{i}.npy", seq=f"epoch2.{i}") for i in range(4)]
     # The default revalidates every request with a conditional GET: no recomputation.
     assert [h["x-tensorgate-cache"] for _, h in epoch2] == ["revalidated"] * 4
     assert metric(admin, 'tensorgate_pushdown_requests_total{model="tiny-cnn",split="pool"}') == computed

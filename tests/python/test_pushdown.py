@@ -151,6 +151,7 @@ def test_bad_requests_name_what_is_wrong(s3, bucket):
         (dict(model="tiny-cnn", split="stem", dtype="f64"), "s.npy", 400, "dtype"),
         (dict(model="tiny-cnn", split="stem"), "text.txt", 415, "not a JPEG or PNG image, a .npy tensor"),
         (dict(model="tiny-cnn", split="stem"), "wrong.npy", 400, "shape"),
+        (dict(model="tiny-cnn", split="stem", seq="no stream"), "s.npy", 400, "seq"),
     ]
     for fields, key, status, needle in cases:
         with pytest.raises(botocore.exceptions.ClientError) as e:

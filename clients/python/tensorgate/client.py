@@ -130,7 +130,7 @@ class Client:
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
             range: str | None = None, if_none_match: str | None = None, before_body=None,
             before_send=None, raw: bool = False, column: str | None = None,
-            row_groups: str | None = None) -> Fetch:
+            row_groups: str | None = None, seq: str | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
@@ -139,9 +139,12 @@ class Client:
         and about to go out, or has failed before that (a loader sends its requests in order with
         it, so the gateway computes them in that order). `raw=True` returns the body undecoded (as
         uint8), e.g. a byte range of an output. `column`: a Parquet file's input column; `row_groups`:
-        some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges."""
+        some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges. `seq`: where this
+        request stands in its caller's order, `"<stream>.<n>"` (n from 0 within a stream named at
+        random): the gateway computes a stream's requests in that order, however their connections
+        reach it (ADR 0021)."""
         fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt, column=column,
-                         **{"row-groups": row_groups})
+                         **{"row-groups": row_groups}, seq=seq)
         t0 = time.perf_counter()
         extra = {"Range": range} if range else {}
         if if_none_match:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -169,8 +170,8 @@ class ShardLoader:
             else:
                 got = self.client.get(self.bucket, name, self.model, split, batch=self.storage_batch,
                                       dtype=self.dtype, if_none_match=etag, before_body=wait, before_send=sent,
-                                      column=self.column,
-                                      row_groups=None if group is None else str(group))
+                                      column=self.column, row_groups=None if group is None else str(group),
+                                      seq=f"{self._stream}.{index}")
         except BaseException:
             runs.done(index)  # later shards do not wait for a run that will not come
             raise
@@ -259,6 +260,9 @@ class ShardLoader:
             return
         self._turns = turns = _Turns()
         self._sends = sends = _Turns()
+        # The gateway numbers this pass's requests in shard order, however their connections
+        # reach it (`seq`, ADR 0021).
+        self._stream = secrets.token_hex(8)
         self._runs = runs = _Turns(self.suffix_runs)
         pool = cf.ThreadPoolExecutor(self.prefetch)
         pending: deque = deque()
