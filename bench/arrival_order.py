@@ -15,6 +15,7 @@ Run: taskset -c 1 .venv/bin/python bench/arrival_order.py [SPLIT]   (default lay
      TENSORGATE_BIN=path/to/tensorgate ...   another build (default target/release/tensorgate)
      COLD=1 ...                              no warm-up request (the engine starts under the load)
      REPS=6 GAP=0.03 ...                     repetitions, and the gap between the threads' starts
+     GATEWAY_LOG=tensorgate::pushdown=debug  the gateway's log level (its log: the run's temporary directory)
 """
 
 import os
@@ -62,7 +63,7 @@ def main() -> None:
     genv.update(TENSORGATE_CONFIG=str(cfg), TENSORGATE_LISTEN=LISTEN, TENSORGATE_ADMIN_LISTEN=ADMIN,
                 TENSORGATE_BACKEND_ENDPOINT=store, TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
                 TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk", TENSORGATE_MODELS_DIR=str(ROOT / "models"),
-                TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG="warn")
+                TENSORGATE_ORT_LIBRARY=str(lib), TENSORGATE_LOG=os.environ.get("GATEWAY_LOG", "warn"))
     gw = subprocess.Popen(["taskset", "-c", "0", binary, "serve"], env=genv,
                           stdout=open(work / "gateway.log", "w"), stderr=subprocess.STDOUT)
     try:

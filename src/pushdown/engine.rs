@@ -93,6 +93,14 @@ impl<'de> Deserialize<'de> for OrtArena {
 /// oldest request's answer came after all requests' decoding.
 pub const LOOKAHEAD_BATCHES: usize = 2;
 
+/// How many times [`LOOKAHEAD_BATCHES`] an engine lends beyond it to a tenant's earlier requests
+/// whose later requests' samples took the places first ([`super::fair`], ADR 0021): a client's
+/// prefetched requests reach the gateway a few milliseconds apart in any order, and each of the
+/// three after the first may have taken places before the first's source came back. Memory is
+/// not what this bounds (every sample is admitted by the budget before it asks for a place), but
+/// how far decoding may run ahead of inference while they catch up.
+pub const LOOKAHEAD_LOANS: usize = 3;
+
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
@@ -308,7 +316,8 @@ impl Engine {
                 })
                 .map_err(|e| PushdownError::Internal(format!("cannot start inference thread: {e}")))?;
         }
-        let lookahead = FairSlots::new(LOOKAHEAD_BATCHES * workers * cfg.max_batch.max(1));
+        let ahead = LOOKAHEAD_BATCHES * workers * cfg.max_batch.max(1);
+        let lookahead = FairSlots::lending(ahead, LOOKAHEAD_LOANS * ahead);
         Ok(Self {
             queue,
             lookahead,

@@ -21,8 +21,15 @@
 //! before its plan) would share the cores and shard 0 would finish late. Inference runs take a
 //! slot of their own pool, by their batch's earliest place, so the oldest request runs first
 //! whichever engine serves it.
+//!
+//! A pool may *lend* ([`FairSlots::lending`]): a sample that finds every slot held, some by later
+//! places of its own tenant, takes one beyond the pool instead of waiting for them, and the next
+//! slots given back repay the loan. The engines' places ahead of inference lend (ADR 0021): a
+//! client's shard 0 whose source came back a few milliseconds after shard 1's would otherwise
+//! wait until shard 1's decoded samples had run. Only a tenant's own later samples make it lend,
+//! so no tenant gains over another, and the loans are bounded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -34,6 +41,8 @@ use super::queue::Place;
 #[derive(Debug)]
 pub struct FairSlots {
     inner: Mutex<Inner>,
+    /// Most slots out on loan at once (0: the pool never lends).
+    lend: usize,
 }
 
 /// Where a waiter stands in its tenant's queue: its [`Place`], then the order it asked in (which
@@ -49,6 +58,47 @@ struct Inner {
     asked: u64,
     /// The tenant served last: the next turn goes to the one after it.
     last: Option<String>,
+    /// Where the held slots stand, per tenant (a count per place), in a pool that lends.
+    held: HashMap<String, BTreeMap<Place, usize>>,
+    /// Slots out on loan: the next ones given back repay them instead of passing on.
+    lent: usize,
+}
+
+impl Inner {
+    fn hold(&mut self, at: Option<&(String, Place)>) {
+        if let Some((tenant, place)) = at {
+            *self.held.entry(tenant.clone()).or_default().entry(*place).or_default() += 1;
+        }
+    }
+
+    fn unhold(&mut self, at: Option<&(String, Place)>) {
+        let Some((tenant, place)) = at else { return };
+        let Some(places) = self.held.get_mut(tenant) else { return };
+        if let Some(n) = places.get_mut(place) {
+            *n -= 1;
+            if *n == 0 {
+                places.remove(place);
+            }
+        }
+        if places.is_empty() {
+            self.held.remove(tenant);
+        }
+    }
+
+    /// The tenant whose turn is next: the first after the one served last that has waiters
+    /// (only those whose oldest waiter could borrow, with `borrowers_only`).
+    fn next_turn(&self, borrowers_only: bool) -> Option<String> {
+        let after = self.last.as_ref().map(|t| self.waiting.range::<String, _>((Bound::Excluded(t), Bound::Unbounded)));
+        after.into_iter().flatten().chain(&self.waiting).find_map(|(tenant, queue)| {
+            let head = queue.first_key_value().map(|((arrival, sample, _), _)| (*arrival, *sample));
+            (!borrowers_only || head.is_some_and(|place| self.holds_later(tenant, place))).then(|| tenant.clone())
+        })
+    }
+
+    /// Whether `tenant` holds a slot at a place after `place`.
+    fn holds_later(&self, tenant: &str, place: Place) -> bool {
+        self.held.get(tenant).is_some_and(|p| p.range((Bound::Excluded(place), Bound::Unbounded)).next().is_some())
+    }
 }
 
 /// A held slot; dropping it hands the slot to the next waiter.
@@ -56,13 +106,15 @@ struct Inner {
 pub struct Slot {
     slots: Arc<FairSlots>,
     armed: bool,
+    /// Whose and where, in a pool that lends.
+    at: Option<(String, Place)>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         if self.armed {
             self.armed = false;
-            self.slots.release();
+            self.slots.release(self.at.take());
         }
     }
 }
@@ -71,9 +123,31 @@ impl FairSlots {
     /// A pool of `slots` (at least one).
     #[must_use]
     pub fn new(slots: usize) -> Arc<Self> {
+        Self::lending(slots, 0)
+    }
+
+    /// A pool of `slots` (at least one) that lends up to `lend` more to a tenant's samples that
+    /// find its later samples holding slots (module docs).
+    #[must_use]
+    pub fn lending(slots: usize, lend: usize) -> Arc<Self> {
         Arc::new(Self {
-            inner: Mutex::new(Inner { free: slots.max(1), waiting: BTreeMap::new(), asked: 0, last: None }),
+            inner: Mutex::new(Inner {
+                free: slots.max(1),
+                waiting: BTreeMap::new(),
+                asked: 0,
+                last: None,
+                held: HashMap::new(),
+                lent: 0,
+            }),
+            lend,
         })
+    }
+
+    /// A slot handed out now to `tenant` at `place`, held on the books of a pool that lends.
+    fn slot(self: &Arc<Self>, g: &mut Inner, tenant: &str, place: Place) -> Slot {
+        let at = (self.lend > 0).then(|| (tenant.to_owned(), place));
+        g.hold(at.as_ref());
+        Slot { slots: self.clone(), armed: true, at }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -119,7 +193,11 @@ impl FairSlots {
         let mut g = self.lock();
         if g.free > 0 {
             g.free -= 1;
-            return Ok(Slot { slots: self.clone(), armed: true });
+            return Ok(self.slot(&mut g, tenant, (arrival, sample)));
+        }
+        if g.lent < self.lend && g.holds_later(tenant, (arrival, sample)) {
+            g.lent += 1;
+            return Ok(self.slot(&mut g, tenant, (arrival, sample)));
         }
         let (tx, rx) = oneshot::channel();
         g.asked += 1;
@@ -134,31 +212,39 @@ impl FairSlots {
         self.lock().free
     }
 
-    /// Passes a released slot to the next tenant's oldest waiter, or returns it to the pool.
-    fn release(self: &Arc<Self>) {
+    /// Passes a released slot to the next tenant's oldest waiter, or returns it to the pool. In a
+    /// pool with slots on loan it passes only to a waiter that could borrow (its tenant's later
+    /// samples hold places), and otherwise repays a loan.
+    fn release(self: &Arc<Self>, at: Option<(String, Place)>) {
         let mut g = self.lock();
-        let mut slot = Slot { slots: self.clone(), armed: true };
+        g.unhold(at.as_ref());
+        let mut slot = Slot { slots: self.clone(), armed: true, at: None };
         loop {
-            let after = g.last.clone();
-            let next = after
-                .as_ref()
-                .and_then(|t| g.waiting.range::<String, _>((Bound::Excluded(t), Bound::Unbounded)).next())
-                .or_else(|| g.waiting.iter().next())
-                .map(|(t, _)| t.clone());
-            let Some(tenant) = next else {
+            let on_loan = g.lent > 0;
+            let Some(tenant) = g.next_turn(on_loan) else {
                 slot.armed = false;
-                g.free += 1;
+                if on_loan {
+                    g.lent -= 1;
+                } else {
+                    g.free += 1;
+                }
                 return;
             };
             let queue = g.waiting.get_mut(&tenant).expect("tenant has waiters");
-            let (_, tx) = queue.pop_first().expect("queues are never empty");
+            let ((arrival, sample, _), tx) = queue.pop_first().expect("queues are never empty");
             if queue.is_empty() {
                 g.waiting.remove(&tenant);
             }
+            slot.at = (self.lend > 0).then(|| (tenant.clone(), (arrival, sample)));
+            g.hold(slot.at.as_ref());
             g.last = Some(tenant);
             match tx.send(slot) {
                 Ok(()) => return,
-                Err(back) => slot = back, // that waiter is gone: next one
+                Err(back) => {
+                    // That waiter is gone: next one.
+                    slot = back;
+                    g.unhold(slot.at.as_ref());
+                }
             }
         }
     }
@@ -236,6 +322,53 @@ mod tests {
         assert_eq!(slots.free(), 1, "the slot went back to the pool");
         let _again = slots.acquire("c", (2, 0)).await;
         assert_eq!(slots.free(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lending_pool_lends_only_against_the_tenants_own_later_samples() {
+        let slots = FairSlots::lending(2, 1);
+        let later = [slots.acquire("a", (5, 0)).await, slots.acquire("a", (5, 1)).await];
+        // Tenant b, and a's even later samples, wait as in any pool.
+        for (tenant, place) in [("b", (1, 0)), ("a", (6, 0))] {
+            assert!(slots.take_or_queue(tenant, place).is_err(), "{tenant} {place:?}");
+        }
+        // a's earlier request borrows, once: the loan is bounded.
+        let early = slots.take_or_queue("a", (4, 0)).expect("lent");
+        assert!(slots.take_or_queue("a", (4, 1)).is_err());
+        assert_eq!(slots.lock().lent, 1);
+        // The first slot given back repays the loan instead of passing on; the second finds the
+        // waiters above gone (their receivers were dropped) and returns to the pool.
+        drop(later);
+        let g = slots.lock();
+        assert_eq!((g.lent, g.free), (0, 1));
+        drop(g);
+        drop(early);
+        assert!(slots.lock().held.is_empty(), "{:?}", slots.lock().held);
+    }
+
+    /// A tenant's earlier request keeps getting the places its later request's samples give
+    /// back, ahead of them, while loans are out; the loans are repaid once no earlier sample waits.
+    #[tokio::test]
+    async fn places_given_back_go_to_earlier_samples_before_loans_are_repaid() {
+        let slots = FairSlots::lending(1, 1);
+        let later = slots.acquire("a", (5, 0)).await;
+        let _later_waits = slots.take_or_queue("a", (5, 1)).expect_err("queued");
+        let first = slots.take_or_queue("a", (4, 0)).expect("lent");
+        let mut second = slots.take_or_queue("a", (4, 1)).expect_err("queued: the loan is out");
+        drop(first);
+        let second = second.try_recv().expect("passed on, not repaid");
+        assert_eq!(slots.lock().lent, 1);
+        drop((second, later));
+        let g = slots.lock();
+        assert_eq!((g.lent, g.free), (0, 0), "repaid, then passed to the later request's waiter");
+    }
+
+    #[tokio::test]
+    async fn a_pool_that_does_not_lend_never_does() {
+        let slots = FairSlots::new(1);
+        let _later = slots.acquire("a", (5, 0)).await;
+        assert!(slots.take_or_queue("a", (4, 0)).is_err());
+        assert!(slots.lock().held.is_empty());
     }
 
     /// Threads outside the runtime (inference workers) wait in the same order: a later request
