@@ -114,7 +114,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if self.armed {
             self.armed = false;
-            self.slots.release(self.at.take());
+            self.slots.release(self.at.take().as_ref());
         }
     }
 }
@@ -215,9 +215,9 @@ impl FairSlots {
     /// Passes a released slot to the next tenant's oldest waiter, or returns it to the pool. In a
     /// pool with slots on loan it passes only to a waiter that could borrow (its tenant's later
     /// samples hold places), and otherwise repays a loan.
-    fn release(self: &Arc<Self>, at: Option<(String, Place)>) {
+    fn release(self: &Arc<Self>, at: Option<&(String, Place)>) {
         let mut g = self.lock();
-        g.unhold(at.as_ref());
+        g.unhold(at);
         let mut slot = Slot { slots: self.clone(), armed: true, at: None };
         loop {
             let on_loan = g.lent > 0;
