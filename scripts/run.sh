@@ -5,5 +5,11 @@
 # arguments go to `tensorgate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh serve >/dev/null
+# nasm before the build (libjpeg-turbo's SIMD is assembled during it); ONNX Runtime while it
+# runs, since serving is the first thing that needs it.
+scripts/setup.sh serve-tools >/dev/null
+scripts/setup.sh serve-python >/dev/null &
+python=$!
+cargo build --release --locked --quiet
+wait "$python"
 exec cargo run --release --locked --quiet -- "$@"
