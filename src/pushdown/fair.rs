@@ -363,6 +363,53 @@ mod tests {
         assert_eq!((g.lent, g.free), (0, 0), "repaid, then passed to the later request's waiter");
     }
 
+    /// Whatever order samples ask, give up waiting and give slots back in, the books balance:
+    /// slots out (held or handed to a waiter) plus free ones are the pool plus the loans, the
+    /// loans stay within their bound, and everything comes back at the end.
+    #[test]
+    fn the_books_balance_under_any_order_of_asks_and_returns() {
+        use rand::{Rng, SeedableRng};
+        use tokio::sync::oneshot::error::TryRecvError;
+        for seed in 0..200 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (pool, lend) = (rng.random_range(1..4), rng.random_range(0..4));
+            let slots = FairSlots::lending(pool, lend);
+            let (mut out, mut waiting) = (Vec::new(), Vec::new());
+            for _ in 0..300 {
+                match rng.random_range(0..4) {
+                    0 | 1 => {
+                        let tenant = ["a", "b"][rng.random_range(0..2)];
+                        let place = (rng.random_range(0..6), rng.random_range(0..3));
+                        match slots.take_or_queue(tenant, place) {
+                            Ok(slot) => out.push(slot),
+                            Err(rx) => waiting.push(rx),
+                        }
+                    }
+                    2 if !out.is_empty() => drop(out.swap_remove(rng.random_range(0..out.len()))),
+                    3 if !waiting.is_empty() => drop(waiting.swap_remove(rng.random_range(0..waiting.len()))),
+                    _ => {}
+                }
+                waiting.retain_mut(|rx: &mut oneshot::Receiver<Slot>| match rx.try_recv() {
+                    Ok(slot) => {
+                        out.push(slot);
+                        false
+                    }
+                    Err(TryRecvError::Empty) => true,
+                    Err(TryRecvError::Closed) => false,
+                });
+                let g = slots.lock();
+                assert_eq!(out.len() + g.free, pool + g.lent, "seed {seed}");
+                assert!(g.lent <= lend, "seed {seed}");
+                let booked: usize = g.held.values().flat_map(BTreeMap::values).sum();
+                assert_eq!(booked, if lend > 0 { out.len() } else { 0 }, "seed {seed}");
+            }
+            drop(waiting);
+            drop(out);
+            let g = slots.lock();
+            assert_eq!((g.free, g.lent, g.held.len()), (pool, 0, 0), "seed {seed}");
+        }
+    }
+
     #[tokio::test]
     async fn a_pool_that_does_not_lend_never_does() {
         let slots = FairSlots::new(1);
