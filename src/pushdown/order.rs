@@ -112,7 +112,8 @@ impl Arrivals {
                     stream.held.pop_first();
                 }
             }
-            stream.seen = seq.n + 1;
+            // Saturating: a client may send the largest `n` there is.
+            stream.seen = seq.n.saturating_add(1);
         }
         take(next)
     }
@@ -197,6 +198,9 @@ mod tests {
         assert_eq!(g.streams["t"].held.len() as u64, MAX_RESERVED);
         assert!(g.streams["t"].held.contains_key(&(4 * MAX_RESERVED - 1)));
         drop(g);
+        // The largest `n` a client can send is numbered, not an overflow.
+        let last = a.number(Some(&seq("max", u64::MAX)));
+        assert!(a.number(Some(&seq("max", u64::MAX))) > last);
         // Streams past MAX_STREAMS forget the oldest.
         for i in 0..=MAX_STREAMS {
             a.number(Some(&seq(&format!("n{i}"), 0)));

@@ -141,6 +141,18 @@ def test_batches_formats_dtypes_and_triggers(gateway, s3, bucket):
         assert r.headers["ETag"] == full["ETag"]
 
 
+def test_any_order_a_client_names_is_served(s3, bucket):
+    """`seq` at its extremes (the largest count, the longest stream name) and out of order: the
+    same features, never an error."""
+    s3.put_object(Bucket=bucket, Key="o.npy", Body=npy_bytes(np.ones((3, 32, 32), np.float32)))
+    stream = "s" * 64
+    bodies = {
+        pushdown_get(s3, bucket, "o.npy", model="tiny-cnn", split="pool", seq=f"{stream}.{n}")["Body"].read()
+        for n in (2**64 - 1, 2**64 - 1, 5, 0)
+    }
+    assert len(bodies) == 1
+
+
 def test_bad_requests_name_what_is_wrong(s3, bucket):
     s3.put_object(Bucket=bucket, Key="s.npy", Body=npy_bytes(np.zeros((3, 32, 32), np.float32)))
     s3.put_object(Bucket=bucket, Key="text.txt", Body=b"not a tensor")

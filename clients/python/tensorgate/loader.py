@@ -109,6 +109,7 @@ class ShardLoader:
         self._runners: dict[str, SuffixRunner] = {}
         self._lock = threading.Lock()
         self._turns, self._sends, self._runs = _Turns(), _Turns(), _Turns(self.suffix_runs)
+        self._stream = secrets.token_hex(8)  # each pass names its own (`iter_shards`)
         self.split = split
 
     @property
