@@ -201,7 +201,7 @@ pub fn parquet_table(data: &[u8]) {
     if let Ok((rows, kept)) = footer.rows(&whole) {
         assert_eq!(rows.len(), claimed);
         let kept = kept.expect("kept columns");
-        let out = table::write(&kept, vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
+        let out = table::write(&kept, &vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
             .expect("decoded rows write back");
         let out = table::Source::whole(Bytes::from(out));
         let want =

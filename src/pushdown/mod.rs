@@ -517,7 +517,7 @@ impl Pushdown {
                 Format::Parquet => {
                     let kept = kept.ok_or_else(|| PushdownError::Internal("no kept columns".into()))?;
                     let shape = out.shape.clone();
-                    let body = table::write(&kept, out.data, &shape, dtype, (&names.0, &names.1))?;
+                    let body = table::write(&kept, &out.data, &shape, dtype, (&names.0, &names.1))?;
                     return Ok((body, shape));
                 }
                 Format::Tar => unreachable!("written above"),

@@ -13,20 +13,24 @@
 //! and the bytes need not be the whole file. A [`Source`] is the pieces of the file that were
 //! read: its tail ([`TAIL_BYTES`], the footer) and the span of the named groups
 //! ([`Footer::span`]), so a file of any size is pushed down a few row groups at a time.
+//!
+//! The parquet crate's own column readers and file writer do the work, without its Arrow layer
+//! (ADR 0022): the input columns are decoded one after the other, and a Parquet output copies
+//! the other columns' encoded chunks as they are, without decoding them.
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
-use parquet::arrow::{ArrowWriter, ProjectionMask};
-use parquet::basic::Compression;
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
-use parquet::file::reader::{ChunkReader, Length};
-use parquet::schema::types::ColumnPath;
+use parquet::basic::{Compression, ConvertedType, LogicalType, Repetition, Type as Physical};
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::data_type::{ByteArray, DataType, FixedLenByteArray, FixedLenByteArrayType, FloatType};
+use parquet::file::metadata::{ColumnChunkMetaData, KeyValue, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::{ReaderProperties, WriterProperties};
+use parquet::file::reader::{ChunkReader, Length, RowGroupReader};
+use parquet::file::serialized_reader::SerializedRowGroupReader;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::{ColumnPath, SchemaDescriptor, Type, TypePtr};
 
 use super::error::{PushdownError, guarded};
 use super::shard::MAX_SAMPLES;
@@ -53,16 +57,20 @@ pub const TAIL_BYTES: u64 = MAX_FOOTER_BYTES as u64 + 8;
 const MAX_SCHEMA_ELEMENTS: usize = 10_000;
 const MAX_NESTING: usize = 64;
 
-/// Rows decoded per batch: a batch that decodes to more than the footer claimed is refused
-/// before the next one is read.
+/// Rows decoded per read: a read that takes the decoded bytes past what the footer claimed is
+/// refused before the next one.
 const ROWS_PER_BATCH: usize = 256;
 
-/// What decoding may take beyond the footer's uncompressed sizes: Arrow's buffers are rounded up
-/// and grown in steps, and a row's offsets sit beside its bytes. Rows that take more than
-/// `DECODE_FACTOR x` the claim `+ DECODE_SLACK` are refused (the footer understated its pages);
-/// this is also what the governor holds for them.
+/// What decoding may take beyond the footer's uncompressed sizes: every value is held as its own
+/// handle beside its bytes ([`VALUE_OVERHEAD`]). Rows that take more than `DECODE_FACTOR x` the
+/// claim `+ DECODE_SLACK` are refused (the footer understated its pages); this is also what the
+/// governor holds for them.
 const DECODE_FACTOR: u64 = 2;
 const DECODE_SLACK: u64 = 1024 * 1024;
+
+/// What a decoded value is charged beside its bytes: its handle (a `ByteArray`, a slice of its
+/// page's buffer) and its place in the rows.
+const VALUE_OVERHEAD: u64 = 16;
 
 /// The image column when the request names none (Hugging Face's `Image` feature's usual name).
 pub const DEFAULT_COLUMN: &str = "image";
@@ -84,6 +92,11 @@ const KEY_COLUMN: &str = "id";
 
 /// The column a Parquet output adds ([`write`]).
 pub const FEATURES_COLUMN: &str = "features";
+
+/// The names inside the features column (`features.list.element`, the Parquet format's LIST
+/// layout).
+const LIST_GROUP: &str = "list";
+const LIST_ELEMENT: &str = "element";
 
 /// What a Parquet output's footer may take beyond its columns (a schema and a few row groups'
 /// chunk descriptions, as [`MAX_FOOTER_BYTES`] bounds the source's).
@@ -176,27 +189,141 @@ pub struct Row {
     pub label: Option<i64>,
 }
 
+/// What a leaf column holds, as the gateway reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leaf {
+    /// Byte strings (`BYTE_ARRAY` with no annotation).
+    Binary,
+    /// UTF-8 strings (`BYTE_ARRAY` annotated as a string, an enum or JSON).
+    Text,
+    /// Integers (`INT32` or `INT64`, unannotated or annotated as integers), signed or not.
+    Int { signed: bool },
+}
+
+impl Leaf {
+    /// The kind of a column that is neither repeated nor a group; `None` for any other.
+    fn of(t: &Type) -> Option<Self> {
+        let info = t.get_basic_info();
+        if !t.is_primitive() || (info.has_repetition() && info.repetition() == Repetition::REPEATED) {
+            return None;
+        }
+        let (logical, converted) = (info.logical_type_ref(), info.converted_type());
+        match t.get_physical_type() {
+            Physical::BYTE_ARRAY => match (logical, converted) {
+                (Some(LogicalType::String | LogicalType::Enum | LogicalType::Json), _)
+                | (None, ConvertedType::UTF8 | ConvertedType::ENUM | ConvertedType::JSON) => Some(Self::Text),
+                (None, ConvertedType::NONE) => Some(Self::Binary),
+                _ => None,
+            },
+            Physical::INT32 | Physical::INT64 => match (logical, converted) {
+                (Some(LogicalType::Integer(i)), _) => Some(Self::Int { signed: i.is_signed }),
+                (
+                    None,
+                    ConvertedType::NONE
+                    | ConvertedType::INT_8
+                    | ConvertedType::INT_16
+                    | ConvertedType::INT_32
+                    | ConvertedType::INT_64,
+                ) => Some(Self::Int { signed: true }),
+                (
+                    None,
+                    ConvertedType::UINT_8 | ConvertedType::UINT_16 | ConvertedType::UINT_32 | ConvertedType::UINT_64,
+                ) => Some(Self::Int { signed: false }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// A column's type as an error message names it.
+fn describe(t: &Type) -> String {
+    let info = t.get_basic_info();
+    let repeated = if info.has_repetition() && info.repetition() == Repetition::REPEATED { ", repeated" } else { "" };
+    if t.is_group() {
+        return format!("a group of {} fields{repeated}", t.get_fields().len());
+    }
+    match (info.logical_type_ref(), info.converted_type()) {
+        (Some(l), _) => format!("{} ({l:?}){repeated}", t.get_physical_type()),
+        (None, ConvertedType::NONE) => format!("{}{repeated}", t.get_physical_type()),
+        (None, c) => format!("{} ({c}){repeated}", t.get_physical_type()),
+    }
+}
+
+/// The schema's root column named `name`: its index among the roots, and its type.
+fn root<'a>(schema: &'a SchemaDescriptor, name: &str) -> Option<(usize, &'a TypePtr)> {
+    schema.root_schema().get_fields().iter().enumerate().find(|(_, f)| f.name() == name)
+}
+
+/// The index of the leaf column at `path`.
+fn leaf_at(schema: &SchemaDescriptor, path: &[&str]) -> Option<usize> {
+    schema.columns().iter().position(|c| c.path().parts().iter().map(String::as_str).eq(path.iter().copied()))
+}
+
+/// Where a row's input is: the leaf column of its bytes and, for an image struct, of its `path`.
+#[derive(Debug, Clone, Copy)]
+struct Input {
+    leaf: usize,
+    path: Option<usize>,
+}
+
+impl Input {
+    /// Encoded images: binary, or a struct (a plain group, not a list or a map) with a binary
+    /// `bytes` field and, if any, a string `path`.
+    fn image(schema: &SchemaDescriptor, name: &str, t: &Type) -> Option<Self> {
+        if t.is_primitive() {
+            return if Leaf::of(t) == Some(Leaf::Binary) {
+                Some(Self { leaf: leaf_at(schema, &[name])?, path: None })
+            } else {
+                None
+            };
+        }
+        let info = t.get_basic_info();
+        if (info.has_repetition() && info.repetition() == Repetition::REPEATED)
+            || info.logical_type_ref().is_some()
+            || info.converted_type() != ConvertedType::NONE
+        {
+            return None;
+        }
+        let field = |n: &str, kind| t.get_fields().iter().any(|f| f.name() == n && Leaf::of(f) == Some(kind));
+        if !field("bytes", Leaf::Binary) {
+            return None;
+        }
+        let path = if field("path", Leaf::Text) { leaf_at(schema, &[name, "path"]) } else { None };
+        Some(Self { leaf: leaf_at(schema, &[name, "bytes"])?, path })
+    }
+
+    /// Texts: a string column.
+    fn text(schema: &SchemaDescriptor, name: &str, t: &Type) -> Option<Self> {
+        if Leaf::of(t) == Some(Leaf::Text) { Some(Self { leaf: leaf_at(schema, &[name])?, path: None }) } else { None }
+    }
+}
+
 /// A checked footer: which columns to read and what reading them costs.
 #[derive(Debug)]
 pub struct Footer {
-    metadata: ArrowReaderMetadata,
-    /// Root indices of the image column and, if any, the label and key columns.
+    metadata: Arc<ParquetMetaData>,
+    /// Root index of the input column, and where its rows' bytes and paths are.
     image: usize,
-    id: Option<usize>,
+    input: Input,
+    /// The label and key leaf columns, if any, and their kinds.
+    label: Option<(usize, Leaf)>,
+    id: Option<(usize, Leaf)>,
     /// The row groups read, in file order, and the number of each one's first row in the file.
     groups: Vec<usize>,
     firsts: Vec<usize>,
     /// Where the footer begins: every column chunk ends before it.
     data_end: u64,
-    label: Option<usize>,
-    /// The image column's name (a decoded batch's columns are in the file's order).
+    /// The input column's name.
     column: String,
+    /// Whether the input is texts (strings), which must be UTF-8.
+    text: bool,
     rows: usize,
     /// What each group's columns to decode take, as the footer states it.
     decoded: Vec<u64>,
-    /// Whether every other column is decoded too, for a Parquet output ([`Kept`]).
+    /// Whether the other columns are kept, for a Parquet output ([`Kept`]).
     keep: bool,
-    /// What the kept columns take decoded, as the footer states it.
+    /// What the kept columns' chunks take (copied as they are).
     kept_bytes: u64,
 }
 
@@ -228,42 +355,42 @@ impl Footer {
             })?;
         check_schema_shape(&footer)?;
         let metadata = guarded(UNREADABLE, || {
-            ArrowReaderMetadata::load(object, ArrowReaderOptions::new()).map_err(|e| parquet_error(&e))
+            ParquetMetaDataReader::new().parse_and_finish(object).map_err(|e| parquet_error(&e))
         })?;
 
         let name = column.unwrap_or(if text { super::text::DEFAULT_FIELD } else { DEFAULT_COLUMN });
-        let schema = metadata.schema();
-        let (image, field) = schema.column_with_name(name).ok_or_else(|| {
-            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let schema = metadata.file_metadata().schema_descr();
+        let (image, field) = root(schema, name).ok_or_else(|| {
+            let names: Vec<&str> = schema.root_schema().get_fields().iter().map(|f| f.name()).collect();
             PushdownError::InvalidArgument {
                 field: "column".into(),
                 message: format!("the Parquet file has no column {name:?}; its columns: {}", names.join(", ")),
             }
         })?;
-        if text && !is_text_column(field.data_type()) {
-            return Err(PushdownError::InvalidArgument {
+        let input = if text {
+            Input::text(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
                 field: "column".into(),
-                message: format!("column {name:?} is {}, not texts (strings)", field.data_type()),
-            });
-        }
-        if !text && !is_image_column(field.data_type()) {
-            return Err(PushdownError::InvalidArgument {
+                message: format!("column {name:?} is {}, not texts (strings)", describe(field)),
+            })?
+        } else {
+            Input::image(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
                 field: "column".into(),
                 message: format!(
                     "column {name:?} is {}, not encoded images (binary, or a struct with a binary `bytes` field)",
-                    field.data_type()
+                    describe(field)
                 ),
-            });
-        }
-        let label = schema
-            .column_with_name(LABEL_COLUMN)
-            .filter(|(i, f)| *i != image && f.data_type().is_integer())
-            .map(|(i, _)| i);
-        let id = schema
-            .column_with_name(KEY_COLUMN)
-            .filter(|(i, f)| *i != image && (f.data_type().is_integer() || is_text_column(f.data_type())))
-            .map(|(i, _)| i);
-        if keep && schema.column_with_name(FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
+            })?
+        };
+        // A label or key column: a plain column beside the input, of the right kind.
+        let beside = |n: &str, ok: fn(Leaf) -> bool| {
+            root(schema, n)
+                .filter(|(i, _)| *i != image)
+                .and_then(|(_, t)| Leaf::of(t).filter(|k| ok(*k)))
+                .and_then(|k| Some((leaf_at(schema, &[n])?, k)))
+        };
+        let label = beside(LABEL_COLUMN, |k| matches!(k, Leaf::Int { .. }));
+        let id = beside(KEY_COLUMN, |k| matches!(k, Leaf::Int { .. } | Leaf::Text));
+        if keep && root(schema, FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
             return Err(PushdownError::InvalidArgument {
                 field: "format".into(),
                 message: format!(
@@ -273,8 +400,7 @@ impl Footer {
             });
         }
 
-        let meta = metadata.metadata();
-        let count = meta.num_row_groups();
+        let count = metadata.num_row_groups();
         let groups: Vec<usize> = match row_groups {
             None => (0..count).collect(),
             Some(g) if g.last < count => g.indices().collect(),
@@ -285,7 +411,7 @@ impl Footer {
                 });
             }
         };
-        let group_rows = |i: usize| usize::try_from(meta.row_group(i).num_rows()).unwrap_or(usize::MAX);
+        let group_rows = |i: usize| usize::try_from(metadata.row_group(i).num_rows()).unwrap_or(usize::MAX);
         let first_row = (0..groups.first().copied().unwrap_or(0)).map(group_rows).fold(0, usize::saturating_add);
         let rows = groups.iter().map(|&i| group_rows(i)).fold(0, usize::saturating_add);
         // Each group's first row, in the file's numbering (rows without a key are keyed by it).
@@ -303,33 +429,30 @@ impl Footer {
                 "the Parquet {what} {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups: row-groups)"
             )));
         }
-        // What decoding the columns takes: their chunks' uncompressed bytes as the footer states
-        // them, and the offsets arrays beside them.
-        let roots: Vec<&str> = if keep {
-            schema.fields().iter().map(|f| f.name().as_str()).collect()
-        } else {
-            std::iter::once(name).chain(label.map(|_| LABEL_COLUMN)).chain(id.map(|_| KEY_COLUMN)).collect()
-        };
+        // What decoding the input columns takes: their chunks' uncompressed bytes as the footer
+        // states them, and a handle per value beside them. The other columns are copied encoded.
+        let decoded_leaves: Vec<usize> =
+            [Some(input.leaf), input.path, label.map(|l| l.0), id.map(|l| l.0)].into_iter().flatten().collect();
         let mut kept_bytes = 0u64;
         let mut decoded = Vec::with_capacity(groups.len());
-        for group in groups.iter().map(|&i| meta.row_group(i)) {
-            let mut claim = 16 * u64::try_from(group.num_rows()).unwrap_or(0);
-            for chunk in group.columns() {
-                let root = chunk.column_path().parts().first().map(String::as_str);
-                if root.is_some_and(|p| roots.contains(&p)) {
-                    if root != Some(name) {
-                        kept_bytes = kept_bytes.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(0));
-                    }
-                    if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
-                        return Err(PushdownError::Unsupported(format!(
-                            "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
-                             pages (pyarrow's and Hugging Face datasets' default)",
-                            chunk.column_path().string(),
-                            chunk.compression()
-                        )));
-                    }
-                    claim = claim.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
+        for group in groups.iter().map(|&i| metadata.row_group(i)) {
+            let mut claim = VALUE_OVERHEAD.saturating_mul(u64::try_from(group.num_rows()).unwrap_or(0));
+            for (leaf, chunk) in group.columns().iter().enumerate() {
+                if keep && schema.get_column_root_idx(leaf) != image {
+                    kept_bytes = kept_bytes.saturating_add(u64::try_from(chunk.compressed_size()).unwrap_or(u64::MAX));
                 }
+                if !decoded_leaves.contains(&leaf) {
+                    continue;
+                }
+                if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
+                    return Err(PushdownError::Unsupported(format!(
+                        "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
+                         pages (pyarrow's and Hugging Face datasets' default)",
+                        chunk.column_path().string(),
+                        chunk.compression()
+                    )));
+                }
+                claim = claim.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
             }
             if claim > max_decoded {
                 return Err(PushdownError::BadInput(format!(
@@ -339,20 +462,21 @@ impl Footer {
             }
             decoded.push(claim);
         }
-        let kept_bytes = if keep { kept_bytes } else { 0 };
         Ok(Self {
-            metadata,
             image,
+            input,
             id,
             label,
             groups,
             firsts,
             data_end: len - 8 - u64::from(footer_len),
             column: name.to_owned(),
+            text,
             rows,
             decoded,
             keep,
             kept_bytes,
+            metadata: Arc::new(metadata),
         })
     }
 
@@ -362,9 +486,8 @@ impl Footer {
     /// # Errors
     /// `BadInput` for chunks the footer places outside the file or before its magic.
     pub fn span(&self) -> Result<(u64, u64), PushdownError> {
-        let meta = self.metadata.metadata();
         let (mut start, mut end) = (u64::MAX, 0u64);
-        for chunk in self.groups.iter().flat_map(|&i| meta.row_group(i).columns()) {
+        for chunk in self.groups.iter().flat_map(|&i| self.metadata.row_group(i).columns()) {
             let first = chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset());
             let (Ok(first), Ok(size)) = (u64::try_from(first), u64::try_from(chunk.compressed_size())) else {
                 return Err(PushdownError::BadInput(
@@ -395,39 +518,38 @@ impl Footer {
 
     /// The most bytes one row group's decoded rows may take (held by the governor while a
     /// request runs; each group reuses it): the largest group's as the footer states it, with
-    /// room for Arrow's rounding ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
+    /// room for the values' handles ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
     #[must_use]
     pub fn decoded_bytes(&self) -> u64 {
         self.decoded.iter().copied().max().unwrap_or(0).saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
     }
 
-    /// What a Parquet output's body holds beside the features: the kept columns, re-encoded
-    /// (at most their decoded size), and its footer.
+    /// What a Parquet output's body holds beside the features: the kept columns' chunks, as
+    /// they are, and its footer.
     #[must_use]
     pub fn output_bytes(&self) -> u64 {
         if self.keep { self.kept_bytes.saturating_add(OUTPUT_FOOTER_BYTES) } else { 0 }
     }
 
-    /// The other columns, for a Parquet output, with no rows yet ([`Self::group_rows`] adds each
-    /// group's); `None` unless the footer was read to keep them.
+    /// The other columns, for a Parquet output, with no row groups yet ([`Self::group_rows`]
+    /// adds each group's); `None` unless the footer was read to keep them.
     #[must_use]
     pub fn kept(&self) -> Option<Kept> {
-        let schema = self.metadata.schema();
+        let meta = self.metadata.file_metadata();
+        let roots = meta.schema_descr().root_schema();
         self.keep.then(|| Kept {
-            schema: Arc::new(schema.project(&self.kept_columns()).expect("indices within the schema")),
-            batches: Vec::new(),
-            group_rows: self
-                .groups
+            name: roots.name().to_owned(),
+            roots: roots
+                .get_fields()
                 .iter()
-                .map(|&i| usize::try_from(self.metadata.metadata().row_group(i).num_rows()).unwrap_or(0))
+                .enumerate()
+                .filter(|(i, _)| *i != self.image)
+                .map(|(_, f)| f.clone())
                 .collect(),
+            metadata: meta.key_value_metadata().cloned().unwrap_or_default(),
+            groups: Vec::new(),
             column: self.column.clone(),
         })
-    }
-
-    /// The kept columns' indices, in the file's order.
-    fn kept_columns(&self) -> Vec<usize> {
-        (0..self.metadata.schema().fields().len()).filter(|i| *i != self.image).collect()
     }
 
     /// Every row group's rows, one group after the other ([`Self::group_rows`]), and the kept
@@ -445,74 +567,223 @@ impl Footer {
     }
 
     /// Decodes the input columns' rows of the `part`-th row group read, and adds its other
-    /// columns to `kept` (from [`Self::kept`]).
+    /// columns' chunks to `kept` (from [`Self::kept`]).
     ///
     /// # Errors
-    /// `BadInput` for a damaged page, a null image, or pages that decode to more bytes or rows
-    /// than the footer states.
+    /// `BadInput` for a damaged page, a null input, a text or key that is not UTF-8, or pages
+    /// that decode to more bytes or rows than the footer states.
     pub fn group_rows(&self, object: &Source, part: usize, kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
         guarded(UNREADABLE, || self.decode(object, part, kept))
     }
 
-    fn decode(&self, object: &Source, part: usize, mut kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
+    fn decode(&self, object: &Source, part: usize, kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
         let (Some(&group), Some(&claimed), Some(&first_row)) =
             (self.groups.get(part), self.decoded.get(part), self.firsts.get(part))
         else {
             return Err(PushdownError::Internal(format!("no row group {part} was read")));
         };
+        let meta = self.metadata.row_group(group);
+        let expected = usize::try_from(meta.num_rows()).unwrap_or(0);
+        let reader = SerializedRowGroupReader::new(
+            Arc::new(object.clone()),
+            meta,
+            self.metadata.page_index_for_row_group(group),
+            Arc::new(ReaderProperties::builder().build()),
+        )
+        .map_err(|e| parquet_error(&e))?;
         let limit = claimed.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK);
-        let expected = usize::try_from(self.metadata.metadata().row_group(group).num_rows()).unwrap_or(0);
-        let (column, labelled, keyed) = (self.column.as_str(), self.label.is_some(), self.id.is_some());
-        let mask = if self.keep {
-            ProjectionMask::all()
-        } else {
-            ProjectionMask::roots(
-                self.metadata.parquet_schema(),
-                std::iter::once(self.image).chain(self.label).chain(self.id).collect::<Vec<_>>(),
-            )
+        let mut column = Columns {
+            reader: &reader,
+            schema: self.metadata.file_metadata().schema_descr(),
+            expected,
+            decoded: 0,
+            limit,
+            group,
+            claimed,
         };
-        let kept_columns = self.kept_columns();
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(object.clone(), self.metadata.clone())
-            .with_row_groups(vec![group])
-            .with_projection(mask)
-            .with_batch_size(ROWS_PER_BATCH)
-            .build()
-            .map_err(|e| parquet_error(&e))?;
+        let inputs = column.bytes(self.input.leaf)?;
+        let paths = self.input.path.map(|leaf| column.strings(leaf)).transpose()?;
+        let labels = self.label.map(|(leaf, kind)| column.integers(leaf, kind, LABEL_COLUMN)).transpose()?;
+        let ids = match self.id {
+            Some((leaf, Leaf::Text)) => Some(column.strings(leaf)?),
+            Some((leaf, kind)) => {
+                Some(column.integers(leaf, kind, KEY_COLUMN)?.into_iter().map(|v| v.map(|n| n.to_string())).collect())
+            }
+            None => None,
+        };
         let mut out = Vec::with_capacity(expected);
-        let mut decoded = 0u64;
-        for batch in reader {
-            let batch = batch.map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
-            decoded = decoded.saturating_add(batch.get_array_memory_size() as u64);
-            if decoded > limit {
-                return Err(PushdownError::BadInput(format!(
-                    "row group {group} of the Parquet file decodes to more than its footer states ({claimed} bytes)"
-                )));
+        for (i, input) in inputs.into_iter().enumerate() {
+            let n = first_row + i;
+            let path = paths.as_ref().and_then(|p| p[i].clone());
+            let key = path.or_else(|| ids.as_ref().and_then(|k| k[i].clone())).unwrap_or_else(|| n.to_string());
+            let input = input.ok_or_else(|| PushdownError::BadInput(format!("row {n} ({key:?}) has no input")))?;
+            if self.text && std::str::from_utf8(&input).is_err() {
+                return Err(PushdownError::BadInput(format!("row {n} ({key:?}): its text is not UTF-8")));
             }
-            rows_of(&batch, (column, labelled, keyed), first_row + out.len(), &mut out)?;
-            if let Some(kept) = kept.as_deref_mut() {
-                let batch = batch
-                    .project(&kept_columns)
-                    .map_err(|e| PushdownError::BadInput(format!("cannot decode the Parquet file: {e}")))?;
-                kept.batches.push(batch);
-            }
+            out.push(Row { key, input, label: labels.as_ref().and_then(|l| l[i]) });
         }
-        if out.len() != expected {
-            return Err(PushdownError::BadInput(format!(
-                "row group {group} of the Parquet file has {} rows, its footer states {expected}",
-                out.len()
-            )));
+        if let Some(kept) = kept {
+            let schema = self.metadata.file_metadata().schema_descr();
+            kept.groups.push(KeptGroup {
+                source: object.clone(),
+                rows: expected,
+                chunks: meta
+                    .columns()
+                    .iter()
+                    .enumerate()
+                    .filter(|(leaf, _)| schema.get_column_root_idx(*leaf) != self.image)
+                    .map(|(_, c)| c.clone())
+                    .collect(),
+            });
         }
         Ok(out)
     }
 }
 
-/// A Parquet source's columns but the input one, decoded, with the row counts of its row groups:
-/// what a Parquet output ([`write`]) keeps.
+/// The leaf columns of one row group, each decoded whole, every read's bytes charged against
+/// what the footer claimed.
+struct Columns<'a> {
+    reader: &'a dyn RowGroupReader,
+    schema: &'a SchemaDescriptor,
+    /// The group's rows, as the footer states them: every column must hold as many.
+    expected: usize,
+    decoded: u64,
+    limit: u64,
+    group: usize,
+    claimed: u64,
+}
+
+impl Columns<'_> {
+    /// Every value of a column (`None` for a null), [`ROWS_PER_BATCH`] rows at a time.
+    fn read<T: DataType>(
+        &mut self,
+        leaf: usize,
+        mut reader: ColumnReaderImpl<T>,
+        size: impl Fn(&T::T) -> u64,
+    ) -> Result<Vec<Option<T::T>>, PushdownError> {
+        let max_def = self.schema.column(leaf).max_def_level();
+        let mut out = Vec::with_capacity(self.expected);
+        let (mut values, mut defs) = (Vec::new(), Vec::new());
+        loop {
+            values.clear();
+            defs.clear();
+            let (records, _, _) = reader
+                .read_records(ROWS_PER_BATCH, (max_def > 0).then_some(&mut defs), None, &mut values)
+                .map_err(|e| parquet_error(&e))?;
+            if records == 0 {
+                break;
+            }
+            let bytes = values.iter().map(|v| size(v).saturating_add(VALUE_OVERHEAD)).fold(0, u64::saturating_add);
+            self.decoded = self.decoded.saturating_add(bytes);
+            if self.decoded > self.limit || out.len() + records > self.expected {
+                return Err(PushdownError::BadInput(format!(
+                    "row group {} of the Parquet file decodes to more than its footer states ({} bytes, {} rows)",
+                    self.group, self.claimed, self.expected
+                )));
+            }
+            let mut given = values.drain(..);
+            if max_def == 0 {
+                out.extend(given.by_ref().take(records).map(Some));
+            } else {
+                for &d in defs.iter().take(records) {
+                    out.push(if d == max_def { given.next() } else { None });
+                }
+            }
+            if out.len() < self.expected && given.next().is_some() {
+                return Err(PushdownError::BadInput("a Parquet page's values and levels disagree".into()));
+            }
+        }
+        if out.len() != self.expected {
+            return Err(PushdownError::BadInput(format!(
+                "row group {} of the Parquet file has {} rows, its footer states {}",
+                self.group,
+                out.len(),
+                self.expected
+            )));
+        }
+        Ok(out)
+    }
+
+    fn column(&self, leaf: usize) -> Result<ColumnReader, PushdownError> {
+        self.reader.get_column_reader(leaf).map_err(|e| parquet_error(&e))
+    }
+
+    /// A byte-string column's values.
+    fn bytes(&mut self, leaf: usize) -> Result<Vec<Option<Bytes>>, PushdownError> {
+        match self.column(leaf)? {
+            ColumnReader::ByteArrayColumnReader(r) => Ok(self
+                .read(leaf, r, |v: &ByteArray| v.len() as u64)?
+                .into_iter()
+                .map(|v| v.map(|v| Bytes::copy_from_slice(v.data())))
+                .collect()),
+            _ => Err(PushdownError::BadInput("the input column is not byte strings".into())),
+        }
+    }
+
+    /// A string column's values; a value that is not UTF-8 is refused.
+    fn strings(&mut self, leaf: usize) -> Result<Vec<Option<String>>, PushdownError> {
+        self.bytes(leaf)?
+            .into_iter()
+            .map(|v| {
+                v.map(|b| {
+                    String::from_utf8(b.to_vec()).map_err(|_| {
+                        PushdownError::BadInput("a Parquet string column holds bytes that are not UTF-8".into())
+                    })
+                })
+                .transpose()
+            })
+            .collect()
+    }
+
+    /// An integer column's values as `i64`.
+    fn integers(&mut self, leaf: usize, kind: Leaf, what: &str) -> Result<Vec<Option<i64>>, PushdownError> {
+        let signed = matches!(kind, Leaf::Int { signed: true });
+        let too_large = |v: u64| PushdownError::BadInput(format!("{what} {v} does not fit in 64 bits"));
+        match self.column(leaf)? {
+            // Unsigned 32-bit integers are stored in INT32's bits.
+            ColumnReader::Int32ColumnReader(r) => Ok(self
+                .read(leaf, r, |_| 4)?
+                .into_iter()
+                .map(|v| v.map(|v| if signed { i64::from(v) } else { i64::from(v.cast_unsigned()) }))
+                .collect()),
+            ColumnReader::Int64ColumnReader(r) => self
+                .read(leaf, r, |_| 8)?
+                .into_iter()
+                .map(|v| {
+                    v.map(|v| {
+                        if signed {
+                            Ok(v)
+                        } else {
+                            i64::try_from(v.cast_unsigned()).map_err(|_| too_large(v.cast_unsigned()))
+                        }
+                    })
+                    .transpose()
+                })
+                .collect(),
+            _ => Err(PushdownError::BadInput(format!("the {what} column is not integers"))),
+        }
+    }
+}
+
+/// One row group's columns but the input one, encoded as the source holds them.
+#[derive(Debug)]
+struct KeptGroup {
+    /// The bytes read that hold the chunks.
+    source: Source,
+    rows: usize,
+    chunks: Vec<ColumnChunkMetaData>,
+}
+
+/// A Parquet source's columns but the input one, as encoded chunks, in its row groups: what a
+/// Parquet output ([`write`]) keeps.
 #[derive(Debug)]
 pub struct Kept {
-    schema: SchemaRef,
-    batches: Vec<RecordBatch>,
-    group_rows: Vec<usize>,
+    /// The schema's root name and its columns but the input one, as the source describes them.
+    name: String,
+    roots: Vec<TypePtr>,
+    /// The source's key-value metadata.
+    metadata: Vec<KeyValue>,
+    groups: Vec<KeptGroup>,
     /// The input column, which the output leaves out.
     column: String,
 }
@@ -529,17 +800,20 @@ pub struct Provenance<'a> {
     pub column: &'a str,
 }
 
-/// A Parquet output: `kept`'s columns, then the features (`rows x per-row values`, row-major) as
-/// a fixed-size list column [`FEATURES_COLUMN`] of `f32` or `f16`, in the source's row groups,
-/// Snappy pages. The file's key-value metadata is kept, with Hugging Face `datasets`' feature
-/// description updated (the input column gone, the features added) and a `tensorgate` entry
-/// naming the model, the split and the feature shape.
+/// A Parquet output: `kept`'s columns, copied as they are encoded, then the features (`rows x
+/// per-row values`, row-major) as a list column [`FEATURES_COLUMN`] of `f32` or `f16` (each row's
+/// list as long as the per-row values), in the source's row groups, Snappy pages. The file's
+/// key-value metadata is kept, without the source's Arrow schema (the columns changed), with
+/// Hugging Face `datasets`' feature description updated (the input column gone, the features
+/// added as a sequence of that length) and a `tensorgate` entry naming the model, the split and
+/// the feature shape.
 ///
 /// # Errors
-/// `Internal` if the arrays disagree on their row counts (a bug); `InvalidArgument` for `bf16`.
+/// `Internal` if the row counts disagree (a bug) or a kept chunk lies outside the bytes read;
+/// `InvalidArgument` for `bf16`.
 pub fn write(
     kept: &Kept,
-    features: Vec<f32>,
+    features: &[f32],
     shape: &[usize],
     dtype: Dtype,
     model: (&str, &str),
@@ -547,12 +821,11 @@ pub fn write(
     let internal = |e: &dyn std::fmt::Display| PushdownError::Internal(format!("writing the Parquet output: {e}"));
     let rows = shape.first().copied().unwrap_or(0);
     let per = shape[1..].iter().product::<usize>();
-    let (item, values): (DataType, ArrayRef) = match dtype {
-        Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(features))),
-        Dtype::F16 => (
-            DataType::Float16,
-            Arc::new(Float16Array::from(features.into_iter().map(half::f16::from_f32).collect::<Vec<_>>())),
-        ),
+    let element = match dtype {
+        Dtype::F32 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FLOAT),
+        Dtype::F16 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FIXED_LEN_BYTE_ARRAY)
+            .with_length(2)
+            .with_logical_type(Some(LogicalType::Float16)),
         Dtype::Bf16 => {
             return Err(PushdownError::InvalidArgument {
                 field: "dtype".into(),
@@ -560,59 +833,88 @@ pub fn write(
             });
         }
     };
-    let item_field = Arc::new(Field::new("item", item, false));
-    let size = i32::try_from(per).map_err(|e| internal(&e))?;
-    let column = FixedSizeListArray::try_new(item_field.clone(), size, values, None).map_err(|e| internal(&e))?;
-    if column.len() != rows || kept.group_rows.iter().sum::<usize>() != rows {
-        return Err(internal(&format!("{} feature rows, {rows} expected", column.len())));
+    if per == 0
+        || features.len() != rows.saturating_mul(per)
+        || kept.groups.iter().map(|g| g.rows).sum::<usize>() != rows
+    {
+        return Err(internal(&format!("{} feature values for {rows} rows of {per}", features.len())));
     }
+    let element = element.with_repetition(Repetition::REQUIRED).build().map_err(|e| internal(&e))?;
+    let list = Type::group_type_builder(LIST_GROUP)
+        .with_repetition(Repetition::REPEATED)
+        .with_fields(vec![Arc::new(element)])
+        .build()
+        .map_err(|e| internal(&e))?;
+    let column = Type::group_type_builder(FEATURES_COLUMN)
+        .with_repetition(Repetition::REQUIRED)
+        .with_logical_type(Some(LogicalType::List))
+        .with_fields(vec![Arc::new(list)])
+        .build()
+        .map_err(|e| internal(&e))?;
+    let mut fields = kept.roots.clone();
+    fields.push(Arc::new(column));
+    let schema = Type::group_type_builder(&kept.name).with_fields(fields).build().map_err(|e| internal(&e))?;
 
     let provenance =
         Provenance { model: model.0, split: model.1, shape: &shape[1..], dtype: dtype.name(), column: &kept.column };
-    let mut metadata = kept.schema.metadata().clone();
-    metadata.remove("ARROW:schema");
-    if let Some(updated) =
-        metadata.remove(HF_METADATA).and_then(|hf| hf_features(&hf, &kept.column, (item_name(dtype), per)))
-    {
-        metadata.insert(HF_METADATA.to_owned(), updated);
+    let mut metadata: Vec<KeyValue> =
+        kept.metadata.iter().filter(|kv| !matches!(kv.key.as_str(), "ARROW:schema" | "tensorgate")).cloned().collect();
+    if let Some(at) = metadata.iter().position(|kv| kv.key == HF_METADATA) {
+        match metadata[at].value.as_deref().and_then(|hf| hf_features(hf, &kept.column, item_name(dtype))) {
+            Some(updated) => metadata[at].value = Some(updated),
+            None => {
+                metadata.remove(at);
+            }
+        }
     }
-    metadata.insert("tensorgate".to_owned(), serde_json::to_string(&provenance).expect("serializable"));
-    let mut fields: Vec<Arc<Field>> = kept.schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(FEATURES_COLUMN, DataType::FixedSizeList(item_field, size), false)));
-    let schema = Arc::new(Schema::new_with_metadata(fields, metadata));
-
-    // As key-value entries too: pyarrow (and so `datasets`) reads a schema's metadata from those,
-    // not from the Arrow schema the writer embeds.
-    let entries = schema.metadata().iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
+    metadata.push(KeyValue::new("tensorgate".to_owned(), serde_json::to_string(&provenance).expect("serializable")));
     let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(entries))
+        .set_key_value_metadata(Some(metadata))
         // Feature values rarely repeat: a dictionary would be tried, then written beside the
         // plain pages it falls back to.
         .set_column_dictionary_enabled(
-            ColumnPath::new(vec![FEATURES_COLUMN.into(), "list".into(), "item".into()]),
+            ColumnPath::new(vec![FEATURES_COLUMN.into(), LIST_GROUP.into(), LIST_ELEMENT.into()]),
             false,
         )
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(rows.max(1)))
         .build();
-    let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props)).map_err(|e| internal(&e))?;
-    let mut groups = kept.group_rows.iter().copied().filter(|n| *n > 0);
-    let (mut left, mut done) = (groups.next().unwrap_or(usize::MAX), 0usize);
-    for batch in &kept.batches {
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let n = (batch.num_rows() - offset).min(left);
-            let mut columns = batch.slice(offset, n).columns().to_vec();
-            columns.push(Arc::new(column.slice(done, n)));
-            writer
-                .write(&RecordBatch::try_new(schema.clone(), columns).map_err(|e| internal(&e))?)
-                .map_err(|e| internal(&e))?;
-            (offset, done, left) = (offset + n, done + n, left - n);
-            if left == 0 {
-                writer.flush().map_err(|e| internal(&e))?;
-                left = groups.next().unwrap_or(usize::MAX);
-            }
+    let mut writer =
+        SerializedFileWriter::new(Vec::new(), Arc::new(schema), Arc::new(props)).map_err(|e| internal(&e))?;
+    // One row's levels: the first value starts the row's list, the others continue it.
+    let reps: Vec<i16> = (0..per).map(|i| i16::from(i > 0)).collect();
+    let halves: Vec<FixedLenByteArray> = if dtype == Dtype::F16 {
+        let buf = Bytes::from(features.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>());
+        (0..features.len()).map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2)))).collect()
+    } else {
+        Vec::new()
+    };
+    let mut done = 0usize;
+    for group in kept.groups.iter().filter(|g| g.rows > 0) {
+        let mut rg = writer.next_row_group().map_err(|e| internal(&e))?;
+        for chunk in &group.chunks {
+            let close = ColumnCloseResult {
+                bytes_written: u64::try_from(chunk.compressed_size()).unwrap_or(0),
+                rows_written: group.rows as u64,
+                metadata: chunk.clone(),
+                bloom_filter: None,
+                column_index: None,
+                offset_index: None,
+            };
+            rg.append_column(&group.source, close).map_err(|e| internal(&e))?;
         }
+        let (from, to) = (done * per, (done + group.rows) * per);
+        let defs = vec![1i16; to - from];
+        let reps: Vec<i16> = reps.iter().copied().cycle().take(to - from).collect();
+        let mut col = rg.next_column().map_err(|e| internal(&e))?.ok_or_else(|| internal(&"no features column"))?;
+        let written = if dtype == Dtype::F16 {
+            col.typed::<FixedLenByteArrayType>().write_batch(&halves[from..to], Some(&defs), Some(&reps))
+        } else {
+            col.typed::<FloatType>().write_batch(&features[from..to], Some(&defs), Some(&reps))
+        };
+        written.map_err(|e| internal(&e))?;
+        col.close().map_err(|e| internal(&e))?;
+        rg.close().map_err(|e| internal(&e))?;
+        done += group.rows;
     }
     writer.into_inner().map_err(|e| internal(&e))
 }
@@ -627,16 +929,17 @@ fn item_name(dtype: Dtype) -> &'static str {
 }
 
 /// `datasets`' feature description with the input column gone and the features added as a
-/// sequence of `len` values (the `Sequence` spelling, which `datasets` reads from 2.x to 5.x);
-/// `None` when the entry is not in that shape (then it is left out, and `datasets` reads the
-/// columns' types from the Arrow schema).
-fn hf_features(entry: &str, input: &str, (item, len): (&str, usize)) -> Option<String> {
+/// sequence of `item` values (the `Sequence` spelling, which `datasets` reads from 2.x to 5.x;
+/// without a length, as the column's Parquet type has none: `datasets` takes a description only
+/// where its Arrow type is the column's); `None` when the entry is not in that shape (then it is
+/// left out, and `datasets` reads the columns' types from the Parquet schema).
+fn hf_features(entry: &str, input: &str, item: &str) -> Option<String> {
     let mut doc: serde_json::Value = serde_json::from_str(entry).ok()?;
     let features = doc.get_mut("info")?.get_mut("features")?.as_object_mut()?;
     features.remove(input);
     features.insert(
         FEATURES_COLUMN.to_owned(),
-        serde_json::json!({"feature": {"dtype": item, "_type": "Value"}, "length": len, "_type": "Sequence"}),
+        serde_json::json!({"feature": {"dtype": item, "_type": "Value"}, "_type": "Sequence"}),
     );
     serde_json::to_string(&doc).ok()
 }
@@ -703,109 +1006,6 @@ fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
     Ok(())
 }
 
-/// Strings.
-fn is_text_column(t: &DataType) -> bool {
-    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
-}
-
-/// Binary, or a struct with a binary `bytes` field.
-fn is_image_column(t: &DataType) -> bool {
-    let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
-    match t {
-        DataType::Struct(fields) => fields.iter().any(|f| f.name() == "bytes" && binary(f.data_type())),
-        t => binary(t),
-    }
-}
-
-/// The rows of one decoded batch (the images in `column`, the labels in [`LABEL_COLUMN`] when
-/// `labelled`, keys in [`KEY_COLUMN`] when `keyed`), numbered from `first`.
-fn rows_of(
-    batch: &RecordBatch,
-    (column, labelled, keyed): (&str, bool, bool),
-    first: usize,
-    out: &mut Vec<Row>,
-) -> Result<(), PushdownError> {
-    let missing = || PushdownError::Internal(format!("the decoded batch has no column {column:?}"));
-    let column = batch.column_by_name(column).ok_or_else(missing)?;
-    let (images, paths): (ArrayRef, Option<ArrayRef>) = match column.as_struct_opt() {
-        Some(s) => (
-            s.column_by_name("bytes").cloned().ok_or_else(|| PushdownError::BadInput("no `bytes` field".into()))?,
-            s.column_by_name("path").cloned(),
-        ),
-        None => (column.clone(), None),
-    };
-    let labels =
-        batch.column_by_name(LABEL_COLUMN).filter(|_| labelled).map(|l| integers(l.as_ref(), "label")).transpose()?;
-    let ids = match batch.column_by_name(KEY_COLUMN).filter(|_| keyed) {
-        Some(a) if a.data_type().is_integer() => {
-            Some(integers(a.as_ref(), "id")?.into_iter().map(|v| v.map(|n| n.to_string())).collect::<Vec<_>>())
-        }
-        Some(a) => Some((0..batch.num_rows()).map(|i| string_at(a.as_ref(), i)).collect()),
-        None => None,
-    };
-    for i in 0..batch.num_rows() {
-        let n = first + i;
-        let path = paths.as_ref().and_then(|p| string_at(p.as_ref(), i));
-        let key = path.or_else(|| ids.as_ref().and_then(|k| k[i].clone())).unwrap_or_else(|| n.to_string());
-        if column.is_null(i) || images.is_null(i) {
-            return Err(PushdownError::BadInput(format!("row {n} ({key:?}) has no input")));
-        }
-        let input = binary_at(&images, i)
-            .or_else(|| string_at(images.as_ref(), i).map(Bytes::from))
-            .ok_or_else(|| PushdownError::BadInput("the input column is neither binary nor strings".into()))?;
-        let label = labels.as_ref().and_then(|l| l[i]);
-        out.push(Row { key, input, label });
-    }
-    Ok(())
-}
-
-/// Row `i` of a binary array, as a slice of its buffer (no copy).
-fn binary_at(array: &ArrayRef, i: usize) -> Option<Bytes> {
-    fn slice(values: &arrow_buffer::Buffer, start: usize, end: usize) -> Bytes {
-        Bytes::from_owner(values.clone()).slice(start..end)
-    }
-    if let Some(a) = array.as_binary_opt::<i32>() {
-        let o = a.value_offsets();
-        return Some(slice(a.values(), o[i] as usize, o[i + 1] as usize));
-    }
-    if let Some(a) = array.as_binary_opt::<i64>() {
-        let o = a.value_offsets();
-        return Some(slice(a.values(), o[i] as usize, o[i + 1] as usize));
-    }
-    array.as_binary_view_opt().map(|a| Bytes::copy_from_slice(a.value(i)))
-}
-
-fn string_at(array: &dyn Array, i: usize) -> Option<String> {
-    if array.is_null(i) {
-        return None;
-    }
-    if let Some(a) = array.as_string_opt::<i32>() {
-        return Some(a.value(i).to_owned());
-    }
-    if let Some(a) = array.as_string_opt::<i64>() {
-        return Some(a.value(i).to_owned());
-    }
-    array.as_string_view_opt().map(|a| a.value(i).to_owned())
-}
-
-/// An integer column's values as `i64` (nulls as `None`).
-fn integers(array: &dyn Array, what: &str) -> Result<Vec<Option<i64>>, PushdownError> {
-    use arrow_array::types::{
-        Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
-    };
-    macro_rules! each {
-        ($($t:ty),*) => {$(
-            if let Some(a) = array.as_primitive_opt::<$t>() {
-                return a.iter().map(|v| v.map(|v| i64::try_from(v).map_err(|_| {
-                    PushdownError::BadInput(format!("{what} {v} does not fit in 64 bits"))
-                })).transpose()).collect();
-            }
-        )*};
-    }
-    each!(Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type);
-    Err(PushdownError::BadInput(format!("the {what} column is {}, not integers", array.data_type())))
-}
-
 /// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest
 /// is a damaged or hostile file (`400`).
 fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
@@ -819,8 +1019,15 @@ fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{BinaryArray, Int64Array, StringArray, StructArray};
-    use arrow_schema::{Field, Fields};
+    use arrow_array::cast::AsArray;
+    use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, StructArray};
+    use arrow_schema::{DataType, Field, Fields};
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    fn string_at(array: &dyn Array, i: usize) -> Option<String> {
+        (!array.is_null(i)).then(|| array.as_string::<i32>().value(i).to_owned())
+    }
 
     use crate::pushdown::spec::RowGroups;
 
@@ -881,13 +1088,14 @@ mod tests {
             ("label", Arc::new(Int64Array::from(vec![0, 1, 2, 3, 4])) as ArrayRef),
         ])
         .expect("batch");
-        let schema = Arc::new(Schema::new_with_metadata(
-            batch.schema().fields().clone(),
-            std::collections::HashMap::from([("huggingface".to_owned(), hf.to_owned())]),
-        ));
-        let batch = batch.with_schema(schema.clone()).expect("schema");
-        let props = WriterProperties::builder().set_max_row_group_row_count(Some(2)).build();
-        let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props)).expect("writer");
+        // As pyarrow writes `datasets`' entry: a key-value entry of the file (and, here, an
+        // uncompressed caption beside Snappy columns: the kept chunks are copied as they are).
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(2))
+            .set_key_value_metadata(Some(vec![KeyValue::new("huggingface".to_owned(), hf.to_owned())]))
+            .set_column_compression(ColumnPath::from("caption"), Compression::UNCOMPRESSED)
+            .build();
+        let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).expect("writer");
         w.write(&batch).expect("write");
         let object = Bytes::from(w.into_inner().expect("close"));
 
@@ -896,7 +1104,7 @@ mod tests {
         let (rows, kept) = footer.rows(&Source::whole(object)).expect("rows");
         assert_eq!(rows.len(), 5);
         let features: Vec<f32> = (0..10).map(|v| v as f32 / 4.0).collect();
-        let out = write(&kept.expect("kept"), features.clone(), &[5, 2, 1], Dtype::F16, ("m", "pool")).expect("write");
+        let out = write(&kept.expect("kept"), &features, &[5, 2, 1], Dtype::F16, ("m", "pool")).expect("write");
 
         let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(out)).expect("output");
         let groups: Vec<i64> = reader.metadata().row_groups().iter().map(|g| g.num_rows()).collect();
@@ -908,8 +1116,9 @@ mod tests {
         for batch in reader.build().expect("reader") {
             let batch = batch.expect("batch");
             texts.extend((0..batch.num_rows()).map(|i| string_at(batch.column(0).as_ref(), i)));
-            let list = batch.column(2).as_fixed_size_list();
-            assert_eq!(list.value_length(), 2);
+            // A list per row, as long as a row's features.
+            let list = batch.column(2).as_list::<i32>();
+            assert!(list.value_offsets().windows(2).all(|w| w[1] - w[0] == 2));
             let half = list.values().as_primitive::<arrow_array::types::Float16Type>();
             values.extend(half.values().iter().map(|v| v.to_f32()));
         }
@@ -919,7 +1128,7 @@ mod tests {
         let hf: serde_json::Value = serde_json::from_str(&meta["huggingface"]).expect("json");
         let described: Vec<&String> = hf["info"]["features"].as_object().expect("features").keys().collect();
         assert_eq!(described, ["caption", "features", "label"]);
-        assert_eq!(hf["info"]["features"]["features"]["length"], 2);
+        assert_eq!(hf["info"]["features"]["features"]["feature"]["dtype"], "float16");
         let provenance: serde_json::Value = serde_json::from_str(&meta["tensorgate"]).expect("json");
         assert_eq!(provenance["shape"], serde_json::json!([2, 1]));
         assert_eq!(provenance["column"], "image");
