@@ -23,8 +23,8 @@
 //! whichever engine serves it.
 //!
 //! A pool may *lend* ([`FairSlots::lending`]): a sample that finds every slot held, some by later
-//! places of its own tenant, takes one beyond the pool instead of waiting for them, and the next
-//! slots given back repay the loan. The engines' places ahead of inference lend (ADR 0021): a
+//! places of its own tenant, takes one beyond the pool instead of waiting for them, and slots
+//! given back on other tenants' turns repay the loan (tenants keep taking turns). The engines' places ahead of inference lend (ADR 0021): a
 //! client's shard 0 whose source came back a few milliseconds after shard 1's would otherwise
 //! wait until shard 1's decoded samples had run. Only a tenant's own later samples make it lend,
 //! so no tenant gains over another, and the loans are bounded.
@@ -85,14 +85,16 @@ impl Inner {
         }
     }
 
-    /// The tenant whose turn is next: the first after the one served last that has waiters
-    /// (only those whose oldest waiter could borrow, with `borrowers_only`).
-    fn next_turn(&self, borrowers_only: bool) -> Option<String> {
+    /// The tenant whose turn is next: the first after the one served last that has waiters.
+    fn next_turn(&self) -> Option<String> {
         let after = self.last.as_ref().map(|t| self.waiting.range::<String, _>((Bound::Excluded(t), Bound::Unbounded)));
-        after.into_iter().flatten().chain(&self.waiting).find_map(|(tenant, queue)| {
-            let head = queue.first_key_value().map(|((arrival, sample, _), _)| (*arrival, *sample));
-            (!borrowers_only || head.is_some_and(|place| self.holds_later(tenant, place))).then(|| tenant.clone())
-        })
+        after.into_iter().flatten().chain(&self.waiting).next().map(|(tenant, _)| tenant.clone())
+    }
+
+    /// Whether `tenant`'s oldest waiter could borrow: its tenant holds slots at later places.
+    fn could_borrow(&self, tenant: &str) -> bool {
+        let head = self.waiting.get(tenant).and_then(|q| q.first_key_value()).map(|((a, s, _), _)| (*a, *s));
+        head.is_some_and(|place| self.holds_later(tenant, place))
     }
 
     /// Whether `tenant` holds a slot at a place after `place`.
@@ -202,7 +204,11 @@ impl FairSlots {
         let (tx, rx) = oneshot::channel();
         g.asked += 1;
         let key = (arrival, sample, g.asked);
-        g.waiting.entry(tenant.to_owned()).or_default().insert(key, tx);
+        let queue = g.waiting.entry(tenant.to_owned()).or_default();
+        // Waiters dropped before their turn (a client gone) leave now, not when the turn comes:
+        // a queue holds only live waiters, which the engine's queue bound counts.
+        queue.retain(|_, tx| !tx.is_closed());
+        queue.insert(key, tx);
         Err(rx)
     }
 
@@ -213,17 +219,20 @@ impl FairSlots {
     }
 
     /// Passes a released slot to the next tenant's oldest waiter, or returns it to the pool. In a
-    /// pool with slots on loan it passes only to a waiter that could borrow (its tenant's later
-    /// samples hold places), and otherwise repays a loan.
+    /// pool with slots on loan, when the tenant whose turn it is could not borrow (its later
+    /// samples hold no places) the slot repays a loan instead and that tenant keeps its turn: the
+    /// turns stay round robin, so a tenant waits for at most the loans out (bounded by the pool's
+    /// `lend`) beyond its turn, however many samples another tenant has that could borrow.
     fn release(self: &Arc<Self>, at: Option<&(String, Place)>) {
         let mut g = self.lock();
         g.unhold(at);
         let mut slot = Slot { slots: self.clone(), armed: true, at: None };
         loop {
-            let on_loan = g.lent > 0;
-            let Some(tenant) = g.next_turn(on_loan) else {
+            let turn = g.next_turn();
+            let repay = g.lent > 0 && turn.as_deref().is_none_or(|t| !g.could_borrow(t));
+            let Some(tenant) = turn.filter(|_| !repay) else {
                 slot.armed = false;
-                if on_loan {
+                if repay {
                     g.lent -= 1;
                 } else {
                     g.free += 1;
@@ -361,6 +370,41 @@ mod tests {
         drop((second, later));
         let g = slots.lock();
         assert_eq!((g.lent, g.free), (0, 0), "repaid, then passed to the later request's waiter");
+    }
+
+    /// While loans are out, tenants still take turns: a tenant whose earlier samples could borrow
+    /// gets a place given back on its own turn only, and on another tenant's turn the place
+    /// repays a loan, that tenant keeping its turn, so it waits for at most the loans out.
+    #[tokio::test]
+    async fn loans_do_not_take_other_tenants_turns() {
+        let slots = FairSlots::lending(1, 1);
+        let later = slots.acquire("a", (5, 0)).await;
+        let first = slots.take_or_queue("a", (4, 0)).expect("lent");
+        let mut a_rest: Vec<_> =
+            (1..4).map(|s| slots.take_or_queue("a", (4, s)).expect_err("queued: the loan is out")).collect();
+        let mut b = slots.take_or_queue("b", (6, 0)).expect_err("queued");
+        drop(first);
+        let second = a_rest[0].try_recv().expect("a's turn: its earlier sample");
+        drop(second);
+        // b's turn: b cannot borrow, so the place repays the loan and b keeps its turn...
+        assert!(b.try_recv().is_err());
+        assert_eq!(slots.lock().lent, 0);
+        drop(later);
+        // ...and takes the next place, ahead of a's two other samples that could have borrowed.
+        let _b = b.try_recv().expect("b's turn");
+        assert!(a_rest[1].try_recv().is_err() && a_rest[2].try_recv().is_err());
+    }
+
+    /// A waiter that gave up leaves the queue when the next one of its tenant queues.
+    #[tokio::test]
+    async fn waiters_that_gave_up_leave_the_queue() {
+        let slots = FairSlots::new(1);
+        let _held = slots.acquire("a", (0, 0)).await;
+        for s in 0..10 {
+            drop(slots.take_or_queue("a", (1, s)).expect_err("queued"));
+        }
+        let _live = slots.take_or_queue("a", (2, 0)).expect_err("queued");
+        assert_eq!(slots.lock().waiting["a"].len(), 1);
     }
 
     /// Whatever order samples ask, give up waiting and give slots back in, the books balance:

@@ -17,15 +17,22 @@
 //! A stream names no tenant and needs no identity: in transparent mode it is read before the store
 //! has accepted the request. A client that guesses another's stream can at most move that stream's
 //! numbers among themselves. The map is bounded ([`MAX_STREAMS`], [`MAX_RESERVED`]): past the
-//! bound a request is numbered as it arrives, as without `seq`.
+//! bound a request is numbered as it arrives, as without `seq`. A held number is given only while
+//! it is recent ([`HOLD_WINDOW`]): a stream cannot bank numbers and later put requests ahead of
+//! many that arrived before them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
 
-/// Streams remembered at once; the oldest is forgotten first. A loader names one per epoch and
-/// rank, so a node sees far fewer at once; a forgotten stream's requests are numbered as they
-/// arrive.
+/// Streams remembered at once; the least recently used is forgotten first. A loader names one
+/// per epoch and rank, so a node sees far fewer at once; a forgotten stream's requests are
+/// numbered as they arrive.
 pub const MAX_STREAMS: usize = 1024;
+/// How recent a held number must be to be given: at most this many numbers taken after it. A
+/// loader's skipped requests arrive milliseconds after the request that skipped them (a few
+/// other requests' numbers apart on a busy node); a request whose held number is older takes a
+/// new one. So a request goes ahead of at most this many that arrived before it.
+pub const HOLD_WINDOW: u64 = 256;
 /// Numbers a stream may hold for requests it has not sent yet: a loader has its prefetch depth
 /// (a few requests) in flight. Past it, a request that skips ahead takes no numbers for those it
 /// skipped, and the oldest held numbers are given up.
@@ -70,8 +77,6 @@ pub struct Arrivals {
 struct Inner {
     next: u64,
     streams: HashMap<String, Stream>,
-    /// Stream names, oldest first (the order they are forgotten in).
-    opened: VecDeque<String>,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +85,8 @@ struct Stream {
     seen: u64,
     /// Numbers held for requests not yet arrived, by `n`.
     held: BTreeMap<u64, u64>,
+    /// The number taken when the stream was last used (which stream is forgotten first).
+    used: u64,
 }
 
 impl Arrivals {
@@ -88,18 +95,19 @@ impl Arrivals {
     pub fn number(&self, seq: Option<&Seq>) -> u64 {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(seq) = seq else { return take(&mut g.next) };
-        if !g.streams.contains_key(&seq.stream) {
-            if g.opened.len() >= MAX_STREAMS
-                && let Some(old) = g.opened.pop_front()
-            {
-                g.streams.remove(&old);
+        if !g.streams.contains_key(&seq.stream) && g.streams.len() >= MAX_STREAMS {
+            // At the bound (checked only when a new stream comes): forget the least recently used.
+            let oldest = g.streams.iter().min_by_key(|(_, s)| s.used).map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                g.streams.remove(&oldest);
             }
-            g.opened.push_back(seq.stream.clone());
-            g.streams.insert(seq.stream.clone(), Stream::default());
         }
-        let Inner { next, streams, .. } = &mut *g;
-        let stream = streams.get_mut(&seq.stream).expect("inserted above");
-        if let Some(held) = stream.held.remove(&seq.n) {
+        let Inner { next, streams } = &mut *g;
+        let stream = streams.entry(seq.stream.clone()).or_default();
+        stream.used = *next;
+        if let Some(held) = stream.held.remove(&seq.n)
+            && *next - held <= HOLD_WINDOW
+        {
             return held;
         }
         if seq.n >= stream.seen {
@@ -183,6 +191,38 @@ mod tests {
     }
 
     #[test]
+    fn a_held_number_is_given_only_while_recent() {
+        let a = Arrivals::default();
+        let s1 = a.number(Some(&seq("s", 1)));
+        for _ in 0..=HOLD_WINDOW {
+            a.number(None);
+        }
+        // Held longer than the window: a new number, behind the requests that came meanwhile.
+        let s0 = a.number(Some(&seq("s", 0)));
+        assert!(s0 > s1 + HOLD_WINDOW, "{s0} {s1}");
+        let t1 = a.number(Some(&seq("t", 1)));
+        a.number(None);
+        let t0 = a.number(Some(&seq("t", 0)));
+        assert!(t0 < t1, "{t0} {t1}");
+    }
+
+    #[test]
+    fn the_stream_forgotten_is_the_least_recently_used() {
+        let a = Arrivals::default();
+        let mut busy = 0;
+        for i in 0..MAX_STREAMS + 10 {
+            if i % 100 == 0 {
+                a.number(Some(&seq("busy", busy)));
+                busy += 1;
+            }
+            a.number(Some(&seq(&format!("n{i}"), 0)));
+        }
+        let g = a.inner.lock().unwrap();
+        assert_eq!(g.streams.len(), MAX_STREAMS);
+        assert!(g.streams.contains_key("busy") && !g.streams.contains_key("n0"));
+    }
+
+    #[test]
     fn what_a_stream_holds_is_bounded() {
         let a = Arrivals::default();
         // A skip past the bound holds nothing.
@@ -201,7 +241,7 @@ mod tests {
         // The largest `n` a client can send is numbered, not an overflow.
         let last = a.number(Some(&seq("max", u64::MAX)));
         assert!(a.number(Some(&seq("max", u64::MAX))) > last);
-        // Streams past MAX_STREAMS forget the oldest.
+        // Streams past MAX_STREAMS forget the least recently used.
         for i in 0..=MAX_STREAMS {
             a.number(Some(&seq(&format!("n{i}"), 0)));
         }
