@@ -16,11 +16,19 @@
 #   TENSORGATE__BACKEND__CHECKS_PAYLOAD_HASH=true IDENTITY=transparent SUFFIX=-transparent-storehash \
 #     bench/passthrough.sh          # any gateway config key from the environment; SUFFIX names
 #                                   # the result files (default: "-transparent" or none)
+#   ONLY=latency ROUNDS=5 bench/passthrough.sh   # only the 4 KiB GET latency rows (p50, p99),
+#                                   # no throughput rows and no 1 GiB transfer: for tail latency
 #   NGINX=0 bench/passthrough.sh    # without the nginx anchor (nginx is installed from Debian when
 #                                   # missing and running as root; otherwise it is left out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
+ONLY=${ONLY:-}
+case $ONLY in
+  "") MODE=() ;;
+  latency) MODE=(latency) ;;
+  *) echo "ONLY=$ONLY: latency, or unset for every row" >&2; exit 2 ;;
+esac
 IDENTITY=${IDENTITY:-terminating}
 case $IDENTITY in
   terminating) GW_KEYS=(--backend-access-key seaweed-ak --backend-secret-key seaweed-sk --access-key bench-ak --secret-key bench-sk)
@@ -34,7 +42,7 @@ ADMIN=127.0.0.1:19734
 NGINX_ADDR=127.0.0.1:19735
 OUT=bench/results
 mkdir -p "$OUT" .tmp
-SUFFIX=${SUFFIX-$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)}
+SUFFIX=${SUFFIX-$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)}${ONLY:+-$ONLY}
 RAW="$OUT/passthrough${SUFFIX}-raw.jsonl"
 : > "$RAW"
 
@@ -138,20 +146,22 @@ measure() {
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS: direct" >&2
-  measure direct "" $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct
+  measure direct "" $BENCH "$ENDPOINT" seaweed-ak seaweed-sk direct "${MODE[@]}"
   echo "round $r/$ROUNDS: gateway" >&2
-  measure gateway "$GW_PID" $BENCH "http://$GW" "${GW_CLIENT[@]}" gateway
+  measure gateway "$GW_PID" $BENCH "http://$GW" "${GW_CLIENT[@]}" gateway "${MODE[@]}"
   if [ "$NGINX" = 1 ]; then
     echo "round $r/$ROUNDS: nginx" >&2
-    measure nginx "$NGINX_WORKER" $BENCH "http://$NGINX_ADDR" seaweed-ak seaweed-sk nginx
+    measure nginx "$NGINX_WORKER" $BENCH "http://$NGINX_ADDR" seaweed-ak seaweed-sk nginx "${MODE[@]}"
   fi
 done
 
+if [ -z "$ONLY" ]; then
 echo "1 GiB PUT + GET through the gateway" >&2
 head -c $((1024 * 1024 * 1024)) /dev/zero > .tmp/bench-1g.bin
 rss_before=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 CPU_PIDS=proxy:$GW_PID "${REST_PIN[@]}" $BENCH "http://$GW" "${GW_CLIENT[@]}" gateway big .tmp/bench-1g.bin >> "$RAW"
 rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
+fi
 
 { echo "Gateway identity mode: $IDENTITY."; echo; [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough${SUFFIX}.md"
