@@ -12,6 +12,7 @@ named in BINS (release builds, fs backend, one inference thread, the gateway pin
 
 Each measurement reads a new copy of the file (no cache hit). Run:
   BINS="before=.tmp/tensorgate-before,after=target/release/tensorgate" .venv/bin/python bench/row_groups.py
+  FORMAT=parquet ...   a Parquet output (the other columns kept) instead of the default safetensors
 """
 
 import io
@@ -83,6 +84,8 @@ def measure(name: str, binary: Path, data: bytes) -> list[dict]:
         s3.create_bucket(Bucket="bench")
         groups = pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups
         fields = {"model": "resnet18", "split": "pool"}
+        if os.environ.get("FORMAT"):
+            fields["format"] = os.environ["FORMAT"]
         s3.put_object(Bucket="bench", Key="warm.parquet", Body=data)
         textbench.get(s3, "warm.parquet", **fields)  # starts the engine
         modes = [("whole file", [None])]
