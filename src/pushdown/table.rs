@@ -1210,6 +1210,35 @@ mod tests {
         }
     }
 
+    /// Columns are told apart by their Parquet types, as Arrow's mapping told them apart: an
+    /// unsigned 32-bit label keeps its value, one past `i64` is refused, a date is no label, a
+    /// large binary is an image and a list of binaries is not.
+    #[test]
+    fn columns_are_read_by_their_parquet_types() {
+        use arrow_array::{Date32Array, LargeBinaryArray, ListArray, UInt32Array, UInt64Array};
+        let labels = |column: ArrayRef| -> Result<Vec<Option<i64>>, PushdownError> {
+            let object = file(
+                vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]; 2])) as ArrayRef), ("label", column)],
+                2,
+            );
+            let (rows, _) = read(&object, None, 1 << 20, false)?.rows(&Source::whole(object))?;
+            Ok(rows.iter().map(|r| r.label).collect())
+        };
+        let big = u32::MAX - 1;
+        assert_eq!(labels(Arc::new(UInt32Array::from(vec![big, 7]))).expect("rows"), [Some(i64::from(big)), Some(7)]);
+        let err = labels(Arc::new(UInt64Array::from(vec![u64::MAX, 1]))).expect_err("refused").to_string();
+        assert!(err.contains("does not fit in 64 bits"), "{err}");
+        assert_eq!(labels(Arc::new(Date32Array::from(vec![1, 2]))).expect("rows"), [None, None]);
+
+        let large = file(vec![("image", Arc::new(LargeBinaryArray::from(vec![&b"ab"[..], b"c"])) as ArrayRef)], 2);
+        let (rows, _) = read(&large, None, 1 << 20, false).expect("footer").rows(&Source::whole(large)).expect("rows");
+        assert_eq!(rows.iter().map(|r| &r.input[..]).collect::<Vec<_>>(), [&b"ab"[..], b"c"]);
+        let lists = ListArray::from_iter_primitive::<arrow_array::types::Int32Type, _, _>(vec![Some(vec![Some(1)])]);
+        let listed = file(vec![("image", Arc::new(lists) as ArrayRef)], 1);
+        let err = read(&listed, None, 1 << 20, false).expect_err("refused").to_string();
+        assert!(err.contains("not encoded images"), "{err}");
+    }
+
     #[test]
     fn files_the_parquet_crate_panics_on_are_refused() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions/parquet");
