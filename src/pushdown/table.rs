@@ -654,13 +654,15 @@ struct Columns<'a> {
 }
 
 impl Columns<'_> {
-    /// Every value of a column (`None` for a null), [`ROWS_PER_BATCH`] rows at a time.
-    fn read<T: DataType>(
+    /// Every value of a column (`None` for a null), [`ROWS_PER_BATCH`] rows at a time, each
+    /// value turned by `map` as it is read (so a read's page buffers are let go before the next).
+    fn read<T: DataType, U>(
         &mut self,
         leaf: usize,
         mut reader: ColumnReaderImpl<T>,
         size: impl Fn(&T::T) -> u64,
-    ) -> Result<Vec<Option<T::T>>, PushdownError> {
+        map: impl Fn(T::T) -> Result<U, PushdownError>,
+    ) -> Result<Vec<Option<U>>, PushdownError> {
         let max_def = self.schema.column(leaf).max_def_level();
         let mut out = Vec::with_capacity(self.expected);
         let (mut values, mut defs) = (Vec::new(), Vec::new());
@@ -682,14 +684,11 @@ impl Columns<'_> {
                 )));
             }
             let mut given = values.drain(..);
-            if max_def == 0 {
-                out.extend(given.by_ref().take(records).map(Some));
-            } else {
-                for &d in defs.iter().take(records) {
-                    out.push(if d == max_def { given.next() } else { None });
-                }
+            for i in 0..records {
+                let defined = max_def == 0 || defs.get(i) == Some(&max_def);
+                out.push(if defined { given.next().map(&map).transpose()? } else { None });
             }
-            if out.len() < self.expected && given.next().is_some() {
+            if given.next().is_some() {
                 return Err(PushdownError::BadInput("a Parquet page's values and levels disagree".into()));
             }
         }
@@ -708,58 +707,47 @@ impl Columns<'_> {
         self.reader.get_column_reader(leaf).map_err(|e| parquet_error(&e))
     }
 
-    /// A byte-string column's values.
+    /// A byte-string column's values, copied out of their pages.
     fn bytes(&mut self, leaf: usize) -> Result<Vec<Option<Bytes>>, PushdownError> {
         match self.column(leaf)? {
-            ColumnReader::ByteArrayColumnReader(r) => Ok(self
-                .read(leaf, r, |v: &ByteArray| v.len() as u64)?
-                .into_iter()
-                .map(|v| v.map(|v| Bytes::copy_from_slice(v.data())))
-                .collect()),
+            ColumnReader::ByteArrayColumnReader(r) => {
+                self.read(leaf, r, |v: &ByteArray| v.len() as u64, |v| Ok(Bytes::copy_from_slice(v.data())))
+            }
             _ => Err(PushdownError::BadInput("the input column is not byte strings".into())),
         }
     }
 
     /// A string column's values; a value that is not UTF-8 is refused.
     fn strings(&mut self, leaf: usize) -> Result<Vec<Option<String>>, PushdownError> {
-        self.bytes(leaf)?
-            .into_iter()
-            .map(|v| {
-                v.map(|b| {
-                    String::from_utf8(b.to_vec()).map_err(|_| {
-                        PushdownError::BadInput("a Parquet string column holds bytes that are not UTF-8".into())
-                    })
-                })
-                .transpose()
-            })
-            .collect()
+        let utf8 = |v: ByteArray| {
+            String::from_utf8(v.data().to_vec())
+                .map_err(|_| PushdownError::BadInput("a Parquet string column holds bytes that are not UTF-8".into()))
+        };
+        match self.column(leaf)? {
+            ColumnReader::ByteArrayColumnReader(r) => self.read(leaf, r, |v: &ByteArray| v.len() as u64, utf8),
+            _ => Err(PushdownError::BadInput("a string column is not byte strings".into())),
+        }
     }
 
     /// An integer column's values as `i64`.
     fn integers(&mut self, leaf: usize, kind: Leaf, what: &str) -> Result<Vec<Option<i64>>, PushdownError> {
         let signed = matches!(kind, Leaf::Int { signed: true });
-        let too_large = |v: u64| PushdownError::BadInput(format!("{what} {v} does not fit in 64 bits"));
         match self.column(leaf)? {
             // Unsigned 32-bit integers are stored in INT32's bits.
-            ColumnReader::Int32ColumnReader(r) => Ok(self
-                .read(leaf, r, |_| 4)?
-                .into_iter()
-                .map(|v| v.map(|v| if signed { i64::from(v) } else { i64::from(v.cast_unsigned()) }))
-                .collect()),
-            ColumnReader::Int64ColumnReader(r) => self
-                .read(leaf, r, |_| 8)?
-                .into_iter()
-                .map(|v| {
-                    v.map(|v| {
-                        if signed {
-                            Ok(v)
-                        } else {
-                            i64::try_from(v.cast_unsigned()).map_err(|_| too_large(v.cast_unsigned()))
-                        }
-                    })
-                    .transpose()
-                })
-                .collect(),
+            ColumnReader::Int32ColumnReader(r) => {
+                self.read(leaf, r, |_| 4, |v| Ok(if signed { i64::from(v) } else { i64::from(v.cast_unsigned()) }))
+            }
+            ColumnReader::Int64ColumnReader(r) => self.read(
+                leaf,
+                r,
+                |_| 8,
+                |v| match v.cast_unsigned() {
+                    u if !signed && u > i64::MAX as u64 => {
+                        Err(PushdownError::BadInput(format!("{what} {u} does not fit in 64 bits")))
+                    }
+                    _ => Ok(v),
+                },
+            ),
             _ => Err(PushdownError::BadInput(format!("the {what} column is not integers"))),
         }
     }
@@ -882,12 +870,6 @@ pub fn write(
         SerializedFileWriter::new(Vec::new(), Arc::new(schema), Arc::new(props)).map_err(|e| internal(&e))?;
     // One row's levels: the first value starts the row's list, the others continue it.
     let reps: Vec<i16> = (0..per).map(|i| i16::from(i > 0)).collect();
-    let halves: Vec<FixedLenByteArray> = if dtype == Dtype::F16 {
-        let buf = Bytes::from(features.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>());
-        (0..features.len()).map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2)))).collect()
-    } else {
-        Vec::new()
-    };
     let mut done = 0usize;
     for group in kept.groups.iter().filter(|g| g.rows > 0) {
         let mut rg = writer.next_row_group().map_err(|e| internal(&e))?;
@@ -907,7 +889,13 @@ pub fn write(
         let reps: Vec<i16> = reps.iter().copied().cycle().take(to - from).collect();
         let mut col = rg.next_column().map_err(|e| internal(&e))?.ok_or_else(|| internal(&"no features column"))?;
         let written = if dtype == Dtype::F16 {
-            col.typed::<FixedLenByteArrayType>().write_batch(&halves[from..to], Some(&defs), Some(&reps))
+            // One group's values at a time: each is a handle onto one buffer of the group's halves.
+            let buf = Bytes::from(
+                features[from..to].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>(),
+            );
+            let halves: Vec<FixedLenByteArray> =
+                (0..to - from).map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2)))).collect();
+            col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(&defs), Some(&reps))
         } else {
             col.typed::<FloatType>().write_batch(&features[from..to], Some(&defs), Some(&reps))
         };
