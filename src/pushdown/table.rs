@@ -19,9 +19,11 @@
 //! the other columns' encoded chunks as they are, without decoding them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parquet::basic::{Compression, ConvertedType, LogicalType, Repetition, Type as Physical};
+use parquet::column::page::{Page, PageMetadata, PageReader};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::{ByteArray, DataType, FixedLenByteArray, FixedLenByteArrayType, FloatType};
@@ -97,6 +99,9 @@ pub const FEATURES_COLUMN: &str = "features";
 /// layout).
 const LIST_GROUP: &str = "list";
 const LIST_ELEMENT: &str = "element";
+
+/// Feature values written to the output's column at once (whole rows; at least one row).
+const WRITE_VALUES: usize = 64 * 1024;
 
 /// What a Parquet output's footer may take beyond its columns (a schema and a few row groups'
 /// chunk descriptions, as [`MAX_FOOTER_BYTES`] bounds the source's).
@@ -596,7 +601,7 @@ impl Footer {
             reader: &reader,
             schema: self.metadata.file_metadata().schema_descr(),
             expected,
-            decoded: 0,
+            decoded: Arc::new(AtomicU64::new(0)),
             limit,
             group,
             claimed,
@@ -624,19 +629,50 @@ impl Footer {
         }
         if let Some(kept) = kept {
             let schema = self.metadata.file_metadata().schema_descr();
-            kept.groups.push(KeptGroup {
-                source: object.clone(),
-                rows: expected,
-                chunks: meta
-                    .columns()
-                    .iter()
-                    .enumerate()
-                    .filter(|(leaf, _)| schema.get_column_root_idx(*leaf) != self.image)
-                    .map(|(_, c)| c.clone())
-                    .collect(),
-            });
+            let chunks: Vec<ColumnChunkMetaData> = meta
+                .columns()
+                .iter()
+                .enumerate()
+                .filter(|(leaf, _)| schema.get_column_root_idx(*leaf) != self.image)
+                .map(|(_, c)| c.clone())
+                .collect();
+            self.check_kept(object, &chunks)?;
+            kept.groups.push(KeptGroup { source: object.clone(), rows: expected, chunks });
         }
         Ok(out)
+    }
+}
+
+impl Footer {
+    /// Checks the chunks a Parquet output copies as they are: each lies within the bytes read
+    /// and before the footer, its pages within it, its sizes not negative, and their sum within
+    /// what the writer counts in (so a footer that lies is a `400` before the output is written,
+    /// not a wrapped offset in it).
+    fn check_kept(&self, object: &Source, chunks: &[ColumnChunkMetaData]) -> Result<(), PushdownError> {
+        let mut total = 0i64;
+        for chunk in chunks {
+            let data = chunk.data_page_offset();
+            let start = chunk.dictionary_page_offset().unwrap_or(data);
+            let (size, raw) = (chunk.compressed_size(), chunk.uncompressed_size());
+            let end = start.checked_add(size);
+            let fits = |at: i64, n: i64| {
+                u64::try_from(at).ok().zip(usize::try_from(n).ok()).is_some_and(|(at, n)| object.slice(at, n).is_some())
+            };
+            let within = start >= MAGIC.len() as i64
+                && raw >= 0
+                && end.is_some_and(|end| {
+                    data >= start && data < end && u64::try_from(end).is_ok_and(|e| e <= self.data_end)
+                })
+                && fits(start, size);
+            total = total.saturating_add(raw);
+            if !within || total > i64::MAX / 2 {
+                return Err(PushdownError::BadInput(format!(
+                    "the Parquet footer places column {:?} outside the file, or states sizes it cannot have",
+                    chunk.column_path().string()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -647,7 +683,8 @@ struct Columns<'a> {
     schema: &'a SchemaDescriptor,
     /// The group's rows, as the footer states them: every column must hold as many.
     expected: usize,
-    decoded: u64,
+    /// Bytes decoded so far, shared with the columns' page readers ([`CheckedPages`]).
+    decoded: Arc<AtomicU64>,
     limit: u64,
     group: usize,
     claimed: u64,
@@ -676,8 +713,8 @@ impl Columns<'_> {
                 break;
             }
             let bytes = values.iter().map(|v| size(v).saturating_add(VALUE_OVERHEAD)).fold(0, u64::saturating_add);
-            self.decoded = self.decoded.saturating_add(bytes);
-            if self.decoded > self.limit || out.len() + records > self.expected {
+            let decoded = self.decoded.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes);
+            if decoded > self.limit || out.len() + records > self.expected {
                 return Err(PushdownError::BadInput(format!(
                     "row group {} of the Parquet file decodes to more than its footer states ({} bytes, {} rows)",
                     self.group, self.claimed, self.expected
@@ -703,8 +740,22 @@ impl Columns<'_> {
         Ok(out)
     }
 
+    /// A column's reader, its dictionary pages checked before they are decoded ([`CheckedPages`]).
     fn column(&self, leaf: usize) -> Result<ColumnReader, PushdownError> {
-        self.reader.get_column_reader(leaf).map_err(|e| parquet_error(&e))
+        let descr = self.schema.column(leaf);
+        let (min_bytes, handle) = match descr.physical_type() {
+            Physical::INT32 => (4, 4),
+            Physical::INT64 => (8, 8),
+            _ => (4, std::mem::size_of::<ByteArray>() as u64),
+        };
+        let pages = CheckedPages {
+            inner: self.reader.get_column_page_reader(leaf).map_err(|e| parquet_error(&e))?,
+            min_bytes,
+            handle,
+            decoded: self.decoded.clone(),
+            limit: self.limit,
+        };
+        Ok(parquet::column::reader::get_column_reader(descr, Box::new(pages)))
     }
 
     /// A byte-string column's values, copied out of their pages.
@@ -750,6 +801,58 @@ impl Columns<'_> {
             ),
             _ => Err(PushdownError::BadInput(format!("the {what} column is not integers"))),
         }
+    }
+}
+
+/// A column chunk's pages as the parquet crate reads them, each dictionary page checked before
+/// its values are decoded: the crate sizes a dictionary by the count its page header states
+/// (`num_values`), so a page of a few bytes claiming 2^31 values asked for 64 GiB of value
+/// handles and the allocation failure aborted the process. A dictionary's values are PLAIN
+/// encoded, each taking at least `min_bytes` of the page, and its handles (`handle` bytes each)
+/// are charged with the column's other decoded bytes against what the footer claimed.
+struct CheckedPages {
+    inner: Box<dyn PageReader>,
+    min_bytes: usize,
+    handle: u64,
+    decoded: Arc<AtomicU64>,
+    limit: u64,
+}
+
+impl Iterator for CheckedPages {
+    type Item = parquet::errors::Result<Page>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl PageReader for CheckedPages {
+    fn get_next_page(&mut self) -> parquet::errors::Result<Option<Page>> {
+        let page = self.inner.get_next_page()?;
+        if let Some(Page::DictionaryPage { buf, num_values, .. }) = &page {
+            let n = u64::from(*num_values);
+            let cost = n.saturating_mul(self.handle);
+            let decoded = self.decoded.fetch_add(cost, Ordering::Relaxed).saturating_add(cost);
+            if n > (buf.len() / self.min_bytes) as u64 || decoded > self.limit {
+                return Err(parquet::errors::ParquetError::General(format!(
+                    "a dictionary page states {n} values in {} bytes, or more than the footer claims",
+                    buf.len()
+                )));
+            }
+        }
+        Ok(page)
+    }
+
+    fn peek_next_page(&mut self) -> parquet::errors::Result<Option<PageMetadata>> {
+        self.inner.peek_next_page()
+    }
+
+    fn skip_next_page(&mut self) -> parquet::errors::Result<()> {
+        self.inner.skip_next_page()
+    }
+
+    fn at_record_boundary(&mut self) -> parquet::errors::Result<bool> {
+        self.inner.at_record_boundary()
     }
 }
 
@@ -868,8 +971,11 @@ pub fn write(
         .build();
     let mut writer =
         SerializedFileWriter::new(Vec::new(), Arc::new(schema), Arc::new(props)).map_err(|e| internal(&e))?;
-    // One row's levels: the first value starts the row's list, the others continue it.
-    let reps: Vec<i16> = (0..per).map(|i| i16::from(i > 0)).collect();
+    // The levels of a write's rows: every value present; a row's first value starts its list,
+    // the others continue it.
+    let rows_per_write = (WRITE_VALUES / per).max(1);
+    let defs = vec![1i16; rows_per_write * per];
+    let reps: Vec<i16> = (0..rows_per_write * per).map(|i| i16::from(i % per > 0)).collect();
     let mut done = 0usize;
     for group in kept.groups.iter().filter(|g| g.rows > 0) {
         let mut rg = writer.next_row_group().map_err(|e| internal(&e))?;
@@ -884,22 +990,28 @@ pub fn write(
             };
             rg.append_column(&group.source, close).map_err(|e| internal(&e))?;
         }
-        let (from, to) = (done * per, (done + group.rows) * per);
-        let defs = vec![1i16; to - from];
-        let reps: Vec<i16> = reps.iter().copied().cycle().take(to - from).collect();
         let mut col = rg.next_column().map_err(|e| internal(&e))?.ok_or_else(|| internal(&"no features column"))?;
-        let written = if dtype == Dtype::F16 {
-            // One group's values at a time: each is a handle onto one buffer of the group's halves.
-            let buf = Bytes::from(
-                features[from..to].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>(),
-            );
-            let halves: Vec<FixedLenByteArray> =
-                (0..to - from).map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2)))).collect();
-            col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(&defs), Some(&reps))
-        } else {
-            col.typed::<FloatType>().write_batch(&features[from..to], Some(&defs), Some(&reps))
-        };
-        written.map_err(|e| internal(&e))?;
+        // A slice of whole rows at a time: the levels (and, for f16, a handle per value) beside
+        // the features stay bounded, whatever the group's size.
+        let mut row = done;
+        while row < done + group.rows {
+            let n = rows_per_write.min(done + group.rows - row);
+            let (from, to) = (row * per, (row + n) * per);
+            let (defs, reps) = (&defs[..to - from], &reps[..to - from]);
+            let written = if dtype == Dtype::F16 {
+                let buf = Bytes::from(
+                    features[from..to].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>(),
+                );
+                let halves: Vec<FixedLenByteArray> = (0..to - from)
+                    .map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2))))
+                    .collect();
+                col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(defs), Some(reps))
+            } else {
+                col.typed::<FloatType>().write_batch(&features[from..to], Some(defs), Some(reps))
+            };
+            written.map_err(|e| internal(&e))?;
+            row += n;
+        }
         col.close().map_err(|e| internal(&e))?;
         rg.close().map_err(|e| internal(&e))?;
         done += group.rows;
@@ -1225,6 +1337,72 @@ mod tests {
         let listed = file(vec![("image", Arc::new(lists) as ArrayRef)], 1);
         let err = read(&listed, None, 1 << 20, false).expect_err("refused").to_string();
         assert!(err.contains("not encoded images"), "{err}");
+    }
+
+    /// A dictionary page that states more values than its bytes can hold is refused before the
+    /// crate sizes the dictionary by it (2^31 handles: 64 GiB, an abort); an honest one passes,
+    /// its handles charged against the footer's claim.
+    #[test]
+    fn dictionary_pages_are_checked_before_they_are_decoded() {
+        struct Pages(Vec<Page>);
+        impl Iterator for Pages {
+            type Item = parquet::errors::Result<Page>;
+            fn next(&mut self) -> Option<Self::Item> {
+                self.get_next_page().transpose()
+            }
+        }
+        impl PageReader for Pages {
+            fn get_next_page(&mut self) -> parquet::errors::Result<Option<Page>> {
+                Ok((!self.0.is_empty()).then(|| self.0.remove(0)))
+            }
+            fn peek_next_page(&mut self) -> parquet::errors::Result<Option<PageMetadata>> {
+                Ok(None)
+            }
+            fn skip_next_page(&mut self) -> parquet::errors::Result<()> {
+                Ok(())
+            }
+        }
+        let dictionary = |num_values| Page::DictionaryPage {
+            buf: Bytes::from_static(b"\x01\0\0\0x\x01\0\0\0y"),
+            num_values,
+            encoding: parquet::basic::Encoding::PLAIN,
+            is_sorted: false,
+        };
+        let pages = |page, limit| CheckedPages {
+            inner: Box::new(Pages(vec![page])),
+            min_bytes: 4,
+            handle: 32,
+            decoded: Arc::new(AtomicU64::new(0)),
+            limit,
+        };
+        assert!(pages(dictionary(2), 1024).get_next_page().expect("honest").is_some());
+        assert!(pages(dictionary(u32::MAX >> 1), 1 << 40).get_next_page().is_err(), "more values than bytes");
+        assert!(pages(dictionary(2), 63).get_next_page().is_err(), "handles past the claim");
+    }
+
+    /// The chunks a Parquet output copies must lie within the bytes read: a piece that lacks one
+    /// is a `400` when its group is decoded, before any output is written.
+    #[test]
+    fn kept_chunks_outside_the_bytes_read_are_refused() {
+        let captions: ArrayRef = Arc::new(StringArray::from(vec!["one", "two"]));
+        let object = file(
+            vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..], b"y"])) as ArrayRef), ("caption", captions)],
+            2,
+        );
+        let len = object.len() as u64;
+        let footer = read(&object, None, 1 << 20, true).expect("footer");
+        let (start, end) = footer.span().expect("span");
+        let caption = footer.metadata.row_group(0).column(1);
+        let cut = u64::try_from(caption.dictionary_page_offset().unwrap_or_else(|| caption.data_page_offset()))
+            .expect("offset");
+        assert!(start < cut && cut < end);
+        let piece = |to: u64| {
+            Source::piece(len, start, object.slice(usize::try_from(start).unwrap()..usize::try_from(to).unwrap()))
+        };
+        let mut kept = footer.kept();
+        let err = footer.group_rows(&piece(cut), 0, kept.as_mut()).expect_err("refused").to_string();
+        assert!(err.contains("outside the file"), "{err}");
+        assert_eq!(footer.group_rows(&piece(end), 0, kept.as_mut()).expect("rows").len(), 2);
     }
 
     #[test]
