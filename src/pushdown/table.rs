@@ -209,7 +209,7 @@ impl Leaf {
     /// The kind of a column that is neither repeated nor a group; `None` for any other.
     fn of(t: &Type) -> Option<Self> {
         let info = t.get_basic_info();
-        if !t.is_primitive() || (info.has_repetition() && info.repetition() == Repetition::REPEATED) {
+        if !t.is_primitive() || repeated(t) {
             return None;
         }
         let (logical, converted) = (info.logical_type_ref(), info.converted_type());
@@ -241,17 +241,23 @@ impl Leaf {
     }
 }
 
+/// Whether a column repeats (a list's elements; the schema's root has no repetition).
+fn repeated(t: &Type) -> bool {
+    let info = t.get_basic_info();
+    info.has_repetition() && info.repetition() == Repetition::REPEATED
+}
+
 /// A column's type as an error message names it.
 fn describe(t: &Type) -> String {
     let info = t.get_basic_info();
-    let repeated = if info.has_repetition() && info.repetition() == Repetition::REPEATED { ", repeated" } else { "" };
+    let suffix = if repeated(t) { ", repeated" } else { "" };
     if t.is_group() {
-        return format!("a group of {} fields{repeated}", t.get_fields().len());
+        return format!("a group of {} fields{suffix}", t.get_fields().len());
     }
     match (info.logical_type_ref(), info.converted_type()) {
-        (Some(l), _) => format!("{} ({l:?}){repeated}", t.get_physical_type()),
-        (None, ConvertedType::NONE) => format!("{}{repeated}", t.get_physical_type()),
-        (None, c) => format!("{} ({c}){repeated}", t.get_physical_type()),
+        (Some(l), _) => format!("{} ({l:?}){suffix}", t.get_physical_type()),
+        (None, ConvertedType::NONE) => format!("{}{suffix}", t.get_physical_type()),
+        (None, c) => format!("{} ({c}){suffix}", t.get_physical_type()),
     }
 }
 
@@ -277,17 +283,10 @@ impl Input {
     /// `bytes` field and, if any, a string `path`.
     fn image(schema: &SchemaDescriptor, name: &str, t: &Type) -> Option<Self> {
         if t.is_primitive() {
-            return if Leaf::of(t) == Some(Leaf::Binary) {
-                Some(Self { leaf: leaf_at(schema, &[name])?, path: None })
-            } else {
-                None
-            };
+            return Self::plain(schema, name, t, Leaf::Binary);
         }
         let info = t.get_basic_info();
-        if (info.has_repetition() && info.repetition() == Repetition::REPEATED)
-            || info.logical_type_ref().is_some()
-            || info.converted_type() != ConvertedType::NONE
-        {
+        if repeated(t) || info.logical_type_ref().is_some() || info.converted_type() != ConvertedType::NONE {
             return None;
         }
         let field = |n: &str, kind| t.get_fields().iter().any(|f| f.name() == n && Leaf::of(f) == Some(kind));
@@ -300,7 +299,12 @@ impl Input {
 
     /// Texts: a string column.
     fn text(schema: &SchemaDescriptor, name: &str, t: &Type) -> Option<Self> {
-        if Leaf::of(t) == Some(Leaf::Text) { Some(Self { leaf: leaf_at(schema, &[name])?, path: None }) } else { None }
+        Self::plain(schema, name, t, Leaf::Text)
+    }
+
+    /// A root column of `kind` itself.
+    fn plain(schema: &SchemaDescriptor, name: &str, t: &Type, kind: Leaf) -> Option<Self> {
+        (Leaf::of(t) == Some(kind)).then(|| leaf_at(schema, &[name])).flatten().map(|leaf| Self { leaf, path: None })
     }
 }
 
