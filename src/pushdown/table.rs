@@ -1238,6 +1238,37 @@ mod tests {
         assert_eq!(provenance["column"], "image");
     }
 
+    /// A group's features are written a slice of whole rows at a time ([`WRITE_VALUES`]): rows
+    /// and values come back whole and in order across the slices, in both dtypes.
+    #[test]
+    fn features_written_in_slices_read_back_whole() {
+        let (rows, per) = (MAX_SAMPLES, 20usize);
+        assert!(rows * per > 2 * WRITE_VALUES);
+        let object = file(vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]; rows])) as ArrayRef)], rows);
+        let footer = read(&object, None, 1 << 24, true).expect("footer");
+        let (_, kept) = footer.rows(&Source::whole(object)).expect("rows");
+        let kept = kept.expect("kept");
+        // Small integers: exact in f16 too.
+        let features: Vec<f32> = (0..rows * per).map(|i| (i % 1000) as f32).collect();
+        for dtype in [Dtype::F32, Dtype::F16] {
+            let out = write(&kept, &features, &[rows, per], dtype, ("m", "s")).expect("write");
+            let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(out)).expect("output");
+            let mut values = Vec::new();
+            for batch in reader.build().expect("reader") {
+                let list = batch.expect("batch").column(0).as_list::<i32>().clone();
+                assert!(list.value_offsets().windows(2).all(|w| usize::try_from(w[1] - w[0]) == Ok(per)));
+                let items = list.values();
+                if dtype == Dtype::F16 {
+                    let half = items.as_primitive::<arrow_array::types::Float16Type>();
+                    values.extend(half.values().iter().map(|v| v.to_f32()));
+                } else {
+                    values.extend(items.as_primitive::<arrow_array::types::Float32Type>().values().iter().copied());
+                }
+            }
+            assert!(values == features, "{dtype:?}");
+        }
+    }
+
     #[test]
     fn named_row_groups_are_read_from_the_tail_and_their_span_alone() {
         let data: Vec<&[u8]> = vec![b"A", b"BB", b"CCC", b"DDDD", b"EEEEE"];
