@@ -25,10 +25,31 @@ PROFILE=${PROFILE:-release}
 # shellcheck source=debian-packages.sh
 . scripts/debian-packages.sh
 ensure_debian_packages "dockerd debootstrap" "docker.io debootstrap" container-test 2>/dev/null
-if ! $DOCKER info >/dev/null 2>&1; then
+# dockerd refuses to start while /var/run/docker.pid names a process, and a machine restored from
+# a snapshot (as CI's are) can carry the file of a daemon that no longer runs: such a file is
+# removed. A first start initialises /var/lib/docker, so it is given DOCKERD_WAIT_S (default 120 s).
+start_dockerd() {
+  $DOCKER info >/dev/null 2>&1 && return 0
+  local pidfile=/var/run/docker.pid pid
+  if [ -f "$pidfile" ]; then
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != dockerd ]; then
+      echo "removing a stale $pidfile (pid ${pid:-none} is not a running dockerd)"
+      rm -f "$pidfile"
+    fi
+  fi
   (dockerd --bridge=none --iptables=false >/tmp/tensorgate-dockerd.log 2>&1 &)
-  for _ in $(seq 1 50); do $DOCKER info >/dev/null 2>&1 && break; sleep 0.2; done
-fi
+  local deadline=$(( $(date +%s) + ${DOCKERD_WAIT_S:-120} ))
+  until $DOCKER info >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "dockerd did not answer within ${DOCKERD_WAIT_S:-120} s; the end of its log:"
+      tail -20 /tmp/tensorgate-dockerd.log
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+start_dockerd
 if ! $DOCKER image inspect tensorgate-base:bookworm >/dev/null 2>&1; then
   root=$(mktemp -d)
   debootstrap --variant=minbase bookworm "$root" >/dev/null
