@@ -20,6 +20,59 @@ from .wds import decode_features as decode_tar
 
 #: A read of the link probe that takes longer than this waited for the network.
 PROBE_WAIT_SECS = 0.002
+#: The link probe measures over at least this long from its first read that waited...
+PROBE_MIN_SECS = 0.15
+#: ...until the rate over the second half of that window agrees with the whole window's within
+#: this fraction: a slow link shaped with small buffers (a token bucket at 10-25 Mbit/s) stalls a
+#: single fresh connection for tens to hundreds of ms at a time while its window grows, and a
+#: window of 0.15 s then read it 25-30% low (bench/repro/probe.py); a steady link agrees at once...
+PROBE_AGREE = 0.05
+#: ...or until this long, whichever comes first (a link that never settles is read for 0.6 s).
+PROBE_MAX_SECS = 0.6
+
+
+def _first_wait(reads: list) -> int | None:
+    return next((i for i, r in enumerate(reads) if r[1] - r[0] > PROBE_WAIT_SECS), None)
+
+
+def _rate(reads: list) -> float:
+    """Bytes/s from the first of `reads` starting to the last ending."""
+    span = reads[-1][1] - reads[0][0]
+    return (reads[-1][3] - reads[0][2]) / span if span > 0 else float("inf")
+
+
+def probe_settled(reads: list, min_bytes: int, min_secs: float, max_secs: float) -> bool:
+    """Whether the link probe can stop after `reads` ((started, ended, bytes before, bytes after),
+    seconds from the first read). A link's start is not its rate: data that queued in socket buffers
+    while the response headers were parsed arrives at memory speed, and a token bucket lets a burst
+    through at line speed. So the window starts at the first read that had to wait for the network;
+    when none has (a fast link), the probe stops after `min_bytes` and `min_secs`."""
+    if reads[-1][3] < min_bytes:
+        return False
+    first = _first_wait(reads)
+    if first is None:
+        return reads[-1][1] >= min_secs
+    window = reads[first:]
+    span = window[-1][1] - window[0][0]
+    if span < min_secs:
+        return False
+    if span >= max_secs:
+        return True
+    half = [r for r in window if r[0] >= window[0][0] + span / 2]
+    return len(half) > 1 and abs(_rate(half) / _rate(window) - 1) <= PROBE_AGREE
+
+
+def link_probe_rate(reads: list) -> float:
+    """The link's rate over the probe's `reads`: from the first read that waited for the network
+    to the end; when none did (a fast link), over the second half of the bytes."""
+    if not reads:
+        return 1e10
+    first = _first_wait(reads)
+    if first is None:
+        first = next(i for i, r in enumerate(reads) if r[3] >= reads[-1][3] / 2)
+    window = reads[first:]
+    rate = _rate(window)
+    return rate if rate != float("inf") else reads[-1][3] / max(reads[-1][1], 1e-9)
 
 
 @dataclass
@@ -183,16 +236,12 @@ class Client:
                      computed_by=headers.get("x-tensorgate-computed-by"))
 
     def probe(self, bucket: str, key: str, *, max_bytes: int = 4 << 20, min_bytes: int = 128 << 10,
-              min_secs: float = 0.15, chunk: int = 16 << 10) -> tuple[bytes, float]:
+              min_secs: float = PROBE_MIN_SECS, max_secs: float = PROBE_MAX_SECS,
+              chunk: int = 16 << 10) -> tuple[bytes, float]:
         """Reads the start of raw object `key` to measure the link: returns the bytes read and the
-        link's sustained rate (bytes/s). Stops after `min_secs` once `min_bytes` are in, or at
-        `max_bytes`, whichever comes first (a fast link reaches `max_bytes` in milliseconds).
-
-        A link's start is not its rate: data that queued in socket buffers while the response
-        headers were parsed arrives at memory speed, and a token bucket lets a burst through at
-        line speed. So the rate is measured from the first read that had to wait for the network
-        (the buffers were empty) to the end; when no read waited (a fast link), over the second
-        half of the bytes."""
+        link's sustained rate (bytes/s), as `link_probe_rate` reads it from the reads' timeline.
+        Stops once that rate has settled (`probe_settled`), or at `max_bytes` (a fast link reaches
+        it in milliseconds)."""
         resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes - 1}")
         body, got, reads = resp["Body"], [], []  # reads: (started, ended, bytes before, bytes after)
         t0 = time.perf_counter()
@@ -204,19 +253,13 @@ class Client:
                 if not data:
                     break
                 got.append(data)
-                reads.append((a, time.perf_counter(), n, n + len(data)))
+                reads.append((a - t0, time.perf_counter() - t0, n, n + len(data)))
                 n += len(data)
-                if n >= min_bytes and reads[-1][1] - t0 >= min_secs:
+                if probe_settled(reads, min_bytes, min_secs, max_secs):
                     break
         finally:
             body.close()
-        if not reads:
-            return b"", 1e10
-        end = reads[-1][1]
-        waited = next((r for r in reads if r[1] - r[0] > PROBE_WAIT_SECS and end > r[0]), None)
-        start = (waited[0], waited[2]) if waited else next((r[0], r[2]) for r in reads if r[3] >= n / 2)
-        rate = (n - start[1]) / (end - start[0]) if end > start[0] else n / max(end - t0, 1e-9)
-        return b"".join(got), rate
+        return b"".join(got), link_probe_rate(reads)
 
     def features(self, bucket: str, key: str, model: str, split: str, **kw) -> Features:
         """The decoded pushdown output of one object."""

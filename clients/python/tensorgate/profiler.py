@@ -8,7 +8,8 @@ link:
   on disk (`cache_dir()/profile-*.json`) like the suffix graphs: a later run of the same model here
   skips the sessions and runs;
 - bandwidth and raw bytes per sample come from reading the start of one raw shard
-  (`Client.probe`: the sustained rate over at least 128 KiB and 0.15 s, or over 4 MiB); for a
+  (`Client.probe`: the sustained rate from its first read that waited for the network, read until
+  it settles: 0.15-0.6 s, or 4 MiB); for a
   Parquet file, bytes per sample are its size over its rows (its footer);
 - the baseline's compute is decoding the samples in those bytes (for Parquet, the first rows of
   its first row group, read by ranges) (measured every time: it depends on the data) plus every
