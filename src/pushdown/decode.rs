@@ -216,9 +216,21 @@ fn dim(v: usize) -> Result<u32, PushdownError> {
 /// # Errors
 /// Corrupt, truncated or undecodable images.
 pub fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
+    let mut out = Vec::new();
+    decode_rgb_into(bytes, head, &mut out)?;
+    Ok(out)
+}
+
+/// [`decode_rgb`] into `out` (its contents replaced): a JPEG in RGB, the common case, is decoded
+/// straight into `out`'s memory, so a buffer kept between images is not mapped and faulted in
+/// again for each ([`super::preprocess::ScratchPool`]).
+///
+/// # Errors
+/// As [`decode_rgb`].
+pub fn decode_rgb_into(bytes: &[u8], head: &Header, out: &mut Vec<u8>) -> Result<(), PushdownError> {
     match head.format {
-        Format::Jpeg => decode_jpeg(bytes),
-        Format::Png => decode_png(bytes, head),
+        Format::Jpeg => decode_jpeg(bytes, out),
+        Format::Png => decode_png(bytes, head).map(|v| *out = v),
     }
 }
 
@@ -226,7 +238,7 @@ pub fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError>
 /// with grey and only warns; PIL refuses it ("image file is truncated"), and so do we.
 const JPEG_EOI_WINDOW: usize = 64;
 
-fn decode_jpeg(bytes: &[u8]) -> Result<Vec<u8>, PushdownError> {
+fn decode_jpeg(bytes: &[u8], out: &mut Vec<u8>) -> Result<(), PushdownError> {
     let tail = &bytes[bytes.len().saturating_sub(JPEG_EOI_WINDOW)..];
     if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
         return Err(bad("cannot decode image: the JPEG data is truncated (no end-of-image marker)"));
@@ -238,13 +250,21 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Vec<u8>, PushdownError> {
             let mut started = d.to_colorspace(mozjpeg::ColorSpace::JCS_CMYK).map_err(failed)?;
             let cmyk: Vec<u8> = started.read_scanlines().map_err(failed)?;
             started.finish().map_err(failed)?;
-            Ok(inverted_cmyk_to_rgb(&cmyk))
+            *out = inverted_cmyk_to_rgb(&cmyk);
         } else {
             let mut started = d.rgb().map_err(failed)?;
-            let rgb: Vec<u8> = started.read_scanlines().map_err(failed)?;
+            let len = started.width() * started.height() * 3;
+            // A kept buffer is written over, not zeroed first: only its growth is.
+            if out.len() < len {
+                out.resize(len, 0);
+            } else {
+                out.truncate(len);
+            }
+            let filled = started.read_scanlines_into(out.as_mut_slice()).map_err(failed)?.len();
+            out.truncate(filled);
             started.finish().map_err(failed)?;
-            Ok(rgb)
         }
+        Ok(())
     })
 }
 

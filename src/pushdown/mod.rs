@@ -137,6 +137,8 @@ pub struct Pushdown {
     plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
     preprocess_slots: Arc<fair::FairSlots>,
+    /// Decode and resize buffers kept between images.
+    scratch: Arc<preprocess::ScratchPool>,
     /// Requests' arrival numbers ([`Job::arrival`]), in their clients' order where they say it.
     arrivals: order::Arrivals,
 }
@@ -190,6 +192,7 @@ impl Pushdown {
         let runs = fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
         Self {
             preprocess_slots,
+            scratch: Arc::default(),
             cfg,
             registry,
             env,
@@ -587,7 +590,7 @@ impl Pushdown {
             let input = match item {
                 Item::Ready(v) => v,
                 Item::Image(bytes) => {
-                    let (m, tally) = (run.model.clone(), self.preprocessed.clone());
+                    let (m, tally, pool) = (run.model.clone(), self.preprocessed.clone(), self.scratch.clone());
                     // Held until the decode is done: one image per core at a time, tenants in
                     // turn, a tenant's requests in the order they arrived.
                     let _cpu = self.preprocess_slots.acquire(run.tenant, place).await;
@@ -595,8 +598,11 @@ impl Pushdown {
                         let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
                         // CPU time, not wall time: samples preprocess concurrently, and their
                         // wall times would count the contention many times over.
-                        let (out, spent) =
-                            cpu_timed(|| preprocess::image_to_input(&bytes, pre, m.manifest.layout, max_pixels));
+                        let mut scratch = pool.take();
+                        let (out, spent) = cpu_timed(|| {
+                            preprocess::image_to_input_with(&bytes, pre, m.manifest.layout, max_pixels, &mut scratch)
+                        });
+                        pool.give(scratch);
                         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                         tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
                         tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -108,6 +108,66 @@ pub fn resized_size(width: u32, height: u32, shorter: u32) -> (u32, u32) {
     }
 }
 
+/// Most bytes of decode and resize buffers kept between images, all of a [`ScratchPool`]'s
+/// buffers together. Buffers above 128 KiB are fresh mappings (glibc's threshold, ADR 0005), and a
+/// 500 x 375 photo's three (decoded 563 kB, resized across 335 kB, resized 200 kB) were mapped,
+/// faulted in page by page and unmapped for every image: with PP-LCNet at `pool`, preprocessing
+/// took about 45% of the gateway's page faults. 16 MiB keeps those of 14 such photos or two 1080p
+/// frames; it is not part of `pushdown.memory_budget` (while an image is decoded its buffers are,
+/// as that sample's decode scratch) but of the process's fixed overhead (the chart's
+/// `memoryOverheadBytes`), and a buffer that would take the pool past it is freed instead.
+pub const SCRATCH_POOL_BYTES: usize = 16 << 20;
+
+/// One image's decode and resize buffers, reused by the next image that takes them.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    decoded: Vec<u8>,
+    across: Vec<u8>,
+    resized: Vec<u8>,
+}
+
+impl Scratch {
+    fn bytes(&self) -> usize {
+        self.decoded.capacity() + self.across.capacity() + self.resized.capacity()
+    }
+}
+
+/// Decode and resize buffers kept between images, at most [`SCRATCH_POOL_BYTES`] in all. A
+/// preprocessing thread takes a set for one image and gives it back after; the lock is held only
+/// to take or give, never while an image is decoded.
+#[derive(Debug, Default)]
+pub struct ScratchPool {
+    kept: std::sync::Mutex<Vec<Scratch>>,
+}
+
+impl ScratchPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Scratch>> {
+        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A set of buffers: the largest kept one, or new empty ones.
+    #[must_use]
+    pub fn take(&self) -> Scratch {
+        let mut kept = self.lock();
+        let largest = (0..kept.len()).max_by_key(|&i| kept[i].bytes());
+        largest.map(|i| kept.swap_remove(i)).unwrap_or_default()
+    }
+
+    /// Keeps `scratch` for a later image if the pool stays within [`SCRATCH_POOL_BYTES`].
+    pub fn give(&self, scratch: Scratch) {
+        let mut kept = self.lock();
+        if kept.iter().map(Scratch::bytes).sum::<usize>() + scratch.bytes() <= SCRATCH_POOL_BYTES {
+            kept.push(scratch);
+        }
+    }
+
+    /// Bytes kept now.
+    #[must_use]
+    pub fn kept_bytes(&self) -> usize {
+        self.lock().iter().map(Scratch::bytes).sum()
+    }
+}
+
 /// Decodes and preprocesses one image into the model's input layout.
 ///
 /// # Errors
@@ -118,14 +178,36 @@ pub fn image_to_input(
     layout: Layout,
     max_pixels: u64,
 ) -> Result<Vec<f32>, PushdownError> {
+    image_to_input_with(bytes, p, layout, max_pixels, &mut Scratch::default())
+}
+
+/// [`image_to_input`] with its decode and resize buffers in `scratch` (kept there for the next
+/// image: [`ScratchPool`]).
+///
+/// # Errors
+/// As [`image_to_input`].
+pub fn image_to_input_with(
+    bytes: &[u8],
+    p: &Preprocess,
+    layout: Layout,
+    max_pixels: u64,
+    scratch: &mut Scratch,
+) -> Result<Vec<f32>, PushdownError> {
     // Every size is checked from the header, before a pixel is decoded or resampled.
     let head = decode::header(bytes)?;
     let resized = checked_sizes(&head, p.resize_shorter, max_pixels)?;
-    let mut pixels = decode::decode_rgb(bytes, &head)?;
+    decode::decode_rgb_into(bytes, &head, &mut scratch.decoded)?;
     let (mut cur_w, mut cur_h) = (head.width, head.height);
+    let mut pixels = scratch.decoded.as_slice();
     if let Some((nw, nh)) = resized {
-        pixels = resize_bilinear(&pixels, cur_w as usize, cur_h as usize, nw as usize, nh as usize);
-        (cur_w, cur_h) = (nw, nh);
+        let (w, h, nw, nh) = (cur_w as usize, cur_h as usize, nw as usize, nh as usize);
+        resize_bilinear_into(pixels, (w, h, nw, nh), &mut scratch.across, &mut scratch.resized);
+        pixels = match (nw == w, nh == h) {
+            (true, true) => pixels,
+            (false, true) => &scratch.across,
+            (_, false) => &scratch.resized,
+        };
+        (cur_w, cur_h) = (nw as u32, nh as u32);
     }
     let [ch, cw] = p.crop;
     if cur_w < cw || cur_h < ch {
@@ -202,27 +284,58 @@ fn clip8(acc: i32) -> u8 {
 /// its plain form: the tests' oracle and `benches/resize.rs`' baseline.
 #[must_use]
 pub fn resize_bilinear(src: &[u8], w: usize, h: usize, nw: usize, nh: usize) -> Vec<u8> {
-    let horizontal = if nw == w { src.to_vec() } else { horizontal_pass(src, w, nw) };
-    if nh == h { horizontal } else { vertical_pass(&horizontal, nw * 3, h, nh) }
+    let (mut across, mut out) = (Vec::new(), Vec::new());
+    resize_bilinear_into(src, (w, h, nw, nh), &mut across, &mut out);
+    match (nw == w, nh == h) {
+        (true, true) => src.to_vec(),
+        (false, true) => across,
+        (_, false) => out,
+    }
 }
 
-fn horizontal_pass(src: &[u8], w: usize, nw: usize) -> Vec<u8> {
+/// [`resize_bilinear`] into kept buffers: the horizontal pass (when the width changes) into
+/// `across`, the vertical pass (when the height changes) into `out`. The result is in `out` when
+/// the height changed, else in `across` when the width did, else it is `src`.
+fn resize_bilinear_into(
+    src: &[u8],
+    (w, h, nw, nh): (usize, usize, usize, usize),
+    across: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) {
+    if nw != w {
+        horizontal_pass(src, w, nw, across);
+    }
+    if nh != h {
+        vertical_pass(if nw == w { src } else { across }, nw * 3, h, nh, out);
+    }
+}
+
+/// `buf` resized to `len` bytes for a pass to write every one of (only its growth is zeroed).
+fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    } else {
+        buf.truncate(len);
+    }
+    buf
+}
+
+fn horizontal_pass(src: &[u8], w: usize, nw: usize, out: &mut Vec<u8>) {
     let coeffs = coefficients(w, nw);
-    let mut out = vec![0u8; src.len() / w * nw];
+    let out = sized(out, src.len() / w * nw);
     // A fixed number of taps lets the compiler unroll the loop over them; the photo downscales
     // of the bundled models need at most 7 (a factor of 3).
     match coeffs.iter().map(|(_, k)| k.len()).max().unwrap_or(0) {
-        1 => horizontal_fixed::<1>(src, w, &coeffs, &mut out),
-        2 => horizontal_fixed::<2>(src, w, &coeffs, &mut out),
-        3 => horizontal_fixed::<3>(src, w, &coeffs, &mut out),
-        4 => horizontal_fixed::<4>(src, w, &coeffs, &mut out),
-        5 => horizontal_fixed::<5>(src, w, &coeffs, &mut out),
-        6 => horizontal_fixed::<6>(src, w, &coeffs, &mut out),
-        7 => horizontal_fixed::<7>(src, w, &coeffs, &mut out),
-        8 => horizontal_fixed::<8>(src, w, &coeffs, &mut out),
-        _ => horizontal_any(src, w, &coeffs, &mut out),
+        1 => horizontal_fixed::<1>(src, w, &coeffs, out),
+        2 => horizontal_fixed::<2>(src, w, &coeffs, out),
+        3 => horizontal_fixed::<3>(src, w, &coeffs, out),
+        4 => horizontal_fixed::<4>(src, w, &coeffs, out),
+        5 => horizontal_fixed::<5>(src, w, &coeffs, out),
+        6 => horizontal_fixed::<6>(src, w, &coeffs, out),
+        7 => horizontal_fixed::<7>(src, w, &coeffs, out),
+        8 => horizontal_fixed::<8>(src, w, &coeffs, out),
+        _ => horizontal_any(src, w, &coeffs, out),
     }
-    out
 }
 
 /// The horizontal pass with every output's taps padded with zero weights to `N` (a zero weight
@@ -269,9 +382,9 @@ fn horizontal_any(src: &[u8], w: usize, coeffs: &[(usize, Vec<i32>)], out: &mut 
     }
 }
 
-fn vertical_pass(src: &[u8], stride: usize, h: usize, nh: usize) -> Vec<u8> {
+fn vertical_pass(src: &[u8], stride: usize, h: usize, nh: usize, out: &mut Vec<u8>) {
     let coeffs = coefficients(h, nh);
-    let mut out = vec![0u8; stride * nh];
+    let out = sized(out, stride * nh);
     let mut acc = vec![0i32; stride];
     for ((ymin, k), out_row) in coeffs.iter().zip(out.chunks_exact_mut(stride)) {
         acc.fill(HALF);
@@ -284,7 +397,6 @@ fn vertical_pass(src: &[u8], stride: usize, h: usize, nh: usize) -> Vec<u8> {
             *o = clip8(a);
         }
     }
-    out
 }
 
 /// [`resize_bilinear`]'s arithmetic in its plain form (one output byte at a time, `i64` sums):
@@ -367,6 +479,49 @@ mod tests {
             cost(&png(64, 32), Some(256), DEFAULT_MAX_PIXELS).scratch_bytes,
             4 * 64 * 32 + 3 * 64 * 32 + 3 * 512 * 32 + 3 * 512 * 256
         );
+    }
+
+    fn jpeg(w: usize, h: usize) -> Vec<u8> {
+        let rgb: Vec<u8> = (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8]))
+            .collect();
+        let mut c = mozjpeg::Compress::new(mozjpeg::ColorSpace::JCS_RGB);
+        c.set_size(w, h);
+        let mut started = c.start_compress(Vec::new()).expect("start");
+        started.write_scanlines(&rgb).expect("rows");
+        started.finish().expect("finish")
+    }
+
+    #[test]
+    fn kept_buffers_give_what_fresh_ones_give() {
+        let p = Preprocess { resize_shorter: Some(32), ..plain(24) };
+        let pool = ScratchPool::default();
+        // The largest first, so that later images write into longer buffers than they fill; both
+        // sides resized, neither (already 32 on the shorter side), and a PNG.
+        let images = [jpeg(96, 64), jpeg(48, 40), jpeg(32, 80), png(40, 36), jpeg(80, 32), jpeg(96, 64)];
+        for (i, image) in images.iter().enumerate() {
+            let mut scratch = pool.take();
+            let kept = image_to_input_with(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS, &mut scratch).expect("kept");
+            pool.give(scratch);
+            let fresh = image_to_input(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS).expect("fresh");
+            assert_eq!(kept, fresh, "image {i}");
+        }
+        assert!(pool.kept_bytes() >= 3 * 96 * 64, "the buffers were kept: {}", pool.kept_bytes());
+    }
+
+    #[test]
+    fn the_pool_keeps_at_most_its_bound() {
+        let pool = ScratchPool::default();
+        let big = || Scratch { decoded: Vec::with_capacity(SCRATCH_POOL_BYTES / 2), ..Scratch::default() };
+        for _ in 0..3 {
+            pool.give(big());
+        }
+        assert_eq!(pool.kept_bytes(), SCRATCH_POOL_BYTES, "two kept, the third freed");
+        let mut taken = pool.take();
+        assert_eq!(taken.bytes(), SCRATCH_POOL_BYTES / 2);
+        taken.decoded.reserve(SCRATCH_POOL_BYTES);
+        pool.give(taken);
+        assert_eq!(pool.kept_bytes(), SCRATCH_POOL_BYTES / 2, "a set that grew past the bound is freed");
     }
 
     #[test]
