@@ -87,6 +87,8 @@ async fn memory(State(s): State<AdminState>) -> impl IntoResponse {
         "reserved_bytes": g.reserved(),
         "resident_bytes": crate::pushdown::memory::resident_bytes(),
         "peak_resident_bytes": s.metrics.peak_resident.get(),
+        "scratch_kept_bytes": pd.scratch_kept_bytes(),
+        "scratch_bound_bytes": crate::pushdown::preprocess::SCRATCH_POOL_BYTES,
         "engines": pd.engine_memory(),
     });
     (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], format!("{body:#}\n"))

@@ -128,6 +128,9 @@ pub struct Node {
     /// The inference slots (`pushdown.inference_runs`): a batch runs when they come to its
     /// earliest sample, whichever engine it is on ([`super::fair`]).
     pub runs: Arc<FairSlots>,
+    /// Buffers kept between batches and images: a batch's buffer comes from there and goes back
+    /// after its run, with its samples' inputs.
+    pub scratch: Arc<super::preprocess::ScratchPool>,
 }
 
 struct Job {
@@ -245,7 +248,7 @@ impl Engine {
         node: &Node,
         start_hold: Held,
     ) -> Result<Self, PushdownError> {
-        let Node { governor, probe_lock, threads, runs } = node;
+        let Node { governor, probe_lock, threads, runs, scratch } = node;
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
         let gauges = Gauges {
             queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
@@ -292,6 +295,7 @@ impl Engine {
                 governor: governor.clone(),
                 probe_lock: probe_lock.clone(),
                 runs: runs.clone(),
+                scratch: scratch.clone(),
                 observed: observed.clone(),
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
@@ -531,7 +535,7 @@ impl Runner {
         manifest: &Manifest,
         output: &str,
         shape: &[usize],
-        data: Vec<f32>,
+        data: &[f32],
     ) -> Result<Tensor, String> {
         let mut inputs = feed(manifest, shape, data, |data, len| self.text_length(data, len))?;
         // A prefix that ends before an input is used (a text model's embeddings, before the
@@ -588,7 +592,7 @@ impl Runner {
         let (sample_output, cut_padding) = (self.sample_output.take(), self.cut_padding);
         let mut probe = |cut: bool| {
             (self.sample_output, self.cut_padding) = (None, cut);
-            self.run(manifest, output, &[1, 2, len], row.clone())
+            self.run(manifest, output, &[1, 2, len], &row)
         };
         let (whole, cut) = (probe(false), probe(true));
         (self.sample_output, self.cut_padding) = (sample_output, cut_padding);
@@ -615,19 +619,20 @@ fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
 /// The session inputs of a batch: an image model's one `f32` tensor; a text model's rows
 /// (`[ids; L] ++ [mask; L]`, `shape` `[batch, 2, L]`) as its two int64 inputs, token ids and
 /// attention mask (`[text]` in the manifest), as long as `text_length` says ([`Runner::text_length`]).
-fn feed(
+fn feed<'a>(
     manifest: &Manifest,
     shape: &[usize],
-    data: Vec<f32>,
+    data: &'a [f32],
     text_length: impl Fn(&[f32], usize) -> usize,
-) -> Result<Vec<(String, ort::session::SessionInputValue<'static>)>, String> {
+) -> Result<Vec<(String, ort::session::SessionInputValue<'a>)>, String> {
     let Some(text) = &manifest.text else {
+        // A view of the caller's buffer (kept between batches: [`Node::scratch`]), not a copy.
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let value = OrtTensor::from_array((dims, data)).map_err(|e| e.to_string())?;
+        let value = ort::value::TensorRef::from_array_view((dims, data)).map_err(|e| e.to_string())?;
         return Ok(vec![(manifest.input.clone(), value.into())]);
     };
     let [batch, 2, len] = shape[..] else { return Err(format!("a text batch of shape {shape:?}")) };
-    let run = text_length(&data, len);
+    let run = text_length(data, len);
     let (mut ids, mut mask) = (Vec::with_capacity(batch * run), Vec::with_capacity(batch * run));
     for row in data.chunks_exact(2 * len) {
         ids.extend(row[..run].iter().map(|&v| v as i64));
@@ -670,8 +675,8 @@ fn check_prefix(
     // A one-off session: nothing to keep between runs.
     let mut full = session(env, &exposed, 1, OrtArena::Off, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
-    let a = prefix_session.run(&model.manifest, tensor, &shape, input.clone())?;
-    let b = full.run(&model.manifest, tensor, &shape, input)?;
+    let a = prefix_session.run(&model.manifest, tensor, &shape, &input)?;
+    let b = full.run(&model.manifest, tensor, &shape, &input)?;
     if a == b { Ok(()) } else { Err(format!("prefix output at {tensor} differs from the full model's")) }
 }
 
@@ -707,11 +712,11 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let before = memory::resident_bytes();
     let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
-    let out = session.run(&model.manifest, &s.tensor, &shape, input)?;
+    let out = session.run(&model.manifest, &s.tensor, &shape, &input)?;
     if s.cfg.ort_arena == OrtArena::PerRun {
         // Once more, into a buffer of ours: the warm-up's output region leaves the arena.
         let (shape, input) = probe_input(model, 1);
-        session.run(&model.manifest, &s.tensor, &shape, input)?;
+        session.run(&model.manifest, &s.tensor, &shape, &input)?;
     }
     let input_bytes = 4 * model.manifest.input_shape.iter().product::<usize>() as u64;
     let output_bytes = 4 * out.data.len() as u64;
@@ -724,7 +729,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
             retained.push(0);
             for batch in 2..=s.cfg.max_batch {
                 let (shape, input) = probe_input(model, batch);
-                session.run(&model.manifest, &s.tensor, &shape, input)?;
+                session.run(&model.manifest, &s.tensor, &shape, &input)?;
                 retained.push(memory::resident_bytes().unwrap_or(after).saturating_sub(after));
             }
             MemoryModel::from_retention(after.saturating_sub(before), &retained, input_bytes, output_bytes)
@@ -735,7 +740,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
                 let (shape, input) = probe_input(model, batch);
                 let base = memory::resident_bytes().unwrap_or(0);
                 let _ = memory::reset_peak();
-                session.run(&model.manifest, &s.tensor, &shape, input)?;
+                session.run(&model.manifest, &s.tensor, &shape, &input)?;
                 *peak = memory::peak_resident_bytes().unwrap_or(base).saturating_sub(base);
             }
             MemoryModel::from_probes(after.saturating_sub(before), peaks, input_bytes, output_bytes)
@@ -787,6 +792,7 @@ struct Shared {
     probe_lock: Arc<Mutex<()>>,
     /// The node's inference slots, shared by every engine ([`super::fair`]).
     runs: Arc<FairSlots>,
+    scratch: Arc<super::preprocess::ScratchPool>,
     observed: Arc<Observed>,
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.
@@ -870,9 +876,10 @@ fn worker(shared: &Shared, first: bool) {
         let batch = jobs.len();
         let mut shape = vec![batch];
         shape.extend(sample_shape);
-        let mut data = Vec::with_capacity(batch * jobs[0].input.len());
+        let mut data = shared.scratch.take_floats(batch * jobs[0].input.len());
         for j in &mut jobs {
-            data.append(&mut j.input);
+            data.extend_from_slice(&j.input);
+            shared.scratch.give_floats(std::mem::take(&mut j.input));
         }
         gauges.batch_size.observe(batch as f64);
         for j in &jobs {
@@ -894,13 +901,14 @@ fn worker(shared: &Shared, first: bool) {
                 panic!("injected inference panic");
             }
             if shared.cfg.intra_threads <= 1 {
-                super::clock::cpu_timed(|| session.run(&model.manifest, tensor, &shape, data))
+                super::clock::cpu_timed(|| session.run(&model.manifest, tensor, &shape, &data))
             } else {
                 let started = Instant::now();
-                (session.run(&model.manifest, tensor, &shape, data), started.elapsed())
+                (session.run(&model.manifest, tensor, &shape, &data), started.elapsed())
             }
         }));
         drop(core);
+        shared.scratch.give_floats(data);
         let Ok((result, spent)) = guarded else {
             let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
             gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));

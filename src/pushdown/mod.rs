@@ -190,14 +190,21 @@ impl Pushdown {
             fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
         let per_run = cfg.engine.intra_threads.max(1);
         let runs = fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
+        let scratch = Arc::new(preprocess::ScratchPool::default());
         Self {
             preprocess_slots,
-            scratch: Arc::default(),
+            scratch: scratch.clone(),
             cfg,
             registry,
             env,
             engines,
-            node: engine::Node { governor, probe_lock: Arc::default(), threads: Arc::default(), runs },
+            node: engine::Node {
+                governor,
+                probe_lock: Arc::default(),
+                threads: Arc::default(),
+                runs,
+                scratch,
+            },
             split_costs: Mutex::default(),
             preprocessed: Arc::default(),
             plans: Mutex::default(),
@@ -208,6 +215,13 @@ impl Pushdown {
     #[must_use]
     pub fn governor(&self) -> &Arc<Governor> {
         &self.node.governor
+    }
+
+    /// Bytes the preprocessing and batch buffers kept between uses hold now (at most
+    /// [`preprocess::SCRATCH_POOL_BYTES`]; outside the budget).
+    #[must_use]
+    pub fn scratch_kept_bytes(&self) -> usize {
+        self.scratch.kept_bytes()
     }
 
     /// Every started engine's memory model.

@@ -74,10 +74,10 @@ impl Pushdown {
                 let mut session = engine::session(&env, &bytes, 1, arena, &m.dir)?;
                 let cut = session.cut_padding_where_inert(&m.manifest, &tensor)?;
                 let (shape, input) = engine::probe_texts(&m, MEASURE_BATCH, length);
-                session.run(&m.manifest, &tensor, &shape, input.clone())?;
+                session.run(&m.manifest, &tensor, &shape, &input)?;
                 // CPU time (the session has one intra-op thread): requests running on the same
                 // core do not inflate it.
-                let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest, &tensor, &shape, input));
+                let (out, spent) = super::clock::cpu_timed(|| session.run(&m.manifest, &tensor, &shape, &input));
                 let out = out?;
                 let full = m.manifest.input_shape.last().copied().unwrap_or(length);
                 Ok(SplitCost {

@@ -108,63 +108,114 @@ pub fn resized_size(width: u32, height: u32, shorter: u32) -> (u32, u32) {
     }
 }
 
-/// Most bytes of decode and resize buffers kept between images, all of a [`ScratchPool`]'s
-/// buffers together. Buffers above 128 KiB are fresh mappings (glibc's threshold, ADR 0005), and a
-/// 500 x 375 photo's three (decoded 563 kB, resized across 335 kB, resized 200 kB) were mapped,
-/// faulted in page by page and unmapped for every image: with PP-LCNet at `pool`, preprocessing
-/// took about 45% of the gateway's page faults. 16 MiB keeps those of 14 such photos or two 1080p
-/// frames; it is not part of `pushdown.memory_budget` (while an image is decoded its buffers are,
-/// as that sample's decode scratch) but of the process's fixed overhead (the chart's
-/// `memoryOverheadBytes`), and a buffer that would take the pool past it is freed instead.
-pub const SCRATCH_POOL_BYTES: usize = 16 << 20;
+/// Most bytes of buffers kept between images and batches, all of a [`ScratchPool`]'s together.
+/// Buffers above 128 KiB are fresh mappings (glibc's threshold, ADR 0005), and every image's
+/// (decoded 563 kB for a 500 x 375 photo, resized across 335 kB, resized 200 kB, the model's
+/// input 602 kB) and every batch's (16 such inputs: 9.6 MB) were mapped, faulted in page by page
+/// and unmapped each time: with PP-LCNet at `pool` they took 90% of the gateway's page faults
+/// (ADR 0023). 32 MiB keeps a batch of 16 and its inputs besides the decode buffers of two
+/// cores. It is not part of `pushdown.memory_budget` (a buffer in use is, as its sample's
+/// decoded input and batch copy, or its image's decode scratch) but of the process's fixed
+/// overhead (the chart's `memoryOverheadBytes`); a buffer that would take the pool past it is
+/// freed instead.
+pub const SCRATCH_POOL_BYTES: usize = 32 << 20;
 
-/// One image's decode and resize buffers, reused by the next image that takes them.
+/// One image's decode and resize buffers and its input's, reused by the next image that takes
+/// them.
 #[derive(Debug, Default)]
 pub struct Scratch {
     decoded: Vec<u8>,
     across: Vec<u8>,
     resized: Vec<u8>,
+    /// Becomes the image's input ([`image_to_input_with`] returns it); the engine gives it back
+    /// after copying it into its batch ([`ScratchPool::give_floats`]).
+    input: Vec<f32>,
 }
 
 impl Scratch {
     fn bytes(&self) -> usize {
-        self.decoded.capacity() + self.across.capacity() + self.resized.capacity()
+        self.decoded.capacity() + self.across.capacity() + self.resized.capacity() + floats_bytes(&self.input)
     }
 }
 
-/// Decode and resize buffers kept between images, at most [`SCRATCH_POOL_BYTES`] in all. A
-/// preprocessing thread takes a set for one image and gives it back after; the lock is held only
-/// to take or give, never while an image is decoded.
+fn floats_bytes(v: &Vec<f32>) -> usize {
+    v.capacity() * std::mem::size_of::<f32>()
+}
+
+/// Buffers kept between images and batches, at most [`SCRATCH_POOL_BYTES`] in all. A
+/// preprocessing thread takes a set for one image and gives it back after; an engine takes its
+/// batch buffer and gives it back after the run, with the inputs it copied. The lock is held only
+/// to take or give, never while an image is decoded or a batch runs.
 #[derive(Debug, Default)]
 pub struct ScratchPool {
-    kept: std::sync::Mutex<Vec<Scratch>>,
+    kept: std::sync::Mutex<Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    sets: Vec<Scratch>,
+    floats: Vec<Vec<f32>>,
+    bytes: usize,
 }
 
 impl ScratchPool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Scratch>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A set of buffers: the largest kept one, or new empty ones.
+    /// A set of buffers for one image: the largest kept set (or new empty buffers), with a kept
+    /// input buffer.
     #[must_use]
     pub fn take(&self) -> Scratch {
         let mut kept = self.lock();
-        let largest = (0..kept.len()).max_by_key(|&i| kept[i].bytes());
-        largest.map(|i| kept.swap_remove(i)).unwrap_or_default()
+        let largest = (0..kept.sets.len()).max_by_key(|&i| kept.sets[i].bytes());
+        let mut set = largest.map(|i| kept.sets.swap_remove(i)).unwrap_or_default();
+        // The smallest kept floats: batch buffers are larger than any one input.
+        let smallest = (0..kept.floats.len()).min_by_key(|&i| kept.floats[i].capacity());
+        if let (0, Some(i)) = (set.input.capacity(), smallest) {
+            set.input = kept.floats.swap_remove(i);
+        }
+        kept.bytes -= set.bytes();
+        set
     }
 
     /// Keeps `scratch` for a later image if the pool stays within [`SCRATCH_POOL_BYTES`].
     pub fn give(&self, scratch: Scratch) {
         let mut kept = self.lock();
-        if kept.iter().map(Scratch::bytes).sum::<usize>() + scratch.bytes() <= SCRATCH_POOL_BYTES {
-            kept.push(scratch);
+        if kept.bytes + scratch.bytes() <= SCRATCH_POOL_BYTES {
+            kept.bytes += scratch.bytes();
+            kept.sets.push(scratch);
+        }
+    }
+
+    /// An empty buffer for at least `len` values: a kept one that holds them, or a new one.
+    #[must_use]
+    pub fn take_floats(&self, len: usize) -> Vec<f32> {
+        let mut kept = self.lock();
+        match kept.floats.iter().position(|v| v.capacity() >= len) {
+            Some(i) => {
+                let v = kept.floats.swap_remove(i);
+                kept.bytes -= floats_bytes(&v);
+                v
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Keeps `v`'s memory (emptied) if the pool stays within [`SCRATCH_POOL_BYTES`].
+    pub fn give_floats(&self, mut v: Vec<f32>) {
+        let mut kept = self.lock();
+        if v.capacity() > 0 && kept.bytes + floats_bytes(&v) <= SCRATCH_POOL_BYTES {
+            v.clear();
+            kept.bytes += floats_bytes(&v);
+            kept.floats.push(v);
         }
     }
 
     /// Bytes kept now.
     #[must_use]
     pub fn kept_bytes(&self) -> usize {
-        self.lock().iter().map(Scratch::bytes).sum()
+        self.lock().bytes
     }
 }
 
@@ -220,7 +271,10 @@ pub fn image_to_input_with(
         Channels::Rgb => [0, 1, 2],
         Channels::Bgr => [2, 1, 0],
     };
-    let mut out = vec![0f32; 3 * ch * cw];
+    // Every value is written below; a kept buffer's old values are only overwritten.
+    let mut out = std::mem::take(&mut scratch.input);
+    out.clear();
+    out.resize(3 * ch * cw, 0.0);
     for y in 0..ch {
         for x in 0..cw {
             let px = ((top + y) * row + left + x) * 3;
