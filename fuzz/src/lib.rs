@@ -295,11 +295,21 @@ pub fn image_preprocess(data: &[u8]) {
         std: [0.25; 3],
         channels: Channels::Rgb,
     };
+    // Buffers kept across inputs, as the gateway keeps them across images: whatever an earlier
+    // input left in them, the result is the one fresh buffers give.
+    static POOL: std::sync::LazyLock<preprocess::ScratchPool> = std::sync::LazyLock::new(Default::default);
     let scratch = preprocess::cost(data, p.resize_shorter, MAX_PIXELS).scratch_bytes;
-    match preprocess::image_to_input(data, &p, Layout::Nchw, MAX_PIXELS) {
+    let mut kept = POOL.take();
+    let result = preprocess::image_to_input_with(data, &p, Layout::Nchw, MAX_PIXELS, &mut kept);
+    POOL.give(kept);
+    match result {
         Ok(out) => {
             assert_eq!(out.len(), 3 * 8 * 8);
             assert!(scratch > 0, "a decodable image has a scratch reservation");
+            let fresh =
+                preprocess::image_to_input(data, &p, Layout::Nchw, MAX_PIXELS).expect("fresh buffers decode it");
+            assert_eq!(out, fresh, "kept buffers give what fresh ones give");
+            POOL.give_floats(out);
         }
         Err(_) => {}
     }
