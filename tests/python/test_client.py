@@ -83,6 +83,23 @@ def test_sharding_covers_every_sample_exactly_once(gw):
     assert sorted(seen) == sorted(data) and len(seen) == len(set(seen))
 
 
+def test_a_numpy_caller_never_imports_torch(gw):
+    # torch takes a second or more to import: a loader used without it (a numpy trainer) must not
+    # pay that inside its first epoch. Where torch is loaded, ranks come from its process group.
+    client, admin, data = gw
+    c = client.config
+    script = (
+        "import sys\n"
+        "from tensorgate import Client, ShardLoader\n"
+        f"client = Client({c.endpoint!r}, {c.access_key!r}, {c.secret_key!r}, admin={admin!r})\n"
+        f"loader = ShardLoader(client, 'shards', 'train/', {MODEL!r}, 'auto', batch_size=4)\n"
+        "n = sum(len(f) for f, _, _ in loader)\n"
+        "print(n, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == [str(len(data)), "False"]
+
+
 def test_the_next_shard_is_fetched_while_a_slow_step_trains(gw):
     """Each training step waits, without pulling from the loader, until the next shard has
     arrived: only a loader that fetches ahead, during the step, lets it finish (events, not

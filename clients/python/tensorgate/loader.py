@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -69,12 +70,10 @@ class ShardLoader:
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
                  history: int = HISTORY, dtype: str | None = None, column: str | None = None,
                  suffix_runs: int = 0):
-        from .data import _dist
-
         #: The ranks and suffix runs given (`torch()` passes these on, so its dataset, in its own
         #: processes, resolves the rest itself).
         self._given = (rank, world_size, suffix_runs)
-        seen = _dist() or (0, 1)
+        seen = _torch_ranks() or (0, 1)
         rank = seen[0] if rank is None else rank
         world_size = seen[1] if world_size is None else world_size
         if not 0 <= rank < world_size:
@@ -124,14 +123,10 @@ class ShardLoader:
     def shards(self) -> list[str]:
         keys = self.keys if self.keys is not None else self.client.list_keys(self.bucket, self.prefix, SHARD_SUFFIXES)
         mine = keys[self.rank :: self.world_size]
-        try:
-            import torch.utils.data as tud
-
-            w = tud.get_worker_info()
+        if "torch" in sys.modules:  # a DataLoader worker has imported it
+            w = sys.modules["torch"].utils.data.get_worker_info()
             if w is not None:
                 mine = mine[w.id :: w.num_workers]
-        except ImportError:
-            pass
         return mine
 
     # --- fetching ------------------------------------------------------------------------------
@@ -384,6 +379,17 @@ class _Turns:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+
+
+def _torch_ranks() -> tuple[int, int] | None:
+    """(rank, world size) from torch.distributed, looked up only where this process has imported
+    torch already: a process group needs it, and importing it here would add a second or more to
+    a numpy-only caller's first epoch (the loader's start)."""
+    if "torch" not in sys.modules:
+        return None
+    from .data import _dist
+
+    return _dist()
 
 
 def _cores() -> int:
