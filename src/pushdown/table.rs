@@ -603,6 +603,7 @@ impl Footer {
         let limit = claimed.saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK);
         let mut column = Columns {
             reader: &reader,
+            source: object,
             schema: self.metadata.file_metadata().schema_descr(),
             expected,
             decoded: Arc::new(AtomicU64::new(0)),
@@ -684,6 +685,9 @@ impl Footer {
 /// what the footer claimed.
 struct Columns<'a> {
     reader: &'a dyn RowGroupReader,
+    /// The bytes read, which hold the group's chunks (their pages are checked before they are
+    /// decoded: [`check_pages`]).
+    source: &'a Source,
     schema: &'a SchemaDescriptor,
     /// The group's rows, as the footer states them: every column must hold as many.
     expected: usize,
@@ -744,8 +748,22 @@ impl Columns<'_> {
         Ok(out)
     }
 
-    /// A column's reader, its dictionary pages checked before they are decoded ([`CheckedPages`]).
+    /// A column's reader: its page headers checked before any page is read ([`check_pages`]),
+    /// its dictionary pages before they are decoded ([`CheckedPages`]).
     fn column(&self, leaf: usize) -> Result<ColumnReader, PushdownError> {
+        let chunk = self.reader.metadata().column(leaf);
+        let start = chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset());
+        let pages = u64::try_from(start)
+            .ok()
+            .zip(usize::try_from(chunk.compressed_size()).ok())
+            .and_then(|(start, len)| self.source.slice(start, len))
+            .ok_or_else(|| {
+                PushdownError::BadInput(format!(
+                    "the Parquet footer places column {:?} outside the bytes read",
+                    chunk.column_path().string()
+                ))
+            })?;
+        check_pages(&pages, self.limit)?;
         let descr = self.schema.column(leaf);
         let (min_bytes, handle) = match descr.physical_type() {
             Physical::INT32 => (4, 4),
@@ -1110,6 +1128,86 @@ fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
     Ok(())
 }
 
+/// Encodings whose decoder in the parquet crate sizes a buffer by a count inside the page data
+/// (`DELTA_LENGTH_BYTE_ARRAY`: the lengths' `total value count`; `DELTA_BYTE_ARRAY`: the
+/// prefix lengths' count), before any value is read: a page of a few bytes could ask for more
+/// memory than the node has, and an allocation failure aborts the process. Nothing checks that
+/// count first, so pages in them are refused (`415`). pyarrow and Hugging Face datasets write
+/// images and texts PLAIN or dictionary encoded unless told otherwise.
+const UNCHECKED_ENCODINGS: [(i32, &str); 2] = [(6, "DELTA_LENGTH_BYTE_ARRAY"), (7, "DELTA_BYTE_ARRAY")];
+
+/// Walks the page headers of a column chunk (`chunk`: its bytes, as the footer places them)
+/// before the parquet crate reads them, and refuses a chunk it could not read within `limit`
+/// bytes: the crate allocates a page's `uncompressed_page_size` (up to 2 GiB, zero-filled for
+/// Snappy) before decompressing it, so a page header of a few bytes could claim more than the
+/// whole row group was reserved for. Every page's uncompressed size, and their sum, must be
+/// within `limit` (what decoding the group may take); each page must lie within the chunk; no
+/// data page may use an [`UNCHECKED_ENCODINGS`] encoding. Only the headers' leading fields are
+/// read (Thrift compact protocol, the `thrift` crate; statistics are skipped, not copied).
+fn check_pages(chunk: &[u8], limit: u64) -> Result<(), PushdownError> {
+    use thrift::protocol::{TCompactInputProtocol, TInputProtocol, TType};
+    let bad = |what: String| PushdownError::BadInput(format!("a Parquet page header {what}"));
+    let unreadable = |e: thrift::Error| bad(format!("cannot be read: {e}"));
+    // A page header's fields: its sizes (2, 3) and, in a data page header (5) or a v2 one (8),
+    // the values' encoding (field 2 of the first, 4 of the second).
+    let mut rest = chunk;
+    let mut total = 0u64;
+    while !rest.is_empty() {
+        let before = rest.len();
+        let (mut uncompressed, mut compressed, mut encoding) = (None, None, None);
+        let mut p = TCompactInputProtocol::new(&mut rest);
+        p.read_struct_begin().map_err(unreadable)?;
+        loop {
+            let field = p.read_field_begin().map_err(unreadable)?;
+            match (field.field_type, field.id) {
+                (TType::Stop, _) => break,
+                (TType::I32, Some(2)) => uncompressed = Some(p.read_i32().map_err(unreadable)?),
+                (TType::I32, Some(3)) => compressed = Some(p.read_i32().map_err(unreadable)?),
+                (TType::Struct, Some(id @ (5 | 8))) => {
+                    let at = if id == 5 { 2 } else { 4 };
+                    p.read_struct_begin().map_err(unreadable)?;
+                    loop {
+                        let inner = p.read_field_begin().map_err(unreadable)?;
+                        match (inner.field_type, inner.id) {
+                            (TType::Stop, _) => break,
+                            (TType::I32, Some(f)) if f == at => encoding = Some(p.read_i32().map_err(unreadable)?),
+                            (t, _) => p.skip(t).map_err(unreadable)?,
+                        }
+                    }
+                    p.read_struct_end().map_err(unreadable)?;
+                }
+                (t, _) => p.skip(t).map_err(unreadable)?,
+            }
+        }
+        p.read_struct_end().map_err(unreadable)?;
+        drop(p);
+        let (Some(uncompressed), Some(compressed)) = (uncompressed, compressed) else {
+            return Err(bad("lacks its sizes".into()));
+        };
+        let (Ok(uncompressed), Ok(compressed)) = (u64::try_from(uncompressed), usize::try_from(compressed)) else {
+            return Err(bad("states a negative size".into()));
+        };
+        total = total.saturating_add(uncompressed);
+        if uncompressed > limit || total > limit {
+            return Err(bad(format!(
+                "states {uncompressed} uncompressed bytes, more than the row group's chunks claim ({limit} bytes \
+                 to decode, with its values)"
+            )));
+        }
+        if let Some((_, name)) = UNCHECKED_ENCODINGS.iter().find(|(e, _)| Some(*e) == encoding) {
+            return Err(PushdownError::Unsupported(format!(
+                "a Parquet data page of an input column is {name} encoded; this gateway decodes PLAIN and \
+                 dictionary encoded pages there (pyarrow's default)"
+            )));
+        }
+        rest = rest.get(compressed..).ok_or_else(|| {
+            bad(format!("states {compressed} bytes of page data, more than its column chunk has left"))
+        })?;
+        debug_assert!(rest.len() < before, "every page header takes at least a byte");
+    }
+    Ok(())
+}
+
 /// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest
 /// is a damaged or hostile file (`400`).
 fn parquet_error(e: &parquet::errors::ParquetError) -> PushdownError {
@@ -1463,5 +1561,93 @@ mod tests {
             assert!(read(&bad, None, 1 << 20, false).expect_err("refused").to_string().contains("footer claims"));
         }
         assert!(!is_parquet(b"PAR1PAR1"));
+    }
+
+    /// A data page: its header (Thrift compact, as writers encode it), then `data`.
+    fn page(uncompressed: i32, encoding: i32, data: &[u8]) -> Vec<u8> {
+        use thrift::protocol::{TCompactOutputProtocol, TFieldIdentifier, TOutputProtocol, TStructIdentifier, TType};
+        let mut out = Vec::new();
+        {
+            let mut p = TCompactOutputProtocol::new(&mut out);
+            let field = |p: &mut TCompactOutputProtocol<&mut Vec<u8>>, t, id| {
+                p.write_field_begin(&TFieldIdentifier::new("f", t, id)).expect("field");
+            };
+            let i32s = |p: &mut TCompactOutputProtocol<&mut Vec<u8>>, values: &[(i16, i32)]| {
+                for &(id, v) in values {
+                    field(p, TType::I32, id);
+                    p.write_i32(v).expect("i32");
+                    p.write_field_end().expect("end");
+                }
+            };
+            p.write_struct_begin(&TStructIdentifier::new("PageHeader")).expect("struct");
+            // type DATA_PAGE, sizes, then the data page header (values, encoding, level encodings).
+            i32s(&mut p, &[(1, 0), (2, uncompressed), (3, i32::try_from(data.len()).expect("small"))]);
+            field(&mut p, TType::Struct, 5);
+            p.write_struct_begin(&TStructIdentifier::new("DataPageHeader")).expect("struct");
+            i32s(&mut p, &[(1, 1), (2, encoding), (3, 3), (4, 3)]);
+            p.write_field_stop().expect("stop");
+            p.write_struct_end().expect("end");
+            p.write_field_end().expect("end");
+            p.write_field_stop().expect("stop");
+            p.write_struct_end().expect("end");
+        }
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn page_headers_are_checked_before_the_parquet_crate_reads_a_page() {
+        let plain = [page(4, 0, b"abcd"), page(6, 0, b"efghij")].concat();
+        check_pages(&plain, 10).expect("within the limit");
+        // The sum of the pages' sizes counts, not only each page's.
+        assert!(matches!(check_pages(&plain, 9), Err(PushdownError::BadInput(_))));
+        // A header of a few bytes claiming 2 GiB (the crate would allocate it before decompressing).
+        let bomb = page(i32::MAX, 0, b"abcd");
+        let e = check_pages(&bomb, 1 << 20).expect_err("refused");
+        assert!(matches!(e, PushdownError::BadInput(_)) && e.to_string().contains("2147483647"), "{e}");
+        assert!(matches!(check_pages(&page(-1, 0, b""), 1 << 20), Err(PushdownError::BadInput(_))));
+        // Pages running past their chunk, and headers cut short.
+        let long = page(4, 0, b"abcd");
+        assert!(matches!(check_pages(&long[..long.len() - 1], 1 << 20), Err(PushdownError::BadInput(_))));
+        assert!(matches!(check_pages(&long[..3], 1 << 20), Err(PushdownError::BadInput(_))));
+        // Encodings whose decoders size buffers by counts inside the page.
+        for encoding in [6, 7] {
+            let e = check_pages(&page(4, encoding, b"abcd"), 1 << 20).expect_err("refused");
+            assert!(matches!(e, PushdownError::Unsupported(_)), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_delta_encoded_input_column_is_refused_before_its_lengths_are_allocated() {
+        use parquet::basic::Encoding;
+        let batch = RecordBatch::try_from_iter(vec![(
+            "image",
+            Arc::new(BinaryArray::from(vec![&b"A"[..], b"BB", b"CCC"])) as ArrayRef,
+        )])
+        .expect("batch");
+        let write = |encoding: Option<Encoding>| {
+            let mut props = WriterProperties::builder().set_compression(Compression::SNAPPY);
+            if let Some(e) = encoding {
+                props = props
+                    .set_column_dictionary_enabled(ColumnPath::from("image"), false)
+                    .set_column_encoding(ColumnPath::from("image"), e);
+            }
+            let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props.build())).expect("writer");
+            w.write(&batch).expect("write");
+            Bytes::from(w.into_inner().expect("close"))
+        };
+        for (encoding, readable) in
+            [(None, true), (Some(Encoding::DELTA_LENGTH_BYTE_ARRAY), false), (Some(Encoding::DELTA_BYTE_ARRAY), false)]
+        {
+            let object = write(encoding);
+            let footer = read(&object, None, 1 << 20, false).expect("footer");
+            match footer.rows(&Source::whole(object)) {
+                Ok((rows, _)) => {
+                    assert!(readable, "{encoding:?}");
+                    assert_eq!(rows.iter().map(|r| &r.input[..]).collect::<Vec<_>>(), [&b"A"[..], b"BB", b"CCC"]);
+                }
+                Err(e) => assert!(!readable && matches!(e, PushdownError::Unsupported(_)), "{encoding:?}: {e}"),
+            }
+        }
     }
 }
