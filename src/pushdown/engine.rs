@@ -710,7 +710,9 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let model = &s.model;
     let before = memory::resident_bytes();
+    let started = Instant::now();
     let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
+    let created = started.elapsed();
     let (shape, input) = probe_input(model, 1);
     let out = session.run(&model.manifest, &s.tensor, &shape, &input)?;
     if s.cfg.ort_arena == OrtArena::PerRun {
@@ -748,8 +750,19 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
         None => MemoryModel::estimate(s.prefix_bytes.len() as u64, input_bytes, output_bytes),
     }
     .with_prefix(s.prefix_bytes.len() as u64);
+    let measured = started.elapsed();
     check_prefix(&s.env, model, &s.tensor, &mut session)?;
+    let checked = started.elapsed();
     s.cut_padding.store(session.cut_padding_where_inert(&model.manifest, &s.tensor)?, Ordering::SeqCst);
+    tracing::debug!(
+        model = %model.manifest.name,
+        tensor = %s.tensor,
+        session_ms = created.as_millis(),
+        memory_ms = (measured - created).as_millis(),
+        check_ms = (checked - measured).as_millis(),
+        padding_ms = (started.elapsed() - checked).as_millis(),
+        "First session of an engine."
+    );
     Ok((session, memory))
 }
 
