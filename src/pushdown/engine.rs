@@ -9,7 +9,8 @@
 //! (model, split)'s memory model ([`super::memory`]); the other workers wait for that verdict.
 //! By default (`pushdown.ort_arena = "per-run"`) runs allocate from ONNX Runtime's arena and give
 //! it back at their end, so memory a run used is returned after it and the governor's accounting
-//! matches what the process holds; with `"off"` every tensor is its own allocation (the same
+//! matches what the process holds (between two full batches of one size the regions are kept for
+//! the next run, within the full batch the engine reserved: [`GiveBack`], ADR 0024); with `"off"` every tensor is its own allocation (the same
 //! accounting); with `"kept"` a session keeps its arena between runs and the memory model is
 //! measured on what stays ([`memory`]).
 //!
@@ -502,6 +503,24 @@ const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder
 /// ONNX Runtime's run option that gives the CPU arena's free regions back at the end of a run.
 const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
 
+/// Whether a `PerRun` arena gives its free regions back at the end of a run ([`Runner::run_then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    Yes,
+    /// Kept for the next run, which is known to be a full batch of the same cap.
+    KeptForNext,
+}
+
+impl GiveBack {
+    /// After a batch of `batch` samples, taken at its samples' smallest cap `cap`, with `queued`
+    /// more samples waiting: the regions are kept only when the next batch is full too, so it
+    /// needs no more than this one did (a smaller batch, or none, gives them back).
+    #[must_use]
+    pub(crate) fn after(batch: usize, cap: usize, queued: usize) -> Self {
+        if batch >= cap && queued >= batch { Self::KeptForNext } else { Self::Yes }
+    }
+}
+
 /// A session of one prefix, and how its runs use ONNX Runtime's CPU arena ([`OrtArena`]).
 ///
 /// `Off`: each tensor of a run is its own allocation. `PerRun`: runs allocate from the arena, so
@@ -529,13 +548,29 @@ pub(crate) struct Runner {
 
 impl Runner {
     /// Runs one batch of `shape` (the manifest's inputs, fed as it says: [`feed`]) and returns
-    /// the tensor named `output`.
+    /// the tensor named `output`; with `PerRun`, the arena's free regions are given back at its end.
     pub(crate) fn run(
         &mut self,
         manifest: &Manifest,
         output: &str,
         shape: &[usize],
         data: &[f32],
+    ) -> Result<Tensor, String> {
+        self.run_then(manifest, output, shape, data, GiveBack::Yes)
+    }
+
+    /// [`Self::run`], the arena's regions kept for the next run where `give_back` says so: an
+    /// engine streaming full batches of one size reuses the same regions run after run instead of
+    /// faulting them in afresh (the engine's memory reservation holds a full batch's activations
+    /// for its whole life, so keeping them between two such runs holds nothing it did not
+    /// reserve; ADR 0024).
+    pub(crate) fn run_then(
+        &mut self,
+        manifest: &Manifest,
+        output: &str,
+        shape: &[usize],
+        data: &[f32],
+        give_back: GiveBack,
     ) -> Result<Tensor, String> {
         let mut inputs = feed(manifest, shape, data, |data, len| self.text_length(data, len))?;
         // A prefix that ends before an input is used (a text model's embeddings, before the
@@ -549,7 +584,7 @@ impl Runner {
             selected = selected.preallocate(output, buffer);
         }
         let mut options = RunOptions::new().map_err(|e| e.to_string())?.with_outputs(selected);
-        if self.arena == OrtArena::PerRun {
+        if self.arena == OrtArena::PerRun && give_back == GiveBack::Yes {
             options.set(ARENA_SHRINKAGE, "cpu:0").map_err(|e| e.to_string())?;
         }
         let outputs = self.session.run_with_options(inputs, &options).map_err(|e| e.to_string())?;
@@ -887,6 +922,12 @@ fn worker(shared: &Shared, first: bool) {
             continue;
         }
         let batch = jobs.len();
+        // Samples still queued behind this batch (`depth` counts this batch until it has run).
+        let give_back = GiveBack::after(
+            batch,
+            jobs.iter().map(|j| j.cap).min().unwrap_or(batch),
+            depth.load(Ordering::Relaxed).saturating_sub(batch),
+        );
         let mut shape = vec![batch];
         shape.extend(sample_shape);
         let mut data = shared.scratch.take_floats(batch * jobs[0].input.len());
@@ -914,10 +955,10 @@ fn worker(shared: &Shared, first: bool) {
                 panic!("injected inference panic");
             }
             if shared.cfg.intra_threads <= 1 {
-                super::clock::cpu_timed(|| session.run(&model.manifest, tensor, &shape, &data))
+                super::clock::cpu_timed(|| session.run_then(&model.manifest, tensor, &shape, &data, give_back))
             } else {
                 let started = Instant::now();
-                (session.run(&model.manifest, tensor, &shape, &data), started.elapsed())
+                (session.run_then(&model.manifest, tensor, &shape, &data, give_back), started.elapsed())
             }
         }));
         drop(core);
@@ -962,5 +1003,21 @@ fn worker(shared: &Shared, first: bool) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GiveBack;
+
+    #[test]
+    fn the_arena_is_kept_only_between_full_batches() {
+        // A full batch with a full one queued behind it: kept.
+        assert_eq!(GiveBack::after(16, 16, 16), GiveBack::KeptForNext);
+        assert_eq!(GiveBack::after(16, 16, 100), GiveBack::KeptForNext);
+        // Fewer queued than a batch, none, or a batch short of its cap: given back.
+        assert_eq!(GiveBack::after(16, 16, 15), GiveBack::Yes);
+        assert_eq!(GiveBack::after(16, 16, 0), GiveBack::Yes);
+        assert_eq!(GiveBack::after(8, 16, 100), GiveBack::Yes);
     }
 }
