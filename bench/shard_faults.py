@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import conftest  # noqa: E402
-from pinning import pin_gateway, pin_rest  # noqa: E402
+from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
 from pushdown import jpegs  # noqa: E402
 
 from tensorgate import Client  # noqa: E402
@@ -50,9 +50,8 @@ def shard() -> bytes:
 
 
 def usage(pid: int) -> tuple[int, float]:
-    """Minor faults and CPU seconds (user + system) of `pid` so far."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(f[7]), (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    """Minor faults (field 10 of /proc/PID/stat) and CPU seconds of `pid` so far."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7]), cpu_seconds(pid)
 
 
 def main():

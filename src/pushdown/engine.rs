@@ -10,8 +10,8 @@
 //! By default (`pushdown.ort_arena = "per-run"`) runs allocate from ONNX Runtime's arena and give
 //! it back at their end, so memory a run used is returned after it and the governor's accounting
 //! matches what the process holds (between two full batches of one size the regions are kept for
-//! the next run, within the full batch the engine reserved: [`GiveBack`], ADR 0024); with `"off"` every tensor is its own allocation (the same
-//! accounting); with `"kept"` a session keeps its arena between runs and the memory model is
+//! the next run, within the full batch the engine reserved: [`GiveBack`], ADR 0024); with `"off"`
+//! every tensor is its own allocation (the same accounting); with `"kept"` a session keeps its arena between runs and the memory model is
 //! measured on what stays ([`memory`]).
 //!
 //! Supervision: a run that panics answers its batch with an error, the worker logs it, drops the

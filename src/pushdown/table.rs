@@ -497,8 +497,8 @@ impl Footer {
     pub fn span(&self) -> Result<(u64, u64), PushdownError> {
         let (mut start, mut end) = (u64::MAX, 0u64);
         for chunk in self.groups.iter().flat_map(|&i| self.metadata.row_group(i).columns()) {
-            let first = chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset());
-            let (Ok(first), Ok(size)) = (u64::try_from(first), u64::try_from(chunk.compressed_size())) else {
+            let (Ok(first), Ok(size)) = (u64::try_from(chunk_start(chunk)), u64::try_from(chunk.compressed_size()))
+            else {
                 return Err(PushdownError::BadInput(
                     "the Parquet footer places a column chunk at a negative offset".into(),
                 ));
@@ -657,7 +657,7 @@ impl Footer {
         let mut total = 0i64;
         for chunk in chunks {
             let data = chunk.data_page_offset();
-            let start = chunk.dictionary_page_offset().unwrap_or(data);
+            let start = chunk_start(chunk);
             let (size, raw) = (chunk.compressed_size(), chunk.uncompressed_size());
             let end = start.checked_add(size);
             let fits = |at: i64, n: i64| {
@@ -752,8 +752,7 @@ impl Columns<'_> {
     /// its dictionary pages before they are decoded ([`CheckedPages`]).
     fn column(&self, leaf: usize) -> Result<ColumnReader, PushdownError> {
         let chunk = self.reader.metadata().column(leaf);
-        let start = chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset());
-        let pages = u64::try_from(start)
+        let pages = u64::try_from(chunk_start(chunk))
             .ok()
             .zip(usize::try_from(chunk.compressed_size()).ok())
             .and_then(|(start, len)| self.source.slice(start, len))
@@ -1128,6 +1127,12 @@ fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
     Ok(())
 }
 
+/// Where a column chunk's bytes begin, as its footer places them: its dictionary page, else its
+/// first data page. Unchecked (a hostile footer may place it anywhere, negative included).
+fn chunk_start(chunk: &ColumnChunkMetaData) -> i64 {
+    chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset())
+}
+
 /// Encodings whose decoder in the parquet crate sizes a buffer by a count inside the page data
 /// (`DELTA_LENGTH_BYTE_ARRAY`: the lengths' `total value count`; `DELTA_BYTE_ARRAY`: the
 /// prefix lengths' count), before any value is read: a page of a few bytes could ask for more
@@ -1163,19 +1168,8 @@ fn check_pages(chunk: &[u8], limit: u64) -> Result<(), PushdownError> {
                 (TType::Stop, _) => break,
                 (TType::I32, Some(2)) => uncompressed = Some(p.read_i32().map_err(unreadable)?),
                 (TType::I32, Some(3)) => compressed = Some(p.read_i32().map_err(unreadable)?),
-                (TType::Struct, Some(id @ (5 | 8))) => {
-                    let at = if id == 5 { 2 } else { 4 };
-                    p.read_struct_begin().map_err(unreadable)?;
-                    loop {
-                        let inner = p.read_field_begin().map_err(unreadable)?;
-                        match (inner.field_type, inner.id) {
-                            (TType::Stop, _) => break,
-                            (TType::I32, Some(f)) if f == at => encoding = Some(p.read_i32().map_err(unreadable)?),
-                            (t, _) => p.skip(t).map_err(unreadable)?,
-                        }
-                    }
-                    p.read_struct_end().map_err(unreadable)?;
-                }
+                (TType::Struct, Some(5)) => encoding = i32_field(&mut p, 2).map_err(unreadable)?,
+                (TType::Struct, Some(8)) => encoding = i32_field(&mut p, 4).map_err(unreadable)?,
                 (t, _) => p.skip(t).map_err(unreadable)?,
             }
         }
@@ -1206,6 +1200,23 @@ fn check_pages(chunk: &[u8], limit: u64) -> Result<(), PushdownError> {
         debug_assert!(rest.len() < before, "every page header takes at least a byte");
     }
     Ok(())
+}
+
+/// Reads a Thrift struct, skipping all but its `i32` field `id`, which it returns if present.
+fn i32_field(p: &mut impl thrift::protocol::TInputProtocol, id: i16) -> thrift::Result<Option<i32>> {
+    use thrift::protocol::TType;
+    let mut found = None;
+    p.read_struct_begin()?;
+    loop {
+        let field = p.read_field_begin()?;
+        match (field.field_type, field.id) {
+            (TType::Stop, _) => break,
+            (TType::I32, Some(f)) if f == id => found = Some(p.read_i32()?),
+            (t, _) => p.skip(t)?,
+        }
+    }
+    p.read_struct_end()?;
+    Ok(found)
 }
 
 /// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest
