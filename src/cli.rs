@@ -139,16 +139,17 @@ fn plan(file: &std::path::Path, as_json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
     }
+    println!("per request of {} samples:", plan.samples_per_request);
     println!(
         "{:<12} {:>12} {:>10} {:>10} {:>10} {:>12}  note",
-        "split", "epoch (s)", "stream", "train", "np", "bytes/sample"
+        "split", "epoch (s)", "storage", "link", "compute", "bytes/sample"
     );
     for c in &plan.candidates {
         let t = c.epoch_secs.map_or_else(|| "-".to_owned(), |t| format!("{t:.2}"));
         let mark = if c.split == plan.chosen { "<- chosen" } else { c.excluded.as_deref().unwrap_or("") };
         println!(
             "{:<12} {:>12} {:>10.4} {:>10.4} {:>10.4} {:>12.0}  {mark}",
-            c.split, t, c.stream_secs, c.train_secs, c.np_secs, c.bytes_per_sample
+            c.split, t, c.storage_secs, c.link_secs, c.compute_secs, c.bytes_per_sample
         );
     }
     Ok(())

@@ -6,8 +6,9 @@ terms; `bench/repro/trainer.py` since the timelines). Each model below predicts 
 epoch from exactly those inputs, picks as the gateway does (the argmin, `none` unless a split is
 predicted `PUSHDOWN_MARGIN` faster), and the pick is scored against the measured first epochs of
 the fixed options (`images`, `split:*`) of the same model, batch and rate: best or within 5%.
-`hapi` is the gateway's model (src/planner.rs); it must reproduce the recorded predictions, which
-is checked.
+`stages` is the gateway's model since ADR 0025, `hapi` before it (src/planner.rs): the one a
+recording was planned with must reproduce its recorded predictions, which is checked (a profile
+with `samples_per_request` was planned with `stages`, at that unit).
 
     .venv/bin/python bench/repro/replan.py bench/results/repro-full-f16-b32-r3.jsonl [--unit 64]
 """
@@ -35,7 +36,7 @@ def terms(split: str, prof: dict, stor: dict) -> dict:
 
 
 def hapi(t: dict, prof: dict, _unit: int) -> float:
-    """The gateway's model: HAPI's per-iteration stream (storage, then transfer), overlapped
+    """The gateway's model before ADR 0025: HAPI's per-iteration stream (storage, then transfer), overlapped
     with the compute tier's work on the previous iteration; deserialisation not overlapped."""
     b, bw = prof["batch_size"], prof["bandwidth_bytes_per_sec"]
     n = -(-prof["samples"] // b)
@@ -56,7 +57,7 @@ def stages(t: dict, prof: dict, unit: int) -> float:
     storage = unit * t["storage"]
     link = unit * t["bytes"] / bw
     compute = unit * (t["compute"] + (0.0 if t["none"] else t["bytes"] * decode)) + prof["train_secs_per_batch"] * unit / b
-    return storage + link + compute + (prof["samples"] / unit - 1) * max(storage, link, compute)
+    return storage + link + compute + max(prof["samples"] / unit - 1, 0) * max(storage, link, compute)
 
 
 def with_start(model, none_extra: float):
@@ -64,14 +65,15 @@ def with_start(model, none_extra: float):
     return lambda t, prof, unit: model(t, prof, unit) + (none_extra if t["none"] else 0.0)
 
 
-MODELS = {"hapi (the gateway's)": hapi, "stages": stages,
+MODELS = {"hapi (the gateway's before ADR 0025)": hapi, "stages (the gateway's since)": stages,
           "hapi + none start 1.1 s": with_start(hapi, 1.1), "stages + none start 1.1 s": with_start(stages, 1.1)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+")
-    ap.add_argument("--unit", type=int, default=64, help="samples per request (the shard), for `stages`")
+    ap.add_argument("--unit", type=int, default=64,
+                    help="samples per request (the shard) for `stages`, where a profile does not record it")
     args = ap.parse_args()
     rows = [json.loads(line) for p in args.results for line in open(p) if line.strip()]
     groups = defaultdict(list)
@@ -94,13 +96,15 @@ def main() -> None:
         prof, stor = plan["profile"], plan["storage"]
         recorded = {c["split"]: c["epoch_secs"] for c in plan["candidates"]}
         cands = [s for s, e in recorded.items() if e is not None and s in measured]
-        drift = max(abs(hapi(terms(s, prof, stor), prof, 0) - recorded[s]) / recorded[s] for s in cands)
+        unit = prof.get("samples_per_request") or args.unit
+        gateway = stages if "samples_per_request" in prof else hapi
+        drift = max(abs(gateway(terms(s, prof, stor), prof, unit) - recorded[s]) / recorded[s] for s in cands)
         assert drift < 1e-9, f"{model}@{rate}: the recomputed predictions differ from the recorded ones"
         best = min(measured.values())
         total += 1
         line = [f"{model} b{batch} {rate:>4} Mbit/s:"]
         for name, fn in MODELS.items():
-            pred = {s: fn(terms(s, prof, stor), prof, args.unit) for s in cands}
+            pred = {s: fn(terms(s, prof, stor), prof, unit) for s in cands}
             fastest = min(pred, key=pred.get)
             chosen = "none" if "none" in pred and pred[fastest] > (1 - PUSHDOWN_MARGIN) * pred["none"] else fastest
             q = measured[chosen] / best

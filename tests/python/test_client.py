@@ -399,6 +399,9 @@ def test_the_loader_profiles_and_plans_by_itself(gw):
     assert plan["plan"]["chosen"] in {"none", "stem", "block1", "block2"}
     profiled = set(plan["profile"]["compute_secs_per_sample"])
     assert "none" in profiled
+    # One request per shard: the unit the planner pipelines is a shard's samples.
+    unit = plan["profile"]["samples_per_request"]
+    assert plan["plan"]["samples_per_request"] == unit and plan["profile"]["samples"] == 7 * unit
     # Splits the network alone rules out are not profiled, and the planner says so.
     for c in plan["plan"]["candidates"]:
         assert (c["split"] in profiled) == (c["excluded"] is None), c

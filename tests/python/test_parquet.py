@@ -303,6 +303,9 @@ def test_split_auto_profiles_parquet_files_and_the_loader_yields_what_the_plan_c
     info = client.models()[model]
     assert "none" in compute and compute["none"] > 0
     assert plan["profile"]["samples"] == 40  # rows from the footer x files
+    # Each file is one request (`row_groups=True` would make each row group one): its 20 rows are
+    # the unit the tiers pipeline.
+    assert plan["profile"]["samples_per_request"] == plan["plan"]["samples_per_request"] == 20
     if model == "minilm":
         assert set(compute) <= {"none", info["freeze"]}
         # The storage node's costs were measured at these texts' length where its batches are cut

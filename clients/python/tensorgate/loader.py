@@ -241,8 +241,9 @@ class ShardLoader:
             # Row groups as shards: the profile reads their file, and counts the files.
             files = list(dict.fromkeys(split_unit(k)[0] for k in shards))
             prof = measure(self.client, self.bucket, files[0], self.model, self.batch_size,
-                           shards=len(files), train_secs_per_batch=self.train_secs_per_batch,
-                           threads=self.suffix_threads, storage=storage, dtype=self.dtype, column=self.column)
+                           shards=len(files), requests=len(shards),
+                           train_secs_per_batch=self.train_secs_per_batch, threads=self.suffix_threads,
+                           storage=storage, dtype=self.dtype, column=self.column)
             self._adopt(prof)
             self.profile_seconds = time.perf_counter() - t
 

@@ -110,11 +110,13 @@ def _suffix_secs(client, model: str, split: str, shape, threads: int) -> float:
 
 
 def profile(client, bucket: str, key: str, model: str, batch_size: int, *, samples: int | None = None,
-            shards: int = 1, train_secs_per_batch: float = 0.0, baseline: bool = True,
+            shards: int = 1, requests: int | None = None, train_secs_per_batch: float = 0.0, baseline: bool = True,
             memory_limit: int | None = None, threads: int = 1, cached: bool = True,
             storage: dict | None = None, dtype: str | None = None, column: str | None = None) -> dict:
     """A client profile (the planner's `ClientProfile`) measured with raw shard `key`. `samples` is
-    the epoch size (default: estimated from the shard's size x `shards`); `train_secs_per_batch` is
+    the epoch size (default: estimated from the shard's size x `shards`); `requests` the GETs an
+    epoch is fetched in (default one per shard; a Parquet file's row groups are one each), which
+    sizes the unit the tiers pipeline (`samples_per_request`); `train_secs_per_batch` is
     the trainable head's time per batch, which only the trainer knows. `cached=False` re-times
     every suffix instead of using the timings kept on disk; `storage` is a `/v1/storage` answer the
     caller already has; `dtype` the features' element type the caller will ask for; `column` a
@@ -174,9 +176,12 @@ def profile(client, bucket: str, key: str, model: str, batch_size: int, *, sampl
         compute[split["split"]] = timings.get(
             split["split"], lambda s=split: _suffix_secs(client, model, s["split"], s["shape"], threads))
     timings.save()
+    per_shard = max(1, round(shard_bytes / per_sample))
+    samples = samples or per_shard * shards
     return {
         "batch_size": batch_size,
-        "samples": samples or max(1, round(shard_bytes / per_sample)) * shards,
+        "samples": samples,
+        "samples_per_request": max(1, round(samples / requests)) if requests else per_shard,
         "bandwidth_bytes_per_sec": bandwidth,
         "train_secs_per_batch": train_secs_per_batch,
         "compute_secs_per_sample": compute,
