@@ -130,6 +130,14 @@ pub struct Plan {
     pub candidates: Vec<Candidate>,
 }
 
+impl Plan {
+    /// The candidate for `split`, if it is one.
+    #[must_use]
+    pub fn candidate(&self, split: &str) -> Option<&Candidate> {
+        self.candidates.iter().find(|c| c.split == split)
+    }
+}
+
 /// Why no plan could be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
@@ -279,7 +287,7 @@ mod tests {
     fn fast_network_and_slow_storage_pick_no_pushdown() {
         let p = plan(&storage(20.0), &client(1.25e9)).expect("plan"); // 10 Gbit/s, storage 20x slower
         assert_eq!(p.chosen, NO_PUSHDOWN);
-        let t = |s: &str| p.candidates.iter().find(|c| c.split == s).and_then(|c| c.epoch_secs).expect("evaluated");
+        let t = |s: &str| p.candidate(s).and_then(|c| c.epoch_secs).expect("evaluated");
         assert!(t("none") < t("pool"));
     }
 
@@ -287,7 +295,7 @@ mod tests {
     fn a_split_must_beat_no_pushdown_by_the_margin() {
         // Find a bandwidth where the best split is predicted only slightly faster than `none`.
         let (st, mut c) = (storage(1.0), client(1.0));
-        let t = |p: &Plan, s: &str| p.candidates.iter().find(|x| x.split == s).and_then(|x| x.epoch_secs).unwrap();
+        let t = |p: &Plan, s: &str| p.candidate(s).and_then(|x| x.epoch_secs).unwrap();
         let close = (1..400).map(|i| 1e6 * 1.05f64.powi(i)).find_map(|bw| {
             c.bandwidth_bytes_per_sec = bw;
             let p = plan(&st, &c).expect("plan");
@@ -308,7 +316,7 @@ mod tests {
         c.memory_bytes.insert("layer2".into(), 20_000_000_000);
         c.memory_limit = Some(16_000_000_000);
         let p = plan(&storage(1.0), &c).expect("plan");
-        let get = |s: &str| p.candidates.iter().find(|x| x.split == s).expect("candidate").clone();
+        let get = |s: &str| p.candidate(s).expect("candidate").clone();
         assert!(get("stem").excluded.as_deref().is_some_and(|e| e.contains("not profiled")));
         assert!(get("layer2").excluded.as_deref().is_some_and(|e| e.contains("compute tier")));
         // layer4 by hand: U = B = 64 (the default), R = 100 requests.
@@ -338,13 +346,13 @@ mod tests {
         let epoch = |unit| {
             let c = ClientProfile { samples_per_request: Some(unit), ..client(1e7) };
             let p = plan(&storage(1.0), &c).expect("plan");
-            p.candidates.iter().find(|x| x.split == "layer4").and_then(|x| x.epoch_secs).expect("evaluated")
+            p.candidate("layer4").and_then(|x| x.epoch_secs).expect("evaluated")
         };
         assert!(epoch(64) < epoch(256) && epoch(256) < epoch(1024));
         // Train time is charged per batch, however many batches a request holds.
         let c = ClientProfile { samples_per_request: Some(256), train_secs_per_batch: 1.0, ..client(1e7) };
         let p = plan(&storage(1.0), &c).expect("plan");
-        let none = p.candidates.iter().find(|x| x.split == NO_PUSHDOWN).expect("baseline");
+        let none = p.candidate(NO_PUSHDOWN).expect("baseline");
         assert!((none.compute_secs - (256.0 * 0.004 + 4.0)).abs() < 1e-12);
     }
 
