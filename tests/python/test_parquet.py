@@ -136,6 +136,24 @@ def hostile_schema(depth: int, leaves: int = 1) -> bytes:
     return b"PAR1" + meta + len(meta).to_bytes(4, "little") + b"PAR1"
 
 
+def page_bomb() -> bytes:
+    """A Parquet file (Snappy, pyarrow's default) whose one data page's header claims 128 MiB
+    uncompressed, where its footer claims 1.1 MiB: the parquet crate sizes the page's
+    decompression buffer by the header, so it must be refused before it is read. The header's
+    size field is rewritten in place (same varint length), so every offset stays true."""
+    value = np.random.default_rng(5).bytes(1_100_000)
+    body = bytearray(parquet_bytes(pa.table({"image": pa.array([value], pa.binary())}), use_dictionary=False))
+    at = pq.ParquetFile(io.BytesIO(bytes(body))).metadata.row_group(0).column(0).data_page_offset
+    assert body[at : at + 3] == b"\x15\x00\x15", "a data page header: its type, then its uncompressed size"
+    end = at + 3
+    while body[end] & 0x80:
+        end += 1
+    claim = varint(2 * (2**27 - 1))  # Thrift's compact protocol: zigzag, then varint
+    assert end + 1 - (at + 3) == len(claim), "the claim takes the place of the true size"
+    body[at + 3 : end + 1] = claim
+    return bytes(body)
+
+
 def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
     """(key, body, pushdown fields, status, what the message names)."""
     images = [jpeg(3000 + i, (64, 48)) for i in range(3)]
@@ -148,6 +166,9 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
     zstd = parquet_bytes(hf_table(images, [0, 1, 2]), compression="zstd")
     numbers = parquet_bytes(pa.table({"image": pa.array([1, 2, 3])}))
     null_image = parquet_bytes(pa.table({"image": pa.array([images[0], None], pa.binary())}))
+    plain = pa.table({"image": pa.array(images, pa.binary())})
+    delta = {e: parquet_bytes(plain, use_dictionary=False, column_encoding={"image": e})
+             for e in ("DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY")}
     return [
         ("missing-column.parquet", good, {"column": "pixels"}, 400, "its columns: image, label, caption"),
         ("numbers.parquet", numbers, {}, 400, "not encoded images"),
@@ -157,6 +178,11 @@ def hostile_files() -> list[tuple[str, bytes, dict, int, str]]:
         ("no-rows.parquet", parquet_bytes(hf_table([], [])), {}, 400, "0 rows"),
         ("zstd.parquet", zstd, {}, 415, "Snappy"),
         ("null-image.parquet", null_image, {}, 400, "row 1"),
+        # Page headers are read before any page: a size beyond the footer's claim, and the two
+        # encodings whose values the parquet crate sizes from counts no header bounds.
+        ("page-bomb.parquet", page_bomb(), {}, 400, "states 134217727 uncompressed bytes, more than"),
+        ("delta-length.parquet", delta["DELTA_LENGTH_BYTE_ARRAY"], {}, 415, "is DELTA_LENGTH_BYTE_ARRAY encoded"),
+        ("delta-byte-array.parquet", delta["DELTA_BYTE_ARRAY"], {}, 415, "is DELTA_BYTE_ARRAY encoded"),
         ("not-parquet.npy", b"\x93NUMPY" + bytes(100), {"column": "image"}, 400, "names a Parquet file's input column"),
         # Deeper than a schema may nest (the parquet crate builds and drops a schema recursively:
         # 30,000 levels aborted the gateway before the check), and wider.
