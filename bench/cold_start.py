@@ -1,0 +1,98 @@
+"""What the first pushdown request of a fresh gateway pays beyond a warm one: for each model, a
+new gateway alone on the last core (default config but the cache off, an fs backend holding one
+shard of 64 synthetic 500x375 JPEGs) serves the shard's `pool` features once, then ROUNDS more
+times. Reported per model: the first request's seconds and the gateway's CPU seconds for it,
+the same for a warm request (median), the difference, and the engine's first-session phases
+from its debug log (session, memory probes, prefix check, padding probe).
+
+    .venv/bin/python bench/cold_start.py
+    ROUNDS=5 BENCH_MODELS=resnet18 TENSORGATE_BIN=target/release/tensorgate ...
+
+The reproduction's first shard arrived about 2 s later than the steady pace of the others
+(docs/REPRODUCTION.md); this says how much of that the gateway's one-time work is."""
+
+import io
+import json
+import os
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+import conftest  # noqa: E402
+from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
+from pushdown import jpegs  # noqa: E402
+
+from tensorgate import Client  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+MODELS = os.environ.get("BENCH_MODELS", "resnet50-thin,resnet18,pp-lcnet").split(",")
+N = 64
+PHASES = ("session_ms", "memory_ms", "check_ms", "padding_ms")
+
+
+def shard() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i, jpeg in enumerate(jpegs(N)):
+            for name, data in ((f"s{i:03d}.jpg", jpeg), (f"s{i:03d}.cls", b"1")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def timed(client: Client, model: str, pid: int) -> tuple[float, float]:
+    cpu, t = cpu_seconds(pid), time.perf_counter()
+    got = client.get("cold", "s.tar", model, "pool")
+    assert len(got.result.keys) == N, got
+    return time.perf_counter() - t, cpu_seconds(pid) - cpu
+
+
+def phases(log: Path) -> dict:
+    """The first-session phases the engine logged (JSON or plain `key=value` lines)."""
+    for line in log.read_text().splitlines():
+        if "First session of an engine" not in line:
+            continue
+        try:
+            fields = json.loads(line).get("fields", {})
+        except ValueError:
+            fields = dict(p.split("=", 1) for p in line.split() if "=" in p)
+        return {k: int(str(fields[k]).strip('"')) for k in PHASES if k in fields}
+    return {}
+
+
+def main():
+    body = shard()
+    pin_rest(os.getpid())
+    print(f"one shard of {N} images at `pool`, a fresh gateway per model alone on the last core, "
+          f"then {ROUNDS} warm requests\n")
+    print("| model | first request s | its gateway CPU s | warm request s (median) | its CPU s | "
+          "first - warm, s | first session: session / memory / check / padding ms |")
+    print("|---|---|---|---|---|---|---|")
+    for model in MODELS:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"TENSORGATE_LOG": "info,tensorgate::pushdown::engine=debug"}
+            with conftest.run_gateway(Path(tmp), "[pushdown.cache]\nenabled = false\n", env=env) as (
+                    endpoint, admin, s3, pid):
+                pin_gateway(pid)
+                s3.create_bucket(Bucket="cold")
+                s3.put_object(Bucket="cold", Key="s.tar", Body=body)
+                client = Client(endpoint, "tensorgate-dev", "tensorgate-dev-secret", admin=admin)
+                first = timed(client, model, pid)
+                warm = [timed(client, model, pid) for _ in range(ROUNDS)]
+                log = next(Path(tmp).glob("gateway-*.log"))
+                ph = phases(log)
+            w = (statistics.median(s for s, _ in warm), statistics.median(c for _, c in warm))
+            ms = " / ".join(str(ph.get(k, "-")) for k in PHASES)
+            print(f"| {model} | {first[0]:.2f} | {first[1]:.2f} | {w[0]:.2f} | {w[1]:.2f} | "
+                  f"{first[0] - w[0]:.2f} | {ms} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
