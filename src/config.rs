@@ -313,7 +313,8 @@ pub const MAX_ARENA_BATCH: usize = 32;
 
 /// An engine unused for 10 minutes is freed: a training job touches its (model, split) every few
 /// seconds, so only abandoned ones (a finished job, a one-off split sweep) reach it, and a restart
-/// costs one prefix check and memory probe (about a second).
+/// costs its sessions and first runs (0.3-0.4 s for ResNet-sized prefixes: the memory model and
+/// prefix check its first start found are kept, `engine::Measured`).
 pub const DEFAULT_ENGINE_IDLE_SECS: u64 = 600;
 /// Default pushdown memory budget: 1 GiB, a quarter of a small 4 GiB storage node, enough for two
 /// ResNet-18 sessions and a few dozen 224x224 samples in flight at any split.

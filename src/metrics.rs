@@ -119,6 +119,10 @@ pub struct Metrics {
     /// Engines stopped, by reason: `idle` (`pushdown.engine_idle_secs`) or `memory` (no request
     /// held them when another engine or a request needed their reservation).
     pub engine_evictions: Family<ReasonLabel, Counter>,
+    /// Engines started, by how their first session was readied: `measured` (memory probes and
+    /// the prefix check run) or `remembered` (an earlier engine of the same model version, split
+    /// and settings in this process had measured and checked them).
+    pub engine_starts: Family<ReasonLabel, Counter>,
     pub tenant_samples: Family<TenantLabel, Counter>,
     pub plans: Family<TenantLabel, Counter>,
     pub cluster_forwarded: Family<PeerLabel, Counter>,
@@ -343,6 +347,12 @@ impl Metrics {
             "Engines stopped: idle, or unused when their memory was needed (memory)",
             engine_evictions.clone(),
         );
+        let engine_starts = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "pushdown_engine_starts",
+            "Engines started: their first session measured and checked (measured), or as an earlier engine of the same split had (remembered)",
+            engine_starts.clone(),
+        );
         let tenant_samples = Family::<TenantLabel, Counter>::default();
         r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
         let plans = Family::<TenantLabel, Counter>::default();
@@ -367,6 +377,7 @@ impl Metrics {
             admission_yields,
             admission_wait,
             engine_evictions,
+            engine_starts,
             tenant_samples,
             plans,
             cluster_forwarded,

@@ -502,6 +502,13 @@ pub fn ort_library() -> PathBuf {
 ///
 /// # Panics
 /// On transport failures.
+/// The sum of every sample of the metric family `name` (all its label sets) in a Prometheus
+/// text exposition; a `name` with `{...` sums one label set.
+#[must_use]
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
 pub async fn http_get(url: &str) -> String {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let resp = client.get(url.parse().expect("url")).await.expect("GET");

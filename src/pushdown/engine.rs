@@ -20,6 +20,7 @@
 //! one. When the last handle on an engine goes, its queue closes, the workers exit, and the
 //! engine's memory reservation returns to the governor.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -40,13 +41,13 @@ use super::queue::{Place, Queue, Refused};
 use super::registry::Model;
 use super::tensor::Tensor;
 use super::text;
-use crate::metrics::{Metrics, ModelSplit, ModelSplitStage, ModelSplitTokens};
+use crate::metrics::{Metrics, ModelSplit, ModelSplitStage, ModelSplitTokens, ReasonLabel};
 
 /// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
 /// are off in every mode; the memory budget's promise holds in every mode, because each engine
 /// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
 /// arena per run"); why the per-run arena is the default: ADR 0015.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum OrtArena {
     /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
     /// session holds only its weights, and the engine reserves the least.
@@ -132,6 +133,54 @@ pub struct Node {
     /// Buffers kept between batches and images: a batch's buffer comes from there and goes back
     /// after its run, with its samples' inputs.
     pub scratch: Arc<super::preprocess::ScratchPool>,
+    /// What first sessions measured and checked, for the engines that start again later.
+    pub measured: Arc<Measured>,
+}
+
+/// The memory model and the prefix check's verdict an engine's first session found for a model
+/// version's split under one engine configuration, kept for the process's life: an engine of
+/// the same that starts again (after `pushdown.engine_idle_secs`, or after its memory was
+/// reclaimed) skips the probe runs and the check. Both depend only on the prefix's bytes (the
+/// model's digest and the split tensor), the session settings and this machine and ONNX
+/// Runtime, none of which changes within a process. Bounded by the registry: one entry per split
+/// of a loaded model that ever started.
+#[derive(Debug, Default)]
+pub struct Measured(Mutex<HashMap<MeasuredKey, Found>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct MeasuredKey {
+    digest: String,
+    tensor: String,
+    max_batch: usize,
+    intra_threads: usize,
+    ort_arena: OrtArena,
+}
+
+/// What a first session found (after the check passed).
+#[derive(Debug, Clone)]
+struct Found {
+    memory: MemoryModel,
+    cut_padding: bool,
+}
+
+impl Measured {
+    fn key(s: &Shared) -> MeasuredKey {
+        MeasuredKey {
+            digest: s.model.digest.clone(),
+            tensor: s.tensor.clone(),
+            max_batch: s.cfg.max_batch,
+            intra_threads: s.cfg.intra_threads,
+            ort_arena: s.cfg.ort_arena,
+        }
+    }
+
+    fn get(&self, key: &MeasuredKey) -> Option<Found> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).get(key).cloned()
+    }
+
+    fn insert(&self, key: MeasuredKey, found: Found) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(key, found);
+    }
 }
 
 struct Job {
@@ -249,7 +298,7 @@ impl Engine {
         node: &Node,
         start_hold: Held,
     ) -> Result<Self, PushdownError> {
-        let Node { governor, probe_lock, threads, runs, scratch } = node;
+        let Node { governor, probe_lock, threads, runs, scratch, measured } = node;
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
         let gauges = Gauges {
             queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
@@ -297,6 +346,8 @@ impl Engine {
                 probe_lock: probe_lock.clone(),
                 runs: runs.clone(),
                 scratch: scratch.clone(),
+                measured: measured.clone(),
+                starts: metrics.engine_starts.clone(),
                 observed: observed.clone(),
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
@@ -740,9 +791,34 @@ pub(crate) fn probe_texts(model: &Model, batch: usize, attended: usize) -> (Vec<
 }
 
 /// Creates the first session, checks the prefix, and measures the memory model (module docs of
-/// [`memory`]). Holds the process-wide probe lock throughout.
+/// [`memory`]), unless an earlier engine of the same did ([`Measured`]). Holds the process-wide
+/// probe lock throughout.
 fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = Measured::key(s);
+    if let Some(Found { memory, cut_padding }) = s.measured.get(&key) {
+        let started = Instant::now();
+        s.cut_padding.store(cut_padding, Ordering::SeqCst);
+        let session = session_for(s)?;
+        s.starts.get_or_create(&ReasonLabel { reason: "remembered" }).inc();
+        tracing::debug!(
+            model = %s.model.manifest.name,
+            tensor = %s.tensor,
+            session_ms = started.elapsed().as_millis(),
+            "First session of an engine, as measured and checked before."
+        );
+        return Ok((session, memory));
+    }
+    let (session, found) = measure_and_check(s)?;
+    s.measured.insert(key, found.clone());
+    s.starts.get_or_create(&ReasonLabel { reason: "measured" }).inc();
+    Ok((session, found.memory))
+}
+
+/// The first session of a (model, split) in this process: created, run at the probe batches
+/// to measure its memory model, its output checked against the full model's, and (a text model)
+/// probed for whether padding may be cut.
+fn measure_and_check(s: &Shared) -> Result<(Runner, Found), String> {
     let model = &s.model;
     let before = memory::resident_bytes();
     let started = Instant::now();
@@ -788,7 +864,8 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
     let measured = started.elapsed();
     check_prefix(&s.env, model, &s.tensor, &mut session)?;
     let checked = started.elapsed();
-    s.cut_padding.store(session.cut_padding_where_inert(&model.manifest, &s.tensor)?, Ordering::SeqCst);
+    let cut_padding = session.cut_padding_where_inert(&model.manifest, &s.tensor)?;
+    s.cut_padding.store(cut_padding, Ordering::SeqCst);
     tracing::debug!(
         model = %model.manifest.name,
         tensor = %s.tensor,
@@ -798,7 +875,7 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
         padding_ms = (started.elapsed() - checked).as_millis(),
         "First session of an engine."
     );
-    Ok((session, memory))
+    Ok((session, Found { memory, cut_padding }))
 }
 
 /// Waits for a sample, then takes whatever else is queued, up to the smallest cap among the taken
@@ -841,6 +918,9 @@ struct Shared {
     /// The node's inference slots, shared by every engine ([`super::fair`]).
     runs: Arc<FairSlots>,
     scratch: Arc<super::preprocess::ScratchPool>,
+    /// The node's [`Measured`], and `tensorgate_pushdown_engine_starts_total`.
+    measured: Arc<Measured>,
+    starts: prometheus_client::metrics::family::Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
     observed: Arc<Observed>,
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.

@@ -102,10 +102,6 @@ fn computed_by(r: &RawResponse) -> String {
     r.headers.get("x-tensorgate-computed-by").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
 }
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok()).sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pushdowns_meet_their_owner_from_any_member_and_survive_a_dead_owner() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -139,11 +135,11 @@ async fn pushdowns_meet_their_owner_from_any_member_and_survive_a_dead_owner() {
     let not_mine = bodies.iter().filter(|(o, _)| *o != "node-0").count();
     assert!(not_mine > 0 && not_mine < keys.len(), "the 12 keys spread over the members");
     let m0 = http_get(&format!("http://{}/metrics", servers[0].admin_addr)).await;
-    assert_eq!(metric(&m0, "tensorgate_cluster_forwarded_total") as usize, not_mine, "{m0}");
+    assert_eq!(metric_sum(&m0, "tensorgate_cluster_forwarded_total") as usize, not_mine, "{m0}");
     // Hops have their own upstream numbers; the store's (a local directory here: none) exclude them.
-    assert_eq!(metric(&m0, "tensorgate_cluster_hop_request_duration_seconds_count") as usize, not_mine, "{m0}");
-    assert!(metric(&m0, "tensorgate_cluster_hop_response_body_bytes_total") > 0.0, "{m0}");
-    assert_eq!(metric(&m0, "tensorgate_backend_request_duration_seconds_count"), 0.0, "{m0}");
+    assert_eq!(metric_sum(&m0, "tensorgate_cluster_hop_request_duration_seconds_count") as usize, not_mine, "{m0}");
+    assert!(metric_sum(&m0, "tensorgate_cluster_hop_response_body_bytes_total") > 0.0, "{m0}");
+    assert_eq!(metric_sum(&m0, "tensorgate_backend_request_duration_seconds_count"), 0.0, "{m0}");
 
     // A client cannot name the tenant a request acts for: only the cluster credential may.
     let spoofed = pushdown(&servers[0], "s00.npy", &[("tensorgate-peer-tenant", "mallory")]).await;

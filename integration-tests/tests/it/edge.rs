@@ -16,7 +16,7 @@ fn host(server: &Server) -> String {
 
 async fn metric(server: &Server, name: &str) -> f64 {
     let text = http_get(&format!("http://{}/metrics", server.admin_addr)).await;
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    metric_sum(&text, name)
 }
 
 #[tokio::test]

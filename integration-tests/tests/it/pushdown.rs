@@ -327,6 +327,14 @@ async fn idle_engines_are_evicted_and_their_memory_and_threads_returned() {
     assert_eq!(r.status, 200, "{}", r.text());
     let during = admin_json(&server, "/v1/memory").await;
     assert_eq!(during["engines"].as_array().map(Vec::len), Some(1), "{during}");
+    let starts = |reason: &'static str| {
+        let admin = server.admin_addr;
+        async move {
+            let text = http_get(&format!("http://{admin}/metrics")).await;
+            metric_sum(&text, &format!("tensorgate_pushdown_engine_starts_total{{reason=\"{reason}\"}}"))
+        }
+    };
+    assert_eq!((starts("measured").await, starts("remembered").await), (1.0, 0.0));
     assert!(during["reserved_bytes"].as_u64() > Some(0), "{during}");
     assert!(threads_named("infer-tiny-cnn") > 0);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -346,6 +354,11 @@ async fn idle_engines_are_evicted_and_their_memory_and_threads_returned() {
     let again = get(&server, &pushdown_path("h2.npy", "block2"), &[]).await;
     assert_eq!(again.status, 200, "{}", again.text());
     assert_eq!(header(&again, "x-tensorgate-cache"), "miss");
+    // Without measuring again: the first engine's memory model, reserved the same.
+    assert_eq!((starts("measured").await, starts("remembered").await), (1.0, 1.0));
+    let restarted = admin_json(&server, "/v1/memory").await;
+    assert_eq!(restarted["engines"][0]["memory"], during["engines"][0]["memory"], "{restarted}");
+    assert_eq!(restarted["engines"][0]["reserved_bytes"], during["engines"][0]["reserved_bytes"], "{restarted}");
     server.shutdown().await;
 }
 
