@@ -14,12 +14,10 @@ for the request after the restart, and the engine's first-session phases from it
 The reproduction's first shard arrived about 2 s later than the steady pace of the others
 (docs/REPRODUCTION.md); this says how much of that the gateway's one-time work is."""
 
-import io
 import json
 import os
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import conftest  # noqa: E402
+import dataset  # noqa: E402
 import requests  # noqa: E402
 from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
 from pushdown import jpegs  # noqa: E402
@@ -43,14 +42,9 @@ CONFIG = f"[pushdown]\nengine_idle_secs = {IDLE_SECS}\n[pushdown.cache]\nenabled
 
 
 def shard() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i, jpeg in enumerate(jpegs(N)):
-            for name, data in ((f"s{i:03d}.jpg", jpeg), (f"s{i:03d}.cls", b"1")):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    """N synthetic JPEGs with their labels as one WebDataset tar."""
+    return dataset.tar_of((f"s{i:03d}{ext}", data) for i, jpeg in enumerate(jpegs(N))
+                          for ext, data in ((".jpg", jpeg), (".cls", b"1")))
 
 
 def timed(client: Client, model: str, pid: int) -> tuple[float, float]:

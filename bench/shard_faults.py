@@ -13,11 +13,9 @@ something else is not counted) and images/s; then B / A.
 Used for ADR 0024 (the per-run arena kept between full batches); docs/BENCHMARKS.md has its
 results."""
 
-import io
 import os
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from contextlib import ExitStack
@@ -27,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import conftest  # noqa: E402
+import dataset  # noqa: E402
 from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
 from pushdown import jpegs  # noqa: E402
 
@@ -39,14 +38,9 @@ PIN = os.environ.get("PIN", "1") != "0"
 
 
 def shard() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i, jpeg in enumerate(jpegs(N)):
-            for name, data in ((f"s{i:03d}.jpg", jpeg), (f"s{i:03d}.cls", b"1")):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    """N synthetic JPEGs with their labels as one WebDataset tar."""
+    return dataset.tar_of((f"s{i:03d}{ext}", data) for i, jpeg in enumerate(jpegs(N))
+                          for ext, data in ((".jpg", jpeg), (".cls", b"1")))
 
 
 def usage(pid: int) -> tuple[int, float]:
