@@ -47,7 +47,8 @@ pub struct ClientProfile {
     pub batch_size: usize,
     /// Samples per epoch `D`.
     pub samples: usize,
-    /// Samples one request carries `U` (a shard's), the unit the tiers pipeline; default `B`.
+    /// Samples one request carries `U` (a shard's), the unit the tiers pipeline; default `B`, and
+    /// at most `D`.
     #[serde(default)]
     pub samples_per_request: Option<usize>,
     /// Bytes per second one request receives (measured on pushdown GETs).
@@ -174,6 +175,8 @@ pub fn plan(storage: &StorageProfile, client: &ClientProfile) -> Result<Plan, Pl
     if client.batch_size == 0 || client.samples == 0 || unit == 0 {
         return Err(PlanError::Invalid("batch_size, samples and samples_per_request must be positive".into()));
     }
+    // An epoch smaller than a request is one request of the epoch's samples.
+    let unit = unit.min(client.samples);
     if client.bandwidth_bytes_per_sec.is_nan() || client.bandwidth_bytes_per_sec <= 0.0 {
         return Err(PlanError::Invalid("bandwidth_bytes_per_sec must be positive".into()));
     }
@@ -349,6 +352,8 @@ mod tests {
             p.candidate("layer4").and_then(|x| x.epoch_secs).expect("evaluated")
         };
         assert!(epoch(64) < epoch(256) && epoch(256) < epoch(1024));
+        // An epoch of 6400 samples in requests of more is one request of 6400.
+        assert_eq!(epoch(6400), epoch(100_000));
         // Train time is charged per batch, however many batches a request holds.
         let c = ClientProfile { samples_per_request: Some(256), train_secs_per_batch: 1.0, ..client(1e7) };
         let p = plan(&storage(1.0), &c).expect("plan");
