@@ -11,8 +11,8 @@ for the request after the restart, and the engine's first-session phases from it
     .venv/bin/python bench/cold_start.py
     ROUNDS=5 BENCH_MODELS=resnet18 TENSORGATE_BIN=target/release/tensorgate ...
 
-The reproduction's first shard arrived about 2 s later than the steady pace of the others
-(docs/REPRODUCTION.md); this says how much of that the gateway's one-time work is."""
+The reproduction's first shard arrives later than the steady pace of the others
+(docs/REPRODUCTION.md); this says how much of that an engine's one-time work can be."""
 
 import json
 import os
@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import conftest  # noqa: E402
-import dataset  # noqa: E402
 import requests  # noqa: E402
 from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
-from pushdown import jpegs  # noqa: E402
+from pushdown import jpeg_shard  # noqa: E402
 
 from tensorgate import Client  # noqa: E402
 
@@ -39,12 +38,6 @@ N = 64
 PHASES = ("session_ms", "memory_ms", "check_ms", "padding_ms")
 IDLE_SECS = 3
 CONFIG = f"[pushdown]\nengine_idle_secs = {IDLE_SECS}\n[pushdown.cache]\nenabled = false\n"
-
-
-def shard() -> bytes:
-    """N synthetic JPEGs with their labels as one WebDataset tar."""
-    return dataset.tar_of((f"s{i:03d}{ext}", data) for i, jpeg in enumerate(jpegs(N))
-                          for ext, data in ((".jpg", jpeg), (".cls", b"1")))
 
 
 def timed(client: Client, model: str, pid: int) -> tuple[float, float]:
@@ -76,7 +69,7 @@ def phases(log: Path) -> dict:
 
 
 def main():
-    body = shard()
+    body = jpeg_shard(N)
     pin_rest(os.getpid())
     print(f"one shard of {N} images at `pool`, a fresh gateway per model alone on the last core, "
           f"then {ROUNDS} warm requests\n")

@@ -43,6 +43,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from conftest import free_port, ort_library, wait_ready  # noqa: E402
+import dataset  # noqa: E402
 from test_pushdown import reference_preprocess, synthetic_photo  # noqa: E402
 
 N_IMAGES = int(os.environ.get("N_IMAGES", "48"))
@@ -71,6 +72,12 @@ def jpegs(n=N_IMAGES, first_seed=1000):
         synthetic_photo(500, 375, seed=first_seed + i).save(buf, format="JPEG", quality=92)
         out.append(buf.getvalue())
     return out
+
+
+def jpeg_shard(n):
+    """`jpegs(n)` with their labels as one WebDataset tar (`sNNN.jpg`, `sNNN.cls`)."""
+    return dataset.tar_of((f"s{i:03d}{ext}", data) for i, jpeg in enumerate(jpegs(n))
+                          for ext, data in ((".jpg", jpeg), (".cls", b"1")))
 
 
 def prefix_session(model, split, threads):

@@ -25,9 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 import conftest  # noqa: E402
-import dataset  # noqa: E402
 from pinning import cpu_seconds, pin_gateway, pin_rest  # noqa: E402
-from pushdown import jpegs  # noqa: E402
+from pushdown import jpeg_shard  # noqa: E402
 
 from tensorgate import Client  # noqa: E402
 
@@ -37,12 +36,6 @@ N = 240
 PIN = os.environ.get("PIN", "1") != "0"
 
 
-def shard() -> bytes:
-    """N synthetic JPEGs with their labels as one WebDataset tar."""
-    return dataset.tar_of((f"s{i:03d}{ext}", data) for i, jpeg in enumerate(jpegs(N))
-                          for ext, data in ((".jpg", jpeg), (".cls", b"1")))
-
-
 def usage(pid: int) -> tuple[int, float]:
     """Minor faults (field 10 of /proc/PID/stat) and CPU seconds of `pid` so far."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7]), cpu_seconds(pid)
@@ -50,7 +43,7 @@ def usage(pid: int) -> tuple[int, float]:
 
 def main():
     sides = {"A": os.environ["A"], "B": os.environ["B"]}
-    body = shard()
+    body = jpeg_shard(N)
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         gateways = {}
         for name, binary in sides.items():

@@ -238,18 +238,23 @@ mod tests {
     /// A ResNet-like model: early splits are big, late ones small; the storage node is slower
     /// per sample at deeper splits.
     fn storage(secs_scale: f64) -> StorageProfile {
-        let splits = [
-            ("stem", 800_000.0, 0.002),
-            ("layer2", 400_000.0, 0.005),
-            ("layer4", 100_000.0, 0.010),
-            ("pool", 2_048.0, 0.011),
-        ];
+        storage_of(&[
+            ("stem", 0.002 * secs_scale, 800_000.0),
+            ("layer2", 0.005 * secs_scale, 400_000.0),
+            ("layer4", 0.010 * secs_scale, 100_000.0),
+            ("pool", 0.011 * secs_scale, 2_048.0),
+        ])
+    }
+
+    /// An idle storage node with one inference thread and these (split, seconds per sample,
+    /// bytes per sample).
+    fn storage_of(splits: &[(&str, f64, f64)]) -> StorageProfile {
         StorageProfile {
             splits: splits
                 .iter()
-                .map(|&(s, bytes, secs)| StorageSplit {
+                .map(|&(s, secs, bytes)| StorageSplit {
                     split: s.into(),
-                    secs_per_sample: secs * secs_scale,
+                    secs_per_sample: secs,
                     bytes_per_sample: bytes,
                     shape: Vec::new(),
                     text_length: None,
@@ -382,22 +387,8 @@ mod tests {
             memory_limit: None,
             tokens_per_sample: None,
         };
-        let storage = |splits: &[(&str, f64, f64)]| StorageProfile {
-            splits: splits
-                .iter()
-                .map(|&(s, secs, bytes)| StorageSplit {
-                    split: s.into(),
-                    secs_per_sample: secs,
-                    bytes_per_sample: bytes,
-                    shape: Vec::new(),
-                    text_length: None,
-                })
-                .collect(),
-            parallelism: 1.0,
-            load_factor: 1.0,
-        };
         let resnet18 = plan(
-            &storage(&[
+            &storage_of(&[
                 ("layer2", 0.014498, 200_704.0),
                 ("layer3", 0.020144, 100_352.0),
                 ("layer4", 0.031753, 50_176.0),
@@ -412,7 +403,7 @@ mod tests {
         .expect("plan");
         assert!(["layer3", "layer4"].contains(&resnet18.chosen.as_str()), "{resnet18:?}");
         let resnet50 = plan(
-            &storage(&[
+            &storage_of(&[
                 ("stem", 0.005844, 401_408.0),
                 ("stage0", 0.010032, 802_816.0),
                 ("stage1", 0.012990, 401_408.0),

@@ -498,10 +498,6 @@ pub fn ort_library() -> PathBuf {
         .unwrap_or_else(|| panic!("no onnxruntime wheel under {}: run scripts/setup.sh", lib.display()))
 }
 
-/// The body of a plain GET (the admin API).
-///
-/// # Panics
-/// On transport failures.
 /// The sum of every sample of the metric family `name` (all its label sets) in a Prometheus
 /// text exposition; a `name` with `{...` sums one label set.
 #[must_use]
@@ -509,6 +505,10 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
+/// The body of a plain GET (the admin API).
+///
+/// # Panics
+/// On transport failures.
 pub async fn http_get(url: &str) -> String {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let resp = client.get(url.parse().expect("url")).await.expect("GET");

@@ -791,10 +791,8 @@ pub(crate) fn probe_texts(model: &Model, batch: usize, attended: usize) -> (Vec<
 }
 
 /// Creates the first session, checks the prefix, and measures the memory model (module docs of
-/// [`memory`]), unless an earlier engine of the same did ([`Measured`]). Holds the process-wide
-/// probe lock throughout.
+/// [`memory`]), unless an earlier engine of the same did ([`Measured`]).
 fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
-    let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let key = Measured::key(s);
     if let Some(Found { memory, cut_padding }) = s.measured.get(&key) {
         let started = Instant::now();
@@ -817,8 +815,9 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
 
 /// The first session of a (model, split) in this process: created, run at the probe batches
 /// to measure its memory model, its output checked against the full model's, and (a text model)
-/// probed for whether padding may be cut.
+/// probed for whether padding may be cut. Holds the process-wide probe lock throughout.
 fn measure_and_check(s: &Shared) -> Result<(Runner, Found), String> {
+    let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let model = &s.model;
     let before = memory::resident_bytes();
     let started = Instant::now();
