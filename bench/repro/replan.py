@@ -78,7 +78,7 @@ def main() -> None:
         if not r.get("skipped") and r.get("overlap", True):
             groups[(r["model"], r["batch"], r["rate"])].append(r)
     score, clear, total, ratios = defaultdict(int), defaultdict(int), 0, defaultdict(list)
-    as_run, spreads = [0, 0, 0], []
+    as_run, spreads, end_to_end = [0, 0, 0], [], []
     for (model, batch, rate), runs in sorted(groups.items()):
         every = defaultdict(list)  # each option's first epochs, one per repeat
         for r in runs:
@@ -123,6 +123,10 @@ def main() -> None:
         as_run[0] += bool(picks)
         as_run[1] += bool(picks) and all(measured[p] / measured[best] <= WITHIN for p in picks)
         as_run[2] += bool(picks) and not any(clear_miss(p) for p in picks)
+        # `auto`'s own first epochs (its profile and its first shard included) against the best.
+        autos = [r["epochs"][0] for r in runs if r["mode"] == "auto"]
+        if autos:
+            end_to_end.append(statistics.median(autos) / measured[best])
         line.append(f"auto ran: {' '.join(picks)}; best {best}")
         print("  ".join(line))
     print(f"\n{total} configurations; best or within 5% (on the medians over repeats; and counting only misses "
@@ -133,6 +137,11 @@ def main() -> None:
         print(f"  {name}: {score[name]} of {total}; {clear[name]} of {total}; "
               f"{statistics.median(r):.2f} ({r[len(r) // 10]:.2f}-{r[len(r) * 9 // 10]:.2f})")
     print(f"  `auto` as run, every repeat's choice: {as_run[1]} of {as_run[0]}; {as_run[2]} of {as_run[0]}")
+    if end_to_end:
+        end_to_end.sort()
+        print(f"`auto`'s own first epoch / the best option's, medians over repeats: {end_to_end[0]:.2f}-"
+              f"{end_to_end[-1]:.2f}, median {statistics.median(end_to_end):.2f}, "
+              f"{sum(x >= 1.055 for x in end_to_end)} of {len(end_to_end)} at 1.06x or more")
     if spreads:
         spreads.sort()
         print(f"one option's first epochs across repeats, slowest / fastest - 1: median {statistics.median(spreads):.1%}, "
