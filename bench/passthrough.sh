@@ -18,6 +18,11 @@
 #                                   # the result files (default: "-transparent" or none)
 #   ONLY=latency ROUNDS=5 bench/passthrough.sh   # only the 4 KiB GET latency rows (p50, p99),
 #                                   # no throughput rows and no 1 GiB transfer: for tail latency
+#   BUSY=1 bench/passthrough.sh     # the proxy's core kept busy by a SCHED_IDLE spinner (it yields
+#                                   # to any other thread at once), so the core never idles between
+#                                   # requests: takes the machine's wake-from-idle latency out of
+#                                   # the latency rows, as on a storage node with other work
+#                                   # (docs/BENCHMARKS.md, "The p99 is the idle core's wake-up")
 #   NGINX=0 bench/passthrough.sh    # without the nginx anchor (nginx is installed from Debian when
 #                                   # missing and running as root; otherwise it is left out)
 set -euo pipefail
@@ -44,7 +49,9 @@ OUT=bench/results
 mkdir -p "$OUT" .tmp
 SUFFIX=${SUFFIX-$([ "$IDENTITY" = transparent ] && echo "-transparent" || true)}${ONLY:+-$ONLY}
 RAW="$OUT/passthrough${SUFFIX}-raw.jsonl"
-: > "$RAW"
+# Each sequential 4 KiB GET's milliseconds (s3bench's LATENCY_OUT), pooled over rounds in the report.
+export LATENCY_OUT="$OUT/passthrough${SUFFIX}-ms.jsonl"
+: > "$RAW"; : > "$LATENCY_OUT"
 
 scripts/setup.sh >/dev/null
 cargo build --release --locked --quiet --bin tensorgate
@@ -58,8 +65,9 @@ if [ "$NGINX" = 1 ]; then
   [ -x /usr/sbin/nginx ] || { NGINX=0; echo "bench/passthrough.sh: no nginx, the anchor is left out" >&2; }
 fi
 
-GW_PID= NGINX_PID=
+GW_PID= NGINX_PID= SPIN_PID=
 cleanup() {
+  [ -n "$SPIN_PID" ] && kill "$SPIN_PID" 2>/dev/null || true
   [ -n "$GW_PID" ] && kill "$GW_PID" 2>/dev/null || true
   [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null || true
   SEAWEED_PORT=$PORT scripts/seaweedfs.sh stop >/dev/null 2>&1 || true
@@ -76,6 +84,12 @@ if [ "$PIN" = 1 ] && [ "$LAST" -ge 1 ]; then
   GW_PIN=(taskset -c "$GW_CPUS") REST_PIN=(taskset -c "$REST_CPUS")
 else
   PIN=0
+fi
+BUSY=${BUSY:-0}
+if [ "$BUSY" = 1 ]; then
+  [ "$PIN" = 1 ] || { echo "BUSY=1 needs PIN=1 (a core of the proxy's own to keep busy)" >&2; exit 2; }
+  chrt -i 0 taskset -c "$GW_CPUS" sh -c 'while :; do :; done' &
+  SPIN_PID=$!
 fi
 ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
 [ "$PIN" = 1 ] && taskset -a -pc "$REST_CPUS" "$(cat ".tmp/seaweedfs-$PORT/pid")" >/dev/null
@@ -164,4 +178,4 @@ rss_after=$(awk '/VmHWM/ {print $2}' "/proc/$GW_PID/status")
 echo "{\"label\":\"gateway\",\"test\":\"rss\",\"hwm_before_kib\":$rss_before,\"hwm_after_kib\":$rss_after}" >> "$RAW"
 fi
 
-{ echo "Gateway identity mode: $IDENTITY."; echo; [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; .venv/bin/python bench/report.py "$RAW"; } | tee "$OUT/passthrough${SUFFIX}.md"
+{ echo "Gateway identity mode: $IDENTITY."; echo; [ "$PIN" = 1 ] && echo "Pinned: gateway (and nginx) on CPU $GW_CPUS; SeaweedFS and the client on CPUs $REST_CPUS." && echo; [ "$BUSY" = 1 ] && echo "CPU $GW_CPUS kept busy by a SCHED_IDLE spinner (BUSY=1)." && echo; .venv/bin/python bench/report.py "$RAW" "$LATENCY_OUT"; } | tee "$OUT/passthrough${SUFFIX}.md"

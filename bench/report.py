@@ -1,5 +1,6 @@
 """Turns bench/passthrough.sh's JSON lines into a markdown report: medians over rounds, the gateway's
-ratios to direct and (when measured) to nginx, and CPU seconds per GB moved for each process."""
+ratios to direct and (when measured) to nginx, and CPU seconds per GB moved for each process.
+A second file (s3bench's LATENCY_OUT lines) adds the sequential GETs' latencies pooled over rounds."""
 
 import json
 import statistics
@@ -50,6 +51,29 @@ for (conc, k), v in sorted(lat.items()):
         line += f" {n:.3f} | {n - d:+.3f} |"
     print(line)
 print()
+
+# The sequential GETs of every round pooled: a tail of a few hundred requests, not of one round's
+# ten, and the share slower than direct's pooled p99 (what the proxy's hop adds to the tail).
+pooled = defaultdict(list)
+if len(sys.argv) > 2:
+    for line in open(sys.argv[2]):
+        if line.strip():
+            r = json.loads(line)
+            if r["concurrency"] == 1:
+                pooled[r["label"]] += r["ms"]
+if "direct" in pooled:
+    def q(v, p):
+        return v[round((len(v) - 1) * p)]
+
+    ref = q(sorted(pooled["direct"]), 0.99)
+    print("| sequential 4 KiB GETs, all rounds | requests | p50 ms | p90 ms | p99 ms | p99.9 ms |"
+          f" slower than direct's p99 ({ref:.3f} ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for label in labels:
+        v = sorted(pooled[label])
+        over = sum(x > ref for x in v) / len(v)
+        print(f"| {label} | {len(v)} | {q(v, .5):.3f} | {q(v, .9):.3f} | {q(v, .99):.3f} | {q(v, .999):.3f} | {over:.1%} |")
+    print()
 
 # Bytes of one full workload run: every PUT and GET of the throughput rows, the latency GETs.
 rounds = max(1, sum(r["test"] == "cpu" and r["label"] == "direct" for r in rows))

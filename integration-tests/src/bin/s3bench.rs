@@ -6,6 +6,9 @@
 //! per line. With `CPU_PIDS=name:pid,...` in the environment, each throughput line also carries the
 //! CPU seconds (user + system, from `/proc/PID/stat`) each named process spent on its PUT phase and
 //! on its GET phase, so CPU per GB is known per object size and operation, not only per workload.
+//! With `LATENCY_OUT=PATH`, the sequential latency row's per-request milliseconds, in the order the
+//! requests started, are appended to PATH as one JSON line (`bench/report.py` pools them over
+//! rounds; the order shows whether slow requests come in bursts).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -186,6 +189,14 @@ async fn main() {
             }
         })
         .await;
+        if let Ok(path) = std::env::var("LATENCY_OUT")
+            && conc == 1
+        {
+            use std::io::Write;
+            let ms: Vec<String> = lat.iter().map(|d| format!("{:.3}", d.as_secs_f64() * 1e3)).collect();
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("LATENCY_OUT");
+            writeln!(f, r#"{{"label":"{label}","concurrency":{conc},"ms":[{}]}}"#, ms.join(",")).expect("LATENCY_OUT");
+        }
         lat.sort();
         println!(
             r#"{{"label":"{label}","test":"latency","size":4096,"concurrency":{conc},"count":{count},"p50_ms":{:.3},"p99_ms":{:.3}}}"#,
