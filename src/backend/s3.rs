@@ -205,28 +205,34 @@ impl S3Backend {
     pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         // Waiting for a slot is bounded: past the deadline the client hears `503 SlowDown` at once
         // instead of joining an ever longer queue.
-        let permit: OwnedSemaphorePermit =
-            match tokio::time::timeout(self.cfg.permit_timeout, self.limit.clone().acquire_owned()).await {
+        // A free slot is taken without arming the timer (tokio hands released slots to queued
+        // waiters first, so this never overtakes one).
+        let permit: OwnedSemaphorePermit = match self.limit.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => match tokio::time::timeout(self.cfg.permit_timeout, self.limit.clone().acquire_owned()).await {
                 Ok(p) => p.map_err(|e| BackendError::Internal(e.into()))?,
                 Err(_) => {
                     return Err(BackendError::Busy {
                         ms: u64::try_from(self.cfg.permit_timeout.as_millis()).unwrap_or(u64::MAX),
                     });
                 }
-            };
+            },
+        };
         let url = self.url(&req);
         let replayable = req.payload == ForwardPayload::Empty && req.op.is_idempotent();
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
             let mut body = std::mem::replace(&mut req.body, Body::empty());
-            let gate = Arc::new(tokio::sync::watch::channel(Continue::Waiting).0);
-            if req.expect_continue && req.payload != ForwardPayload::Empty {
+            // Only a request that expects `100 Continue` has a body to hold back.
+            let gate = req.expect_continue.then(|| Arc::new(tokio::sync::watch::channel(Continue::Waiting).0));
+            if let Some(gate) = &gate
+                && req.payload != ForwardPayload::Empty
+            {
                 body = after_continue(body, gate.subscribe());
             }
             let mut outgoing = self.build(&req, &url, body)?;
-            if req.expect_continue {
-                let gate = gate.clone();
+            if let Some(gate) = gate.clone() {
                 hyper::ext::on_informational(&mut outgoing, move |res| {
                     if res.status() == StatusCode::CONTINUE {
                         gate.send_if_modified(|s| std::mem::replace(s, Continue::Send) == Continue::Waiting);
@@ -245,13 +251,15 @@ impl S3Backend {
             // A final answer before `100 Continue`: the body must never follow on this connection
             // (the store would read it as the next request), so a body still waiting fails and the
             // connection is closed instead of pooled.
-            gate.send_if_modified(|s| {
-                let waiting = *s == Continue::Waiting;
-                if waiting {
-                    *s = Continue::Answered;
-                }
-                waiting
-            });
+            if let Some(gate) = &gate {
+                gate.send_if_modified(|s| {
+                    let waiting = *s == Continue::Waiting;
+                    if waiting {
+                        *s = Continue::Answered;
+                    }
+                    waiting
+                });
+            }
             let outcome = match &result {
                 Ok(r) => status_outcome(r.status()),
                 Err(_) => "error",
@@ -306,11 +314,13 @@ enum Continue {
 /// Held by the response body of an `Expect: 100-continue` request: once the answer is delivered
 /// (or dropped), a body that was never invited is refused, closing that connection.
 #[derive(Debug)]
-struct RefuseWhenAnswered(Arc<tokio::sync::watch::Sender<Continue>>);
+/// (`None` for a request without `Expect: 100-continue`.)
+struct RefuseWhenAnswered(Option<Arc<tokio::sync::watch::Sender<Continue>>>);
 
 impl Drop for RefuseWhenAnswered {
     fn drop(&mut self) {
-        self.0.send_if_modified(|s| {
+        let Some(gate) = &self.0 else { return };
+        gate.send_if_modified(|s| {
             let answered = *s == Continue::Answered;
             if answered {
                 *s = Continue::Refused;

@@ -101,8 +101,22 @@ impl RequestIds {
         Self { prefix: rand::random(), next: std::sync::atomic::AtomicU64::new(0) }
     }
 
-    fn next(&self) -> String {
-        format!("{:016X}{:08X}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    fn next(&self) -> RequestId {
+        RequestId { prefix: self.prefix, n: self.next.fetch_add(1, Ordering::Relaxed) }
+    }
+}
+
+/// One request's id, written out only where it is shown (an error body, a log line), not for
+/// every request served.
+#[derive(Debug, Clone, Copy)]
+struct RequestId {
+    prefix: u64,
+    n: u64,
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016X}{:08X}", self.prefix, self.n)
     }
 }
 
@@ -170,10 +184,9 @@ impl Gateway {
             .headers()
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| req.uri().authority().map(|a| a.to_string()));
+            .or_else(|| req.uri().authority().map(http::uri::Authority::as_str));
         let method = req.method().clone();
-        let routed = route::resolve(host.as_deref(), req.uri().path(), &self.cfg.domains).map(|t| {
+        let routed = route::resolve(host, req.uri().path(), &self.cfg.domains).map(|t| {
             let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
             (t, op)
         });
@@ -195,7 +208,7 @@ impl Gateway {
             Ok((resp, identity)) => (resp, identity, None),
             Err(e) => {
                 let msg = e.to_string();
-                (e.into_response(&target.resource(), &request_id, head), String::from("-"), Some(msg))
+                (e.into_response(&target.resource(), &request_id.to_string(), head), String::from("-"), Some(msg))
             }
         };
         let status = resp.status();

@@ -49,10 +49,6 @@ impl Gateway {
                 None => planned_none = true,
             }
         }
-        let mut headers = parts.headers.clone();
-        for h in HOP_BY_HOP {
-            headers.remove(*h);
-        }
         let declared = content_length(&parts.headers)?;
         let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
         // The store checks the payload (hash, chunk signatures, checksums); the gateway bounds its
@@ -78,6 +74,13 @@ impl Gateway {
             .filter(|v| v.len() == 64)
             .and_then(|v| Some((v.to_owned(), <[u8; 32]>::try_from(hex::decode(v).ok()?).ok()?)))
             .filter(|_| !self.backend.checks_payload_hash());
+        let expect_continue = expects_continue(&parts.headers);
+        // Everything above read the client's headers as sent; they travel on without a copy,
+        // less the hop-by-hop ones.
+        let mut headers = std::mem::take(&mut parts.headers);
+        for h in HOP_BY_HOP {
+            headers.remove(*h);
+        }
         let (body, payload) = if !has_body {
             (Body::empty(), ForwardPayload::Empty)
         } else if let Some((hex, expected)) = signed_hash.filter(|_| decoded.is_none()) {
@@ -100,7 +103,7 @@ impl Gateway {
             body,
             payload,
             authority,
-            expect_continue: expects_continue(&parts.headers),
+            expect_continue,
         };
         let resp = self.send_passthrough(fwd, planned_none).await?;
         Ok((resp, identity.name().to_owned()))
