@@ -204,9 +204,8 @@ impl S3Backend {
     /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
     pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         // Waiting for a slot is bounded: past the deadline the client hears `503 SlowDown` at once
-        // instead of joining an ever longer queue.
-        // A free slot is taken without arming the timer (tokio hands released slots to queued
-        // waiters first, so this never overtakes one).
+        // instead of joining an ever longer queue. A free slot is taken without arming the timer
+        // (tokio hands released slots to queued waiters first, so this never overtakes one).
         let permit: OwnedSemaphorePermit = match self.limit.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => match tokio::time::timeout(self.cfg.permit_timeout, self.limit.clone().acquire_owned()).await {
@@ -312,9 +311,9 @@ enum Continue {
 }
 
 /// Held by the response body of an `Expect: 100-continue` request: once the answer is delivered
-/// (or dropped), a body that was never invited is refused, closing that connection.
+/// (or dropped), a body that was never invited is refused, closing that connection. `None` for a
+/// request without `Expect: 100-continue`.
 #[derive(Debug)]
-/// (`None` for a request without `Expect: 100-continue`.)
 struct RefuseWhenAnswered(Option<Arc<tokio::sync::watch::Sender<Continue>>>);
 
 impl Drop for RefuseWhenAnswered {
