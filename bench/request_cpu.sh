@@ -36,16 +36,21 @@ start "$A" 19743 19744
 start "$B" 19745 19746
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TCK=$(getconf CLK_TCK)
-REQUESTS=7000
+# The requests one s3bench run made, from its own lines: a PUT and a GET per object of a
+# throughput row, one GET per latency sample.
+requests() { python3 -c 'import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print(sum(r["count"] * (2 if r["test"] == "throughput" else 1) for r in rows))'; }
 declare -A US
 for r in $(seq 1 "$ROUNDS"); do
   for side in A B; do
     if [ $side = A ]; then pid=${PIDS[0]} port=19743; else pid=${PIDS[1]} port=19745; fi
     t0=$(ticks "$pid")
-    taskset -c "0-$(( LAST - 1 ))" target/debug/s3bench "http://127.0.0.1:$port" seaweed-ak seaweed-sk "$side" latency > /dev/null
+    n=$(taskset -c "0-$(( LAST - 1 ))" target/debug/s3bench "http://127.0.0.1:$port" seaweed-ak seaweed-sk "$side" latency | requests)
     t1=$(ticks "$pid")
-    US[$side]+="$(( (t1 - t0) * 1000000 / TCK / REQUESTS )) "
-    echo "round $r/$ROUNDS $side: $(( (t1 - t0) * 1000000 / TCK / REQUESTS )) µs per request" >&2
+    us=$(( (t1 - t0) * 1000000 / TCK / n ))
+    US[$side]+="$us "
+    echo "round $r/$ROUNDS $side: $us µs per request ($n requests)" >&2
   done
 done
 python3 - "${US[A]}" "${US[B]}" "$A" "$B" <<'PY'
