@@ -75,7 +75,13 @@ rm -rf docker/prebuilt
 
 echo "== docker/compose.yml (schema; MinIO's image is not reachable here, so it is not run)"
 if ensure_debian_packages "docker-compose" "docker-compose" container-test 2>/dev/null; then
-  docker-compose -f docker/compose.yml config -q
+  # Valid with the operator's MinIO root credentials set, refused without them (it publishes none);
+  # tests/python/test_deploy.py checks what the rendered file gives the gateway.
+  MINIO_ROOT_USER=u MINIO_ROOT_PASSWORD=p docker-compose -f docker/compose.yml config -q
+  if env -u MINIO_ROOT_USER -u MINIO_ROOT_PASSWORD docker-compose -f docker/compose.yml config -q 2>/dev/null; then
+    echo "docker/compose.yml renders without the operator's MinIO root credentials" >&2
+    exit 1
+  fi
   echo "compose file valid"
 else
   echo "docker-compose not installable: compose file not checked"

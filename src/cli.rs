@@ -17,11 +17,15 @@ const EX_USAGE: u8 = 64;
 #[command(
     name = "tensorgate",
     version,
-    about = "S3 gateway that runs the frozen prefix of a neural network next to the data"
+    about = "S3 gateway that runs the frozen prefix of a neural network next to the data",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// `serve`'s flags: flags without a subcommand mean `serve` (`tensorgate --backend-root DIR`).
+    #[command(flatten)]
+    serve: Overrides,
 }
 
 #[derive(Debug, Subcommand)]
@@ -95,7 +99,7 @@ fn with_allocator_tunables() {}
 pub fn main() -> ExitCode {
     with_allocator_tunables();
     let cli = Cli::parse();
-    match cli.command.unwrap_or_else(|| Command::Serve(Box::new(Overrides::parse_from_env()))) {
+    match cli.command.unwrap_or_else(|| Command::Serve(Box::new(cli.serve))) {
         Command::CheckConfig { file } => {
             match Config::load(&Overrides { config: Some(file.clone()), ..Overrides::parse_from_env() }) {
                 Ok(_) => {
@@ -209,7 +213,7 @@ trait ParseFromEnv {
 }
 
 impl ParseFromEnv for Overrides {
-    /// `tensorgate` with no subcommand behaves as `tensorgate serve`, reading only the environment.
+    /// What `serve` reads from the environment alone (`check-config` applies it as `serve` would).
     fn parse_from_env() -> Self {
         #[derive(Parser)]
         struct Only {
@@ -217,5 +221,39 @@ impl ParseFromEnv for Overrides {
             o: Overrides,
         }
         Only::parse_from(["tensorgate"]).o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_without_a_subcommand_mean_serve_and_switches_need_no_value() {
+        let cli = Cli::try_parse_from(["tensorgate", "--backend-root", "/tmp/d", "--allow-anonymous"]).expect("parses");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.backend_root.as_deref(), Some(std::path::Path::new("/tmp/d")));
+        assert_eq!(cli.serve.allow_anonymous, Some(true));
+        let cli =
+            Cli::try_parse_from(["tensorgate", "serve", "--backend-trailing-checksums", "--listen", "127.0.0.1:1"])
+                .expect("parses");
+        let Some(Command::Serve(o)) = cli.command else { panic!("serve") };
+        assert_eq!(o.backend_trailing_checksums, Some(true));
+        let cli = Cli::try_parse_from(["tensorgate", "serve", "--allow-anonymous", "false"]).expect("parses");
+        let Some(Command::Serve(o)) = cli.command else { panic!("serve") };
+        assert_eq!(o.allow_anonymous, Some(false));
+        // A secret file instead of the secret on the command line; never both.
+        let cli =
+            Cli::try_parse_from(["tensorgate", "--access-key", "a", "--secret-key-file", "/run/s"]).expect("parses");
+        assert_eq!(cli.serve.secret_key_file.as_deref(), Some(std::path::Path::new("/run/s")));
+        assert!(
+            Cli::try_parse_from(["tensorgate", "--access-key", "a", "--secret-key", "x", "--secret-key-file", "/s"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from(["tensorgate", "--backend-root", "/d", "check-config", "f"]).is_err());
+        assert!(matches!(
+            Cli::try_parse_from(["tensorgate", "check-config", "f"]).expect("parses").command,
+            Some(Command::CheckConfig { .. })
+        ));
     }
 }

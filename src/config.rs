@@ -47,6 +47,13 @@ pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 pub const DEV_ACCESS_KEY: &str = "tensorgate-dev";
 /// Its secret. Public by design: it only ever protects a loopback-only development gateway.
 pub const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
+/// Secrets that this project's documents and deployment files have published as examples. A copy of
+/// such a file with only the store's address filled in must not give a login that the file itself
+/// published, so a configured secret equal to one of these is refused by name (the development
+/// secret is refused beyond loopback: [`Config::credential_store`]). Add any secret a document
+/// shows.
+pub const PUBLISHED_SECRETS: &[&str] =
+    &["example-secret-key", "change-me-client-secret", "change-me-store-secret", "CLIENT_SECRET", "STORE_SECRET"];
 
 /// Prefix of the environment variables that set any key of the file: `TENSORGATE__` then the
 /// key's path in upper case, sections joined by `__` (`TENSORGATE__PUSHDOWN__MEMORY_BUDGET=...`
@@ -83,6 +90,8 @@ impl<'de> Deserialize<'de> for SecretKey {
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// Serve model graphs, tokenizers and plans on the admin port without a proof of a client key.
+    pub admin_open_reads: bool,
     pub region: String,
     pub domains: Vec<String>,
     pub allow_anonymous: bool,
@@ -103,6 +112,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            admin_open_reads: false,
             region: "us-east-1".into(),
             domains: Vec::new(),
             allow_anonymous: false,
@@ -481,15 +491,19 @@ pub struct Overrides {
     /// Domain for virtual-host-style addressing (repeatable).
     #[arg(long = "domain", env = "TENSORGATE_DOMAINS", value_delimiter = ',')]
     pub domains: Vec<String>,
-    /// Allow unsigned requests.
-    #[arg(long, env = "TENSORGATE_ALLOW_ANONYMOUS")]
+    /// Allow unsigned requests (a switch; `--allow-anonymous false` turns a file's setting off).
+    #[arg(long, env = "TENSORGATE_ALLOW_ANONYMOUS", num_args = 0..=1, default_missing_value = "true")]
     pub allow_anonymous: Option<bool>,
     /// Client access key (adds one credential).
     #[arg(long, env = "TENSORGATE_ACCESS_KEY")]
     pub access_key: Option<String>,
-    /// Client secret key for --access-key.
-    #[arg(long, env = "TENSORGATE_SECRET_KEY", hide_env_values = true)]
+    /// Client secret key for --access-key (visible in `ps`: prefer --secret-key-file or the
+    /// variable).
+    #[arg(long, env = "TENSORGATE_SECRET_KEY", hide_env_values = true, conflicts_with = "secret_key_file")]
     pub secret_key: Option<String>,
+    /// File holding the client secret key for --access-key (its first line).
+    #[arg(long, env = "TENSORGATE_SECRET_KEY_FILE", requires = "access_key")]
+    pub secret_key_file: Option<PathBuf>,
     /// Backend kind.
     #[arg(long, env = "TENSORGATE_BACKEND")]
     pub backend: Option<BackendKind>,
@@ -505,8 +519,8 @@ pub struct Overrides {
     /// Extra CA certificates (PEM) for an https backend.
     #[arg(long, env = "TENSORGATE_BACKEND_CA_FILE")]
     pub backend_ca_file: Option<PathBuf>,
-    /// The store checks aws-chunked trailing checksums itself (SeaweedFS, MinIO, AWS).
-    #[arg(long, env = "TENSORGATE_BACKEND_TRAILING_CHECKSUMS")]
+    /// The store checks aws-chunked trailing checksums itself (SeaweedFS, MinIO, AWS); a switch.
+    #[arg(long, env = "TENSORGATE_BACKEND_TRAILING_CHECKSUMS", num_args = 0..=1, default_missing_value = "true")]
     pub backend_trailing_checksums: Option<bool>,
     /// Region the backend signs for.
     #[arg(long, env = "TENSORGATE_BACKEND_REGION")]
@@ -514,9 +528,17 @@ pub struct Overrides {
     /// Backend access key.
     #[arg(long, env = "TENSORGATE_BACKEND_ACCESS_KEY")]
     pub backend_access_key: Option<String>,
-    /// Backend secret key.
-    #[arg(long, env = "TENSORGATE_BACKEND_SECRET_KEY", hide_env_values = true)]
+    /// Backend secret key (visible in `ps`: prefer --backend-secret-key-file or the variable).
+    #[arg(
+        long,
+        env = "TENSORGATE_BACKEND_SECRET_KEY",
+        hide_env_values = true,
+        conflicts_with = "backend_secret_key_file"
+    )]
     pub backend_secret_key: Option<String>,
+    /// File holding the backend secret key (its first line).
+    #[arg(long, env = "TENSORGATE_BACKEND_SECRET_KEY_FILE")]
+    pub backend_secret_key_file: Option<PathBuf>,
     /// Directory of model manifests (pushdown).
     #[arg(long, env = "TENSORGATE_MODELS_DIR")]
     pub models_dir: Option<PathBuf>,
@@ -634,6 +656,11 @@ impl Config {
         }
         if let Some(s) = &o.backend_secret_key {
             self.backend.secret_key = Some(SecretKey::new(s.clone()));
+            self.backend.secret_key_file = None;
+        }
+        if let Some(f) = &o.backend_secret_key_file {
+            self.backend.secret_key_file = Some(f.clone());
+            self.backend.secret_key = None;
         }
         if let (Some(c), Some(id)) = (&mut self.cluster, &o.cluster_node_id) {
             c.node_id.clone_from(id);
@@ -642,6 +669,7 @@ impl Config {
             self.credentials.push(CredentialConfig {
                 access_key: ak.clone(),
                 secret_key: o.secret_key.clone().map(SecretKey::new),
+                secret_key_file: o.secret_key_file.clone(),
                 ..CredentialConfig::default()
             });
         }
@@ -824,6 +852,12 @@ impl Config {
                 return Err(invalid("credentials.access_key", "must not be empty"));
             }
             let secret = read_secret(c.secret_key.as_ref(), c.secret_key_file.as_deref(), "credentials.secret_key")?;
+            if secret.expose() == DEV_SECRET_KEY && !self.listen.ip().is_loopback() {
+                return Err(invalid(
+                    "credentials.secret_key",
+                    "the development secret is published; it is accepted on a loopback listen address only",
+                ));
+            }
             store.insert(c.access_key.clone(), secret);
         }
         if store.is_empty() && !self.allow_anonymous {
@@ -934,15 +968,21 @@ fn set_key(table: &mut toml::Table, path: &[String], value: toml::Value) -> Resu
     Ok(())
 }
 
+/// A secret from its inline value or its file (first line), refused when a document published it
+/// ([`PUBLISHED_SECRETS`]).
 fn read_secret(inline: Option<&SecretKey>, file: Option<&Path>, key: &'static str) -> Result<SecretKey, ConfigError> {
-    match (inline, file) {
+    let secret = match (inline, file) {
         (Some(s), None) if !s.expose().is_empty() => Ok(s.clone()),
         (None, Some(p)) => std::fs::read_to_string(p)
             .map(|s| SecretKey::new(s.trim_end().to_owned()))
             .map_err(|e| invalid(key, format!("cannot read secret file {}: {e}", p.display()))),
         (Some(_), Some(_)) => Err(invalid(key, "set either the secret or the secret file, not both")),
         _ => Err(invalid(key, "missing")),
+    }?;
+    if PUBLISHED_SECRETS.contains(&secret.expose()) {
+        return Err(invalid(key, "is an example that tensorgate's documentation publishes; set a secret of your own"));
     }
+    Ok(secret)
 }
 
 #[cfg(test)]
@@ -999,10 +1039,51 @@ mod tests {
     }
 
     #[test]
-    fn example_config_is_valid() {
+    fn the_example_config_states_the_defaults_and_publishes_no_working_login() {
         let text = include_str!("../config/example.toml");
         let c = Config::from_toml(text).expect("parses");
         c.validate().expect("valid");
+        assert_eq!(format!("{c:#?}"), format!("{:#?}", Config::default()), "example.toml must state only the defaults");
+        // Its commented example credential, uncommented in a copy pointed at a store, is refused.
+        let example = "[[credentials]]\naccess_key = \"example-access-key\"\nsecret_key = \"example-secret-key\"\n";
+        let commented: String = example.lines().map(|l| format!("# {l}\n")).collect();
+        assert!(text.contains(&commented), "example.toml shows the credential commented out");
+        let copy = format!(
+            "{example}[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\naccess_key = \"k\"\nsecret_key = \"own\"\n"
+        );
+        let e = Config::from_toml(&copy).expect("toml").validate().expect_err("published secret").to_string();
+        assert!(e.contains("credentials.secret_key") && e.contains("publishes"), "{e}");
+    }
+
+    #[test]
+    fn published_secrets_are_refused_wherever_they_are_configured() {
+        let base = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\n";
+        for (text, key) in [
+            (format!("{base}access_key = \"k\"\nsecret_key = \"change-me-store-secret\"\n"), "backend.secret_key"),
+            (
+                format!(
+                    "{base}access_key = \"k\"\nsecret_key = \"own\"\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"CLIENT_SECRET\"\n"
+                ),
+                "credentials.secret_key",
+            ),
+            (
+                format!(
+                    "{base}[[credentials]]\naccess_key = \"a\"\nsecret_key = \"own\"\nstore_access_key = \"s\"\nstore_secret_key = \"STORE_SECRET\"\n"
+                ),
+                "credentials.store_secret_key",
+            ),
+        ] {
+            let e = Config::from_toml(&text).expect("toml").validate().expect_err("published").to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        // The development secret: on loopback only, configured or implied.
+        let dev = format!("[[credentials]]\naccess_key = \"{DEV_ACCESS_KEY}\"\nsecret_key = \"{DEV_SECRET_KEY}\"\n");
+        Config::from_toml(&dev).expect("toml").validate().expect("loopback");
+        let e = Config::from_toml(&format!("listen = \"0.0.0.0:9000\"\n{dev}"))
+            .expect("toml")
+            .validate()
+            .expect_err("beyond");
+        assert!(e.to_string().contains("development secret"), "{e}");
     }
 
     #[test]

@@ -208,6 +208,7 @@ impl Server {
             cluster,
             metrics,
             prover,
+            open_reads: config.admin_open_reads,
         });
         let admin_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(admin_listener, admin_app).await {

@@ -3,9 +3,12 @@
 //! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/models/{model}/tokenizer`,
 //! `/v1/storage`, `/v1/plan` (JSON).
 //!
-//! Reads need no credential (bind the port where operators, Prometheus and the training cluster
-//! reach it; it serves model graphs and metrics, never object data). A change needs a proof of
-//! the tenant's access key ([`proof`]), and a tenant changes only its own plan.
+//! Metrics, health, the model list, storage terms, memory and the cluster need no credential (bind
+//! the port where operators, Prometheus and the training cluster reach it; it never serves object
+//! data). What gives a model or a tenant's choices away, a model's graph (`suffix`), its tokenizer
+//! and a tenant's plan (`GET /v1/plan`), is served only with a proof of a client's access key in
+//! the [`PROOF_HEADER`] (unless `admin_open_reads`); a change needs the proof too ([`proof`]),
+//! and a tenant changes and reads only its own plan.
 
 pub mod proof;
 
@@ -13,7 +16,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use bytes::Bytes;
@@ -34,8 +37,26 @@ pub struct AdminState {
     /// The cluster this gateway is a member of (`[cluster]`).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub metrics: Metrics,
-    /// Checks who asks for a change (`POST /v1/plan`).
+    /// Checks who asks for a change (`POST /v1/plan`) or a guarded read.
     pub prover: Arc<proof::Prover>,
+    /// Serve graphs, tokenizers and plans without a proof (`admin_open_reads`).
+    pub open_reads: bool,
+}
+
+/// Header of a guarded read carrying its proof: a presigned `GET /` URL ([`proof`]).
+pub const PROOF_HEADER: &str = "x-tensorgate-proof";
+
+impl AdminState {
+    /// The access key a guarded read's proof proves; `None` when reads are open and no proof came.
+    async fn prove_read(&self, headers: &HeaderMap) -> Result<Option<String>, Reply> {
+        let given = headers.get(PROOF_HEADER).map(|v| v.to_str().map_err(|_| proof::ProofError::Malformed("not text")));
+        match given {
+            None if self.open_reads => Ok(None),
+            None => Err(refused(&proof::ProofError::Missing)),
+            Some(Err(e)) => Err(refused(&e)),
+            Some(Ok(p)) => self.prover.prove(p).await.map(Some).map_err(|e| refused(&e)),
+        }
+    }
 }
 
 /// The admin router.
@@ -179,7 +200,15 @@ struct SuffixQuery {
 }
 
 /// The ONNX graph of the frozen layers between two splits, for the compute tier.
-async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q): Query<SuffixQuery>) -> Reply {
+async fn suffix(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    Path(model): Path<String>,
+    Query(q): Query<SuffixQuery>,
+) -> Reply {
+    if let Err(r) = s.prove_read(&headers).await {
+        return r;
+    }
     let pd = match pushdown(&s) {
         Ok(p) => p,
         Err(r) => return r,
@@ -195,7 +224,10 @@ async fn suffix(State(s): State<AdminState>, Path(model): Path<String>, Query(q)
 
 /// A text model's tokenizer as the gateway runs it (`tokenizer.json`, with its truncation and
 /// padding to the model's length), for the compute tier's baseline.
-async fn tokenizer(State(s): State<AdminState>, Path(model): Path<String>) -> Reply {
+async fn tokenizer(State(s): State<AdminState>, headers: HeaderMap, Path(model): Path<String>) -> Reply {
+    if let Err(r) = s.prove_read(&headers).await {
+        return r;
+    }
     let pd = match pushdown(&s) {
         Ok(p) => p.clone(),
         Err(r) => return r,
@@ -297,13 +329,22 @@ async fn cluster(State(s): State<AdminState>) -> Reply {
     }
 }
 
-/// What `split=auto` means for a model now.
-async fn last_plan(State(s): State<AdminState>, Query(q): Query<ModelQuery>) -> Reply {
+/// What `split=auto` means for a model now, for the tenant the proof proves (with open reads and no
+/// proof, for the tenant named).
+async fn last_plan(State(s): State<AdminState>, headers: HeaderMap, Query(q): Query<ModelQuery>) -> Reply {
+    let tenant = match s.prove_read(&headers).await {
+        Ok(None) => q.tenant.unwrap_or_default(),
+        Ok(Some(proven)) if q.tenant.as_ref().is_none_or(|named| *named == proven) => proven,
+        Ok(Some(proven)) => {
+            return refused(&proof::ProofError::OtherTenant { proven, named: q.tenant.unwrap_or_default() });
+        }
+        Err(r) => return r,
+    };
     let pd = match pushdown(&s) {
         Ok(p) => p,
         Err(r) => return r,
     };
-    match pd.auto_split(q.tenant.as_deref().unwrap_or_default(), &q.model) {
+    match pd.auto_split(&tenant, &q.model) {
         Some((split, plan)) => {
             json(StatusCode::OK, &serde_json::json!({ "model": q.model, "split": split, "plan": plan }))
         }

@@ -11,12 +11,13 @@ import tarfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_gateway
+from conftest import BINARY, ROOT, run_gateway
 from test_pushdown import npy_bytes, reference
 
 from tensorgate import Client, ShardLoader
@@ -184,28 +185,6 @@ def test_suffixes_run_in_shard_order_as_many_at_once_as_asked(gw, runs):
         assert order == [(kind, i) for i in range(7) for kind in ("run_start", "run_end")], order
 
 
-def test_turns_start_in_order_width_at_a_time():
-    from tensorgate.loader import _Turns
-
-    turns = _Turns(2)
-    started = []
-
-    def go(i):
-        turns.wait(i)
-        started.append(i)
-
-    late = threading.Thread(target=go, args=(2,))
-    late.start()
-    for i in (0, 1):
-        turns.wait(i)  # within the width: no waiting
-    turns.done(1)  # out of order: shard 0 still runs, so shard 2 may not start
-    late.join(0.2)
-    assert late.is_alive() and started == []
-    turns.done(0)
-    late.join(10)
-    assert started == [2] and turns.next == 2
-
-
 def test_unchanged_outputs_revalidate_with_304_and_the_loader_keeps_them(gw):
     client, _, _ = gw
     first = client.get("shards", "train/000.tar", MODEL, "block2")
@@ -241,69 +220,23 @@ def test_the_link_probe_reads_the_start_of_the_object(gw):
     assert len(head) >= 1024 and whole.startswith(head) and rate > 0
 
 
-def _timeline(rate: float, secs: float, stall_at: float | None = None, stall: float = 0.0, chunk: int = 16 << 10):
-    """Reads of `chunk` bytes from a link of `rate` bytes/s, each waiting for its bytes, with one
-    stall of `stall` seconds starting at `stall_at` (a fresh connection's loss recovery)."""
-    reads, t, n = [], 0.0, 0
-    while t < secs:
-        took = chunk / rate + (stall if stall_at is not None and t <= stall_at < t + chunk / rate else 0.0)
-        reads.append((t, t + took, n, n + chunk))
-        t, n = t + took, n + chunk
-    return reads
-
-
-def _probe(reads: list) -> tuple[float, float]:
-    """What `Client.probe` would stop at and report on `reads`: (rate, seconds read)."""
-    from tensorgate.client import PROBE_MAX_SECS, PROBE_MIN_SECS, link_probe_rate, probe_settled
-
-    window = next(reads[: i + 1] for i in range(len(reads))
-                  if probe_settled(reads[: i + 1], 128 << 10, PROBE_MIN_SECS, PROBE_MAX_SECS) or i == len(reads) - 1)
-    return link_probe_rate(window), window[-1][1]
-
-
-def test_the_link_probe_stops_once_a_steady_link_has_shown_its_rate():
-    rate, secs = _probe(_timeline(1e6, 2.0))
-    assert rate == pytest.approx(1e6, rel=0.01) and secs < 0.25
-
-
-def test_the_link_probe_reads_on_past_a_stall_until_the_rate_settles():
-    # A 0.1 s stall 0.05 s in: over the first 0.15 s the link looks at half its rate.
-    reads = _timeline(1.2e6, 2.0, stall_at=0.05, stall=0.1)
-    rate, secs = _probe(reads)
-    from tensorgate.client import link_probe_rate
-
-    # The rule before: stop at 128 KiB and 0.15 s.
-    i = next(i for i, r in enumerate(reads) if r[3] >= 128 << 10 and r[1] >= 0.15)
-    assert link_probe_rate(reads[: i + 1]) < 0.6 * 1.2e6
-    assert rate > 0.8 * 1.2e6 and secs > 0.5
-
-
-def test_the_link_probe_of_a_fast_link_stops_at_its_minimum():
-    reads = [(i * 1e-4, i * 1e-4 + 5e-5, i * 16384, (i + 1) * 16384) for i in range(4000)]  # no read waits
-    rate, secs = _probe(reads)
-    assert 0.15 <= secs < 0.16 and rate == pytest.approx(16384 / 1e-4, rel=0.01)
-
-
-def test_link_rate_counts_overlapping_transfers_once():
-    from types import SimpleNamespace
-
-    from tensorgate.loader import link_rate
-
-    def f(a, b, n):
-        return SimpleNamespace(body_started=a, body_ended=b, bytes=n)
-
-    assert link_rate([f(0, 1, 100), f(0, 1, 100)]) == 200  # two flows sharing the link
-    assert link_rate([f(0, 1, 100), f(2, 3, 100)]) == 100  # idle time between is not the link's
-    assert link_rate([f(0, 2, 100), f(1, 3, 100)]) == pytest.approx(200 / 3)
-    assert link_rate([f(1, 1, 0)]) is None
-
-
 def post_plan(admin, model, profile, proof, **fields):
     body = {"model": model, "profile": profile, "proof": proof, **fields}
     req = urllib.request.Request(f"{admin}/v1/plan", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req) as r:
         return json.load(r)
+
+
+def get_plan(admin, model, proof, tenant=None):
+    """`GET /v1/plan` with `proof` in its header: the plan, or the refusal's status."""
+    q = urllib.parse.urlencode({"model": model, **({"tenant": tenant} if tenant else {})})
+    req = urllib.request.Request(f"{admin}/v1/plan?{q}", headers={"x-tensorgate-proof": proof} if proof else {})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return json.load(r)["plan"]
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def test_planner_picks_the_obvious_split_and_auto_follows_it(gw):
@@ -351,12 +284,26 @@ def test_a_plan_needs_a_proof_and_changes_only_the_proven_tenants_split(gw):
     assert refused(proof=client.proof(expires=3600)) == (400, "InvalidArgument")
     assert refused(proof=client.proof()) == (200, None)
 
-    def plan_of(tenant):
-        with urllib.request.urlopen(f"{admin}/v1/plan?model={MODEL}&tenant={tenant}") as r:
-            return json.load(r)["plan"]
+    # Reading a plan needs the proof too, and shows only the proven tenant's.
+    assert get_plan(admin, MODEL, client.proof()) is not None
+    assert get_plan(admin, MODEL, client.proof(), tenant="tensorgate-dev") is not None
+    assert get_plan(admin, MODEL, client.proof(), tenant="someone-else") == 403
+    assert get_plan(admin, MODEL, None) == 403 and get_plan(admin, MODEL, forged) == 403
 
-    assert plan_of("tensorgate-dev") is not None
-    assert plan_of("someone-else") is None
+
+def test_model_graphs_and_tokenizers_need_a_proof(gw):
+    """The admin port serves a model's graph only to a caller that proves a client key (the
+    client sends the proof itself); the model list stays open."""
+    client, admin, _ = gw
+    url = f"{admin}/v1/models/{MODEL}/suffix?from=stem"
+    for headers in ({}, {"x-tensorgate-proof": Client(client.endpoint, "tensorgate-dev", "wrong").proof()}):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers))
+        assert e.value.code == 403 and json.load(e.value)["error"] == "AccessDenied"
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"x-tensorgate-proof": client.proof()})) as r:
+        assert r.read() == client.suffix_graph(MODEL, "stem")
+    with urllib.request.urlopen(f"{admin}/v1/models") as r:
+        assert MODEL in {m["name"] for m in json.load(r)["models"]}
 
 
 def test_f16_features_move_half_the_bytes_and_the_plan_is_sized_for_them(gw):
@@ -454,3 +401,37 @@ def test_a_text_models_tokenizer_is_served_as_the_gateway_runs_it_and_a_sequence
     with pytest.raises(ValueError, match="attention mask"):
         SuffixRunner(client, "minilm", "layer2")
     assert SuffixRunner(client, "minilm", "none").tokenizer is not None
+
+
+def test_the_client_readme_quick_start_runs_as_written(tmp_path):
+    """The client README's quick start, verbatim, against the gateway `scripts/run.sh` starts (the
+    binary with no flags, from a copy of the repository layout: the embedded default)."""
+    import os
+    import re
+    import socket
+
+    for port in (9000, 9001):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.fail(f"port {port} is in use on this machine: the quick start names it")
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "clients/python/README.md").read_text(), re.S)[:2]
+    assert "ShardLoader" in blocks[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORGATE_")}
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    proc = subprocess.Popen([str(BINARY)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from conftest import wait_ready
+
+        wait_ready("http://127.0.0.1:9001", proc)
+        outs = [subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                for block in blocks]
+        for r in outs:
+            assert r.returncode == 0, r.stderr
+        lines = outs[1].stdout.splitlines()
+        assert lines[0].startswith("(3,") and "sample-0" in lines[0], lines  # one batch of the 3 samples
+        assert lines[-1] in {"none", "stem", "block1", "block2"}, lines  # the planner's choice
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

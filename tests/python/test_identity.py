@@ -370,7 +370,7 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
     import json
 
     from tensorgate.client import Client
-    from test_client import post_plan
+    from test_client import get_plan, post_plan
 
     endpoint, admin, _ = gateway_t
     a = Client(endpoint, store["access_key"], store["secret_key"], admin=admin)
@@ -392,13 +392,11 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
     assert status(b.proof(), tenant=store["access_key"]) == (403, "AccessDenied")
     assert status(a.proof()) == (200, None)
 
-    def plan_of(tenant):
-        q = urllib.parse.urlencode({"model": MODEL, "tenant": tenant})
-        with urllib.request.urlopen(f"{admin}/v1/plan?{q}") as r:
-            return json.load(r)["plan"]
-
-    assert plan_of(store["access_key"]) is not None
-    assert plan_of(store["alt_access_key"]) is None
+    # Reading a plan is proven by the store too: each user sees only its own.
+    assert get_plan(admin, MODEL, a.proof()) is not None
+    assert get_plan(admin, MODEL, b.proof()) is None
+    assert get_plan(admin, MODEL, b.proof(), tenant=store["access_key"]) == 403
+    assert get_plan(admin, MODEL, forged.proof()) == 403
 
     # split=auto follows A's plan for A; a caller who only claims A's key gets the store's refusal
     # and nothing of A's plan.
@@ -406,7 +404,7 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
     bucket, key, _ = private_sample(a_s3, 9)
     got = pushdown_get(a_s3, bucket, key, model=MODEL, split="auto")
     headers = got["ResponseMetadata"]["HTTPHeaders"]
-    assert headers["x-tensorgate-split"] == plan_of(store["access_key"])["chosen"]
+    assert headers["x-tensorgate-split"] == get_plan(admin, MODEL, a.proof())["chosen"]
     assert "x-tensorgate-plan" in headers
     forged_s3 = client(endpoint, store["access_key"], "not-the-secret")
     with pytest.raises(botocore.exceptions.ClientError) as refused:

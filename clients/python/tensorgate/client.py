@@ -300,12 +300,16 @@ class Client:
 
     # --- admin API -------------------------------------------------------------------------------
 
-    def _admin(self, path: str, body: dict | None = None) -> bytes:
+    def _admin(self, path: str, body: dict | None = None, proven: bool = False) -> bytes:
+        """An admin API call; `proven` reads (graphs, tokenizers, plans) carry a proof of this
+        client's key in `x-tensorgate-proof`."""
         if not self.admin:
             raise ValueError("this client has no admin address (Client(..., admin=...))")
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.admin + path, data=data,
-                                     headers={"content-type": "application/json"} if data else {})
+        headers = {"content-type": "application/json"} if data else {}
+        if proven:
+            headers["x-tensorgate-proof"] = self.proof()
+        req = urllib.request.Request(self.admin + path, data=data, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 return r.read()
@@ -319,12 +323,12 @@ class Client:
     def tokenizer(self, model: str) -> bytes:
         """A text model's `tokenizer.json` as the gateway runs it (truncation and padding to the
         model's length): the no-pushdown baseline tokenizes with exactly this."""
-        return self._admin(f"/v1/models/{model}/tokenizer")
+        return self._admin(f"/v1/models/{model}/tokenizer", proven=True)
 
     def suffix_graph(self, model: str, split: str, to: str | None = None) -> bytes:
         """ONNX bytes of the frozen layers from `split` (or "input") to `to` (default: freeze)."""
         q = f"from={split}" + (f"&to={to}" if to else "")
-        return self._admin(f"/v1/models/{model}/suffix?{q}")
+        return self._admin(f"/v1/models/{model}/suffix?{q}", proven=True)
 
     def storage(self, model: str, dtype: str | None = None) -> dict:
         """The storage side's cost-model terms for `model`: per candidate split, seconds and bytes
