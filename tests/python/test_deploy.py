@@ -2,6 +2,7 @@
 and checked against the Kubernetes API schemas (kubernetes-validate), its configuration accepted by
 the gateway binary, and the values that change what it renders."""
 
+import json
 import subprocess
 
 import helm_python as helm
@@ -16,6 +17,8 @@ K8S = "1.32.0"  # a Kubernetes version well inside the supported window
 CREDS = {"accessKey": "ak", "secretKey": "sk", "backendAccessKey": "bak", "backendSecretKey": "bsk",
          "clusterSecret": "cs"}
 TERMINATING = {"identity": "terminating", "credentials": CREDS}
+DASHBOARD = ROOT / "deploy" / "grafana" / "tensorgate.json"
+RULES = ROOT / "deploy" / "prometheus" / "tensorgate-rules.yml"
 
 
 def render(values: dict) -> dict[str, list[dict]]:
@@ -167,3 +170,39 @@ def test_any_config_key_comes_from_the_environment(tmp_path):
     r = subprocess.run([str(BINARY), "check-config", str(ROOT / "config" / "example.toml")], capture_output=True,
                        text=True, env={"PATH": "/usr/bin:/bin", "TENSORGATE__PUSHDOWN__MEMORY_BUDGT": "1"})
     assert r.returncode != 0 and "TENSORGATE__PUSHDOWN__MEMORY_BUDGT" in r.stderr, r.stderr
+
+
+def test_monitoring_values_install_the_dashboard_and_the_alert_rules():
+    """`monitoring.dashboard` renders a ConfigMap with deploy/grafana's dashboard, labelled for
+    Grafana's dashboard sidecar; `monitoring.prometheusRule` a PrometheusRule with deploy/prometheus's
+    rule groups (tests/python/test_monitoring.py checks both against a real Prometheus). The chart
+    reads its copies in files/ (Helm reads nothing outside the chart): they must stay identical."""
+    for source in (DASHBOARD, RULES):
+        copy = CHART / "files" / source.name
+        assert copy.read_bytes() == source.read_bytes(), f"{copy.relative_to(ROOT)} differs from {source.relative_to(ROOT)}: copy it"
+    docs = render({"monitoring": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "Storage"}},
+                                  "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
+                   "serviceMonitor": {"enabled": True}})
+    assert sorted(docs) == ["ConfigMap", "DaemonSet", "NetworkPolicy", "PrometheusRule", "Service", "ServiceMonitor"]
+    (dashboard,) = [d for d in docs["ConfigMap"] if d["metadata"]["name"] == "tg-tensorgate-dashboard"]
+    kubernetes_validate.validate(dashboard, K8S, strict=True)
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "Storage"}
+    assert dashboard["data"]["tensorgate.json"] + "\n" == DASHBOARD.read_text()
+    assert json.loads(dashboard["data"]["tensorgate.json"])["uid"] == "tensorgate"
+    (rule,) = docs["PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "prometheus"
+    assert rule["spec"] == {"groups": yaml.safe_load(RULES.read_text())["groups"]}
+    # The targets' job is "tensorgate", the job the rules and the dashboard name: the Services'
+    # app.kubernetes.io/name, which the ServiceMonitor takes the job from.
+    monitor = docs["ServiceMonitor"][0]["spec"]
+    assert all(s["metadata"]["labels"][monitor["jobLabel"]] == "tensorgate" for s in docs["Service"])
+    assert '{job="tensorgate"}' in RULES.read_text()
+    # Another sidecar label and namespace; and by default, neither resource.
+    docs = render({"monitoring": {"dashboard": {"enabled": True, "labelKey": "dashboards", "labelValue": "tensorgate",
+                                                "namespace": "grafana"}}})
+    (dashboard,) = [d for d in docs["ConfigMap"] if d["metadata"]["name"] == "tg-tensorgate-dashboard"]
+    assert dashboard["metadata"]["labels"]["dashboards"] == "tensorgate" and "grafana_dashboard" not in dashboard["metadata"]["labels"]
+    assert dashboard["metadata"]["namespace"] == "grafana" and "PrometheusRule" not in docs
+    docs = render({})
+    assert "PrometheusRule" not in docs and [d["metadata"]["name"] for d in docs["ConfigMap"]] == ["tg-tensorgate"]
