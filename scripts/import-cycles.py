@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Import cycles among the gateway's source files (src/): exit 1 and print each cycle found.
+"""Import cycles among the gateway's source files (src/) and among the Python client's modules
+(clients/python/tensorgate): exit 1 and print each cycle found.
 
 A file depends on another when it names an item of that file's module: a `use` of `crate::`,
 `super::` or `self::` paths (grouped imports included) or such a path written inline. A path is
@@ -7,14 +8,19 @@ resolved to the deepest module that has a file of its own. `mod` declarations ar
 a parent module that only declares its children does not depend on them; a parent that uses its
 child's items, and a child that uses its parent's, make a cycle.
 
+A client module depends on another when it imports it anywhere, inside functions included (an
+import deferred into a function is still a cycle, only a hidden one).
+
 Run: `python3 scripts/import-cycles.py` (the test command runs it beside clippy).
 """
 
+import ast
 import re
 import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
+CLIENT = SRC.parent / "clients" / "python" / "tensorgate"
 
 
 def module_of(path: Path) -> tuple[str, ...]:
@@ -99,7 +105,7 @@ def resolve(path: str, here: tuple[str, ...], is_mod_file: bool, modules: set) -
     return target
 
 
-def main() -> int:
+def rust_edges() -> tuple[dict[tuple, set], dict[tuple, str]]:
     files = {module_of(p): p for p in SRC.rglob("*.rs") if p.name != "main.rs"}
     modules = set(files)
     edges: dict[tuple, set] = {m: set() for m in modules}
@@ -111,7 +117,33 @@ def main() -> int:
             if t is None or t == mod or t not in modules or t == ():
                 continue
             edges[mod].add(t)
-    # Tarjan's strongly connected components.
+    return edges, {m: str(p.relative_to(SRC.parent)) for m, p in files.items()}
+
+
+def python_edges() -> tuple[dict[str, set], dict[str, str]]:
+    """The client's modules and what each imports of the package, at any depth of its code."""
+    files = {p.stem: p for p in CLIENT.glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, set] = {m: set() for m in files}
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1:  # from .x import y; from . import x
+                    names = [node.module] if node.module else [a.name for a in node.names]
+                elif node.module and node.module.split(".")[0] == CLIENT.name:
+                    rest = node.module.split(".")[1:]
+                    names = rest[:1] or [a.name for a in node.names]
+                else:
+                    continue
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names if a.name.startswith(CLIENT.name + ".")]
+            else:
+                continue
+            edges[mod].update(n.split(".")[0] for n in names if n and n.split(".")[0] in files and n != mod)
+    return edges, {m: str(p.relative_to(SRC.parent)) for m, p in files.items()}
+
+
+def cycles(edges: dict) -> list[list]:
+    """The strongly connected components of more than one node (Tarjan)."""
     index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
 
     def strong(v):
@@ -137,20 +169,26 @@ def main() -> int:
                 sccs.append(comp)
 
     sys.setrecursionlimit(10000)
-    for v in sorted(modules):
+    for v in sorted(edges):
         if v not in index:
             strong(v)
-    name = lambda m: str(files[m].relative_to(SRC.parent))
-    for comp in sccs:
-        members = sorted(comp)
-        print(f"cycle of {len(members)} files:")
-        for m in members:
-            inside = sorted(name(t) for t in edges[m] if t in comp)
-            print(f"  {name(m)} -> {', '.join(inside)}")
-    if sccs:
-        return 1
-    print(f"import cycles: none among {len(files)} files of src/")
-    return 0
+    return sccs
+
+
+def main() -> int:
+    found = 0
+    for what, (edges, names) in (("src/", rust_edges()), ("the Python client", python_edges())):
+        sccs = cycles(edges)
+        for comp in sccs:
+            members = sorted(comp)
+            print(f"cycle of {len(members)} files:")
+            for m in members:
+                inside = sorted(names[t] for t in edges[m] if t in comp)
+                print(f"  {names[m]} -> {', '.join(inside)}")
+        if not sccs:
+            print(f"import cycles: none among {len(names)} files of {what}")
+        found += len(sccs)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ else
   cargo test --workspace --locked --no-fail-fast
 fi
 
-phase "python tests: S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
+phase "python tests: client units (no store), S3 clients (boto3, aws CLI, rclone, s3cmd), ONNX prefix cut vs onnxruntime"
+.venv/bin/python -m pytest -q clients/python/tests
 cargo build --workspace --locked --bins --quiet
 scripts/models.sh
 .venv/bin/python -m pytest -q tests/python

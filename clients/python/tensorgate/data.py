@@ -35,6 +35,9 @@ import numpy as np
 
 from .client import Client, Endpoint
 from .codec import array
+from .loader import ShardLoader
+from .ranks import distributed as _dist
+from .ranks import worker as _where
 from .suffix import NO_PUSHDOWN, preprocess
 from .wds import SHARD_SUFFIXES, read_index
 
@@ -56,25 +59,6 @@ def _endpoint(source) -> Endpoint:
     if isinstance(source, Client):
         return source.config
     raise TypeError("source must be a tensorgate.Client or tensorgate.Endpoint")
-
-
-def _where() -> tuple[int, int]:
-    """This process's loader worker (id, count): (0, 1) outside a DataLoader worker."""
-    if torch is not None:
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            return info.id, info.num_workers
-    return 0, 1
-
-
-def _dist() -> tuple[int, int] | None:
-    """(rank, world size) from torch.distributed when it is initialised in this process, else None.
-
-    A DataLoader worker started with `spawn` (or `forkserver`) has no process group even when its
-    parent has one: there this is None, and the datasets use what their parent saw (`_Ranked`)."""
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return None
 
 
 def _plain_state(self) -> dict:
@@ -315,6 +299,17 @@ class ShardDataset(_IterBase, _Ranked):
         else:
             self._epoch = int(value)
 
+    @classmethod
+    def from_loader(cls, loader: ShardLoader) -> ShardDataset:
+        """A `ShardLoader` as a `torch.utils.data.IterableDataset` of pre-batched samples (use it
+        with `DataLoader(batch_size=None)`): the same settings, picklable into workers."""
+        rank, world_size, suffix_runs = loader._given
+        return cls(loader.client, loader.bucket, loader.model, loader.requested_split, prefix=loader.prefix,
+                   keys=loader.keys, batch_size=loader.batch_size, rank=rank, world_size=world_size,
+                   drop_last=loader.drop_last, prefetch=loader.prefetch, storage_batch=loader.storage_batch,
+                   local_cache_bytes=loader.local_cache_bytes, suffix_threads=loader.suffix_threads,
+                   suffix_runs=suffix_runs, dtype=loader.dtype, column=loader.column)
+
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its shard permutation and shuffle seed). Call it before each epoch,
         on every rank, as with `DistributedSampler`; it reaches persistent loader workers too."""
@@ -365,7 +360,6 @@ class ShardDataset(_IterBase, _Ranked):
         return self.rank_world()[0] == 0 and _where()[0] == 0
 
     def _loader(self):
-        from .loader import ShardLoader
         from .suffix import cache_dir
 
         cache = self._process()[2]

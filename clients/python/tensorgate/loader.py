@@ -18,6 +18,7 @@ import numpy as np
 from .client import Fetch
 from .codec import Features
 from .profiler import profile as measure
+from .ranks import distributed
 from .suffix import NO_PUSHDOWN, SuffixRunner
 from .table import RangedObject, decode_table, one_row_group, split_unit
 from .wds import SHARD_SUFFIXES, decode_shard
@@ -70,10 +71,10 @@ class ShardLoader:
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
                  history: int = HISTORY, dtype: str | None = None, column: str | None = None,
                  suffix_runs: int = 0):
-        #: The ranks and suffix runs given (`torch()` passes these on, so its dataset, in its own
+        #: The ranks and suffix runs given (`ShardDataset.from_loader` passes these on, so its dataset, in its own
         #: processes, resolves the rest itself).
         self._given = (rank, world_size, suffix_runs)
-        seen = _torch_ranks() or (0, 1)
+        seen = distributed() or (0, 1)
         rank = seen[0] if rank is None else rank
         world_size = seen[1] if world_size is None else world_size
         if not 0 <= rank < world_size:
@@ -336,19 +337,6 @@ class ShardLoader:
         self.events.append(("yield", shard, time.perf_counter()))
         return out_f, out_l, out_k
 
-    def torch(self):
-        """This loader as a `torch.utils.data.IterableDataset` of pre-batched samples (use it with
-        `DataLoader(batch_size=None)`): a `tensorgate.data.ShardDataset` with the same settings,
-        picklable into workers."""
-        from .data import ShardDataset
-
-        return ShardDataset(self.client, self.bucket, self.model, self.requested_split, prefix=self.prefix,
-                            keys=self.keys, batch_size=self.batch_size, rank=self._given[0],
-                            world_size=self._given[1], drop_last=self.drop_last, prefetch=self.prefetch,
-                            storage_batch=self.storage_batch, local_cache_bytes=self.local_cache_bytes,
-                            suffix_threads=self.suffix_threads, suffix_runs=self._given[2], dtype=self.dtype,
-                            column=self.column)
-
 
 class _Turns:
     """Shards take turns, in shard order, `width` at a time: shard i may start once every shard
@@ -380,17 +368,6 @@ class _Turns:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-
-
-def _torch_ranks() -> tuple[int, int] | None:
-    """(rank, world size) from torch.distributed, looked up only where this process has imported
-    torch already: a process group needs it, and importing it here would add a second or more to
-    a numpy-only caller's first epoch (the loader's start)."""
-    if "torch" not in sys.modules:
-        return None
-    from .data import _dist
-
-    return _dist()
 
 
 def _cores() -> int:
