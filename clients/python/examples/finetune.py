@@ -5,6 +5,11 @@ pushdown, and print both accuracies (equal: the features are the same).
         --bucket finetune --demo 640          # uploads 640 synthetic labeled JPEGs first
     python examples/finetune.py --model minilm --demo 640    # texts: Parquet files of sentences
 
+Run it from a clone of the repository (the demo data come from its bench/dataset.py), with the
+client's `examples` extra installed (`pip install "./clients/python[examples]"`; `torch` too for
+--torch). The default model, pp-lcnet, and minilm come from scripts/models.sh; `--model tiny-cnn`
+runs on the bundled test model alone (random weights: equal accuracies, but not meaningful ones).
+
 With a text model (`minilm`) the data are Parquet files of labeled sentences (`text`, `label`); the
 baseline tokenizes them here with the gateway's tokenizer and runs the encoder here.
 
@@ -152,7 +157,11 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers with --torch (spawned)")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
-    info = client.models()[args.model]
+    models = client.models()
+    if args.model not in models:
+        ap.error(f"the gateway has no model {args.model!r} (it has: {', '.join(sorted(models))}); "
+                 "scripts/models.sh adds the trained ones")
+    info = models[args.model]
     if args.demo:
         demo_data(client, args.bucket, args.prefix, args.demo, args.per_shard, bool(info.get("text")))
     split = args.split or info["freeze"]
