@@ -109,6 +109,9 @@ pub fn rank<'a, T: AsRef<str>>(ids: &'a [T], bucket: &str, key: &str) -> Vec<&'a
     scored.into_iter().map(|(_, m)| m).collect()
 }
 
+/// Every [`MemberState::state`].
+pub const MEMBER_STATES: [&str; 3] = ["ready", "unready", "unreachable"];
+
 /// A member as this node last saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemberState {

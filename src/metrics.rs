@@ -123,6 +123,13 @@ pub struct Metrics {
     /// the prefix check run) or `remembered` (an earlier engine of the same model version, split
     /// and settings in this process had measured and checked them).
     pub engine_starts: Family<ReasonLabel, Counter>,
+    /// Engine failures, by what failed: `run_panicked` (an inference run panicked; its batch got
+    /// an error and the worker rebuilt its session) or `dead` (a request found the engine without
+    /// a live worker, and a new one was started).
+    pub engine_failures: Family<ReasonLabel, Counter>,
+    /// Cluster members as this node last probed them, by `state` (`ready`, `unready`,
+    /// `unreachable`); set when `/metrics` is scraped.
+    pub cluster_members: Family<StateLabel, Gauge>,
     pub tenant_samples: Family<TenantLabel, Counter>,
     pub plans: Family<TenantLabel, Counter>,
     pub cluster_forwarded: Family<PeerLabel, Counter>,
@@ -151,6 +158,12 @@ pub struct TierLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
+}
+
+/// A cluster member's state (`crate::cluster::MemberState::state`: a bounded set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -353,6 +366,23 @@ impl Metrics {
             "Engines started: their first session measured and checked (measured), or as an earlier engine of the same split had (remembered)",
             engine_starts.clone(),
         );
+        let engine_failures = Family::<ReasonLabel, Counter>::default();
+        // Both reasons exported from the start, at zero: an alert's `increase()` then sees the
+        // first failure instead of a series appearing at 1.
+        for reason in ["run_panicked", "dead"] {
+            drop(engine_failures.get_or_create(&ReasonLabel { reason }));
+        }
+        r.register(
+            "pushdown_engine_failures",
+            "Engine failures: an inference run panicked and its session was rebuilt (run_panicked), or an engine without a live worker was replaced (dead)",
+            engine_failures.clone(),
+        );
+        let cluster_members = Family::<StateLabel, Gauge>::default();
+        r.register(
+            "cluster_members",
+            "Cluster members as this node last probed them, by state (ready, unready, unreachable)",
+            cluster_members.clone(),
+        );
         let tenant_samples = Family::<TenantLabel, Counter>::default();
         r.register("pushdown_tenant_samples", "Samples admitted, by tenant", tenant_samples.clone());
         let plans = Family::<TenantLabel, Counter>::default();
@@ -378,6 +408,8 @@ impl Metrics {
             admission_wait,
             engine_evictions,
             engine_starts,
+            engine_failures,
+            cluster_members,
             tenant_samples,
             plans,
             cluster_forwarded,

@@ -80,7 +80,22 @@ async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
         cache.settle().await;
     }
     observe_peak(&s.metrics);
+    if let Some(cluster) = &s.cluster {
+        observe_members(&s.metrics, &cluster.members());
+    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
+}
+
+/// Sets the cluster-members gauge to what this node's last probes found (every state, zeros too,
+/// so a member going away shows as a change, not as a series that vanished).
+fn observe_members(metrics: &Metrics, members: &[crate::cluster::MemberState]) {
+    for state in crate::cluster::MEMBER_STATES {
+        let n = members.iter().filter(|m| m.state == state).count();
+        metrics
+            .cluster_members
+            .get_or_create(&crate::metrics::StateLabel { state })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
 }
 
 /// Raises the peak-resident gauge to the kernel's high-water mark (which memory probes reset, so

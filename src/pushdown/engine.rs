@@ -348,6 +348,7 @@ impl Engine {
                 scratch: scratch.clone(),
                 measured: measured.clone(),
                 starts: metrics.engine_starts.clone(),
+                failures: metrics.engine_failures.clone(),
                 observed: observed.clone(),
                 panic_next: panic_next.clone(),
                 hold: Arc::clone(&hold),
@@ -920,6 +921,8 @@ struct Shared {
     /// The node's [`Measured`], and `tensorgate_pushdown_engine_starts_total`.
     measured: Arc<Measured>,
     starts: prometheus_client::metrics::family::Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
+    /// `tensorgate_pushdown_engine_failures_total`.
+    failures: prometheus_client::metrics::family::Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
     observed: Arc<Observed>,
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.
@@ -1049,6 +1052,7 @@ fn worker(shared: &Shared, first: bool) {
                 let _ = j.reply.send(Err(PushdownError::Internal("the inference run failed; retry".into())));
             }
             tracing::error!(model = %model.manifest.name, %tensor, "Inference run panicked; rebuilding the session.");
+            shared.failures.get_or_create(&ReasonLabel { reason: "run_panicked" }).inc();
             match session_for(shared) {
                 Ok(fresh) => session = fresh,
                 Err(e) => {

@@ -58,12 +58,20 @@ pub struct EngineTable {
     epoch: Instant,
     /// `tensorgate_pushdown_engine_evictions_total`, by reason.
     evictions: Family<ReasonLabel, Counter>,
+    /// `tensorgate_pushdown_engine_failures_total`, by reason (here `dead`).
+    failures: Family<ReasonLabel, Counter>,
 }
 
 impl EngineTable {
     #[must_use]
     pub fn new(idle: Duration, metrics: &Metrics) -> Self {
-        Self { cells: Mutex::default(), idle, epoch: Instant::now(), evictions: metrics.engine_evictions.clone() }
+        Self {
+            cells: Mutex::default(),
+            idle,
+            epoch: Instant::now(),
+            evictions: metrics.engine_evictions.clone(),
+            failures: metrics.engine_failures.clone(),
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -78,6 +86,7 @@ impl EngineTable {
             found => {
                 if found.is_some() {
                     tracing::warn!(model = %key.0, split = %key.1, "Engine failed or has no live worker; starting a new one.");
+                    self.failures.get_or_create(&ReasonLabel { reason: "dead" }).inc();
                 }
                 let c = Arc::new(Cell::new());
                 cells.insert(key.clone(), c.clone());

@@ -301,10 +301,16 @@ async fn a_worker_panic_is_answered_with_an_error_and_the_engine_recovers() {
     let first = get(&server, &pushdown_path("g1.npy", "stem"), &[]).await;
     assert_eq!(first.status, 200, "{}", first.text());
     let pd = server.gateway.pushdown().expect("pushdown").clone();
+    let failures = || async {
+        let text = http_get(&format!("http://{}/metrics", server.admin_addr)).await;
+        metric_sum(&text, "tensorgate_pushdown_engine_failures_total{reason=\"run_panicked\"}")
+    };
+    assert_eq!(failures().await, 0.0, "exported at zero before any failure");
     assert!(pd.inject_worker_panic(MODEL, "stem"));
     let failed = get(&server, &pushdown_path("g2.npy", "stem"), &[]).await;
     assert_eq!(failed.status, 500, "{}", failed.text());
     assert!(failed.text().contains("<Code>InternalError</Code>"), "{}", failed.text());
+    assert_eq!(failures().await, 1.0, "the panicked run is counted");
     let next = get(&server, &pushdown_path("g2.npy", "stem"), &[]).await;
     assert_eq!(next.status, 200, "the engine runs again: {}", next.text());
     let third = get(&server, &pushdown_path("g3.npy", "stem"), &[]).await;
