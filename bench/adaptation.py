@@ -1,4 +1,4 @@
-"""Batch-adaptation experiment (issue 4; HAPI section 3, scaled to this machine).
+"""Batch-adaptation experiment (HAPI section 3, scaled to this machine).
 
 1, 2, 4 and 8 tenants (one access key each) stream WebDataset shards of 64 JPEGs (~105 kB,
 bench/dataset.py) as ResNet-18 `layer1` pushdowns, each asking for a storage batch of 64 (a whole

@@ -1,4 +1,4 @@
-"""Tensor cache benchmark (issue 5): two epochs of ResNet-18 `layer4` pushdowns over N synthetic
+"""Tensor cache benchmark (ADR 0004): two epochs of ResNet-18 `layer4` pushdowns over N synthetic
 ImageNet-sized JPEGs (bench/dataset.py, ~105 kB) through the release gateway on SeaweedFS.
 
 Runs, each on a fresh gateway (cold cache):

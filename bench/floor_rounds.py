@@ -1,4 +1,4 @@
-"""The gateway against the one-core floor, in alternating rounds (issue 30's first bar).
+"""The gateway against the one-core floor, in alternating rounds.
 
 `bench/pushdown.py` measures the floor once, minutes after the gateway, over one pass of 48
 images (0.3-0.5 s for PP-LCNet): on this shared machine the floor itself moved 132-210 img/s

@@ -1,4 +1,4 @@
-"""Pushdown benchmarks (issue 3), one run, same machine, printed as markdown:
+"""Pushdown benchmarks, one run, same machine, printed as markdown:
 
 (a) data reduction: bytes per sample at every split of each model vs the JPEG and the decoded
     input tensor (HAPI's table);
@@ -6,7 +6,7 @@
     across concurrent requests) vs a Python pipeline doing the same work (PIL decode + resize +
     numpy normalisation + onnxruntime on the same prefix) with 1 and 2 worker threads;
 (c) the ceiling: onnxruntime alone on pre-decoded batches of the same prefix;
-(d) the floor (issue 15): on one core, in isolation, the best JPEG decode (Pillow's libjpeg-turbo,
+(d) the floor: on one core, in isolation, the best JPEG decode (Pillow's libjpeg-turbo,
     SIMD), the resize + normalise, and onnxruntime at its best batch size; the floor is
     1 / (decode + preprocess + inference) per image, and the one-thread gateway is measured against
     it.

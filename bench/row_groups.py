@@ -1,4 +1,4 @@
-"""Parquet files by row group (issue 31, ADR 0018), one run, same machine, printed as markdown.
+"""Parquet files by row group (ADR 0018), one run, same machine, printed as markdown.
 
 A Hugging Face `datasets`-layout Parquet file of N_ROWS photos (500 x 375 JPEGs, a label and a
 caption; row groups of GROUP rows) pushed down through ResNet-18 at `pool` by each gateway build

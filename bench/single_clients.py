@@ -1,4 +1,4 @@
-"""Single-image clients at once against one engine (issue 30, item 2): do the samples of concurrent
+"""Single-image clients at once against one engine: do the samples of concurrent
 requests batch together as well as one request's samples do?
 
 The same 64 JPEGs (synthetic 500x375 photos) pushed down through one gateway (release build, fs

@@ -1,4 +1,4 @@
-"""Text encoders and Parquet datasets (issue 31), one run, same machine, printed as markdown:
+"""Text encoders and Parquet datasets (ADRs 0016, 0017), one run, same machine, printed as markdown:
 
 (a) text throughput: N_ROWS texts of 32-256 tokens (JSON Lines objects of 1,000 rows) pushed down
     through all-MiniLM-L6-v2 at `pool` by the gateway (release build, fs backend, one inference

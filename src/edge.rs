@@ -48,7 +48,7 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// faults on each page, an unmap. 64 KiB buffers are recycled from the heap, hold a head of
 /// [`MAX_HEADER_BYTES`], and are what nginx relays with. Store connections keep hyper's adaptive
 /// default: a download's larger reads cost less than those page faults (both measured in
-/// docs/BENCHMARKS.md, "Per-row CPU").
+/// docs/BENCHMARKS.md as of 849469b, "Per-row CPU": `git show 849469b:docs/BENCHMARKS.md`).
 pub const IO_BUFFER_BYTES: usize = 64 * 1024;
 // aws-chunked decoding keeps frames of at least half a read buffer (its bound on pending bytes).
 const _: () = assert!(crate::s3::sigv4::chunked::KEEP_FRAMES_FROM * 2 == IO_BUFFER_BYTES);

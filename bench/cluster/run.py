@@ -1,4 +1,4 @@
-"""Scale-out under emulated links (issue 16, docs/SCALING.md): a multi-process SeaweedFS cluster
+"""Scale-out under emulated links (docs/SCALING.md): a multi-process SeaweedFS cluster
 (one master and one filer + S3 on the back-plane, one volume server per storage node) with one
 tensorgate gateway per node, each node behind its own shaped link to the compute tier
 (bench/cluster/topology.sh).

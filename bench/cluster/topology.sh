@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A storage cluster of N nodes and a compute tier, in network namespaces (issue 16, docs/SCALING.md):
+# A storage cluster of N nodes and a compute tier, in network namespaces (docs/SCALING.md):
 #
 #   tgc-fabric   bridge tgc-br 10.78.0.1/24: the storage back-plane (unshaped), where the SeaweedFS
 #                master and the filer + S3 run

@@ -1,4 +1,4 @@
-"""Does half precision on the wire cost the head accuracy? (issue 30, item 3: f16 outputs where the
+"""Does half precision on the wire cost the head accuracy? (f16 outputs where the
 head's accuracy stays within 0.1 point of f32.)
 
 One gateway and SeaweedFS on loopback (no shaping: only the features matter here). A labeled

@@ -1,5 +1,5 @@
 """Re-decides the reproduction's recorded plans under other cost models, against what every option
-measured in the same configuration (docs/REPRODUCTION.md, "Other cost models, re-evaluated").
+measured in the same configuration (docs/REPRODUCTION.md, "How well `auto` chooses the split").
 
 Each `auto` run records its first plan's inputs (the client profile and the gateway's storage
 terms; `bench/repro/trainer.py` since the timelines). Each model below predicts every candidate's

@@ -182,8 +182,8 @@ def report(results: list[Path], out: Path, command: str) -> str:
                   + (f"; misses: {', '.join(miss0)}." if miss0 else "."),
                   f"Decided with the planner's {100 * PUSHDOWN_MARGIN:.0f}% margin (a split must be predicted that much faster than",
                   f"`none`, docs/planner.md): {ok1} of {n1}.", ""]
-    # targets of issue 7, computed
-    lines += ["## Targets (issue 7), as measured here", "", "| target | end to end (auto, with profiling) | the choice (chosen split's run) |", "|---|---|---|"]
+    # the reproduction's targets, computed
+    lines += ["## Targets, as measured here", "", "| target | end to end (auto, with profiling) | the choice (chosen split's run) |", "|---|---|---|"]
     q = 100 * sum(quality) / max(len(quality), 1)
     lines.append(f"| auto best or within 5% in ≥ 90% of configurations | - | {q:.0f}% ({'met' if q >= 90 else 'not met'}) |")
     for rate, want in ((10, 4.0), (25, 2.0)):

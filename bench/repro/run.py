@@ -1,4 +1,4 @@
-"""HAPI's experiments under emulated bandwidth (issue 7): a storage namespace (SeaweedFS +
+"""HAPI's experiments under emulated bandwidth: a storage namespace (SeaweedFS +
 tensorgate, pinned to CPU 0) and a compute namespace (the trainer, pinned to CPU 1) joined by a
 veth pair shaped with tc tbf (bench/repro/topology.sh), swept over rates, models and modes.
 

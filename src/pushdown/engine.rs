@@ -690,7 +690,7 @@ impl Runner {
 
 /// How far a text prefix's output may move when padding is cut for it to be cut
 /// ([`Runner::padding_is_inert`]): the bar outputs are held to against the caller's own
-/// tokenizer and onnxruntime (issue 31). Masked positions weigh exactly 0; only the order of the
+/// tokenizer and onnxruntime (ADR 0017). Masked positions weigh exactly 0; only the order of the
 /// sums changes.
 const PADDING_TOLERANCE: f64 = 1e-5;
 

@@ -324,7 +324,7 @@ impl Pushdown {
         let node = self.node.clone();
         // What a start holds before the engine's own reservation: cutting the prefix decodes the
         // whole model, and the first worker checks the prefix against a session of the whole
-        // model (docs/BENCHMARKS.md, "The per-run arena by default"). Held from before the cut
+        // model (docs/BENCHMARKS.md, "Engine memory by arena mode"). Held from before the cut
         // until the first worker has measured (`engine::ready_session`).
         let transient = START_TRANSIENT_MODEL_COPIES * model.bytes.len() as u64;
         let start_hold = self.node.governor.hold(transient);

@@ -1,6 +1,6 @@
 //! The pushdown request: which model, split, output format, dtype, storage batch, Parquet input
 //! column and Parquet row groups a GET asks for, and where it stands in its client's order, from request headers (`x-tensorgate-*`) or query parameters
-//! (`tensorgate-*`). Pure. Bad values name the field; DESIGN.md section 2 is the contract.
+//! (`tensorgate-*`). Pure. Bad values name the field; docs/pushdown.md is the contract.
 
 use http::HeaderMap;
 
@@ -26,7 +26,8 @@ pub enum Format {
     /// for shards only.
     Tar,
     /// A Parquet file: the source's columns but the input one, and the features as a
-    /// fixed-size list column (`features`), in the source's row groups: for Parquet sources only.
+    /// list column (`features`; each row's shape is in the `tensorgate` metadata entry, ADR 0022),
+    /// in the source's row groups: for Parquet sources only.
     Parquet,
 }
 

@@ -1,4 +1,4 @@
-//! Parquet objects as batches of samples (issue 31, ADR 0016): the rows of one image column, in
+//! Parquet objects as batches of samples (ADR 0016): the rows of one image column, in
 //! the layout Hugging Face `datasets` writes (a struct of `bytes` and `path`, or plain binary),
 //! with their labels (an integer `label` column) and keys (the image's `path`, else an `id`
 //! column's value, else the row number). Pure: bytes in, samples out.

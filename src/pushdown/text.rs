@@ -1,4 +1,4 @@
-//! Texts as a text encoder's inputs (issue 31): Hugging Face's `tokenizers` crate (what the Python
+//! Texts as a text encoder's inputs (ADR 0017): Hugging Face's `tokenizers` crate (what the Python
 //! package wraps) with the model's `tokenizer.json`, truncated and padded to the model's length
 //! `L`, each text a row `[ids; L] ++ [mask; L]` of `f32` (exact for ids below 2^24) that the engine
 //! feeds as the model's two int64 inputs. And the text sources besides Parquet: a plain UTF-8

@@ -413,7 +413,7 @@ def test_crt_based_pytorch_loader_lists_and_reads_plain_and_alias_buckets(gatewa
 
 @pytest.mark.skipif(TRANSPARENT, reason="alias buckets need terminating identity mode (ADR 0013)")
 def test_parquet_readers_read_features_through_an_alias_bucket(gateway, s3, tmp_path, monkeypatch):
-    """Issue 31: a dataset in Hugging Face's Parquet layout, read through an alias bucket by
+    """A dataset in Hugging Face's Parquet layout, read through an alias bucket by
     pyarrow (a file, and a dataset sized from the listing), Hugging Face `datasets` (s3fs) and
     Polars (Rust's object_store): each gets the Parquet output (every column but the image, the
     features added), computed once however many ranges and readers ask."""
@@ -492,7 +492,7 @@ def test_parquet_readers_read_features_through_an_alias_bucket(gateway, s3, tmp_
 
 
 def test_a_parquet_file_is_pushed_down_a_few_row_groups_at_a_time_by_ranged_reads(gateway, s3, bucket):
-    """Issue 31: `row-groups` names some row groups of a Parquet file; the gateway reads the
+    """`row-groups` names some row groups of a Parquet file; the gateway reads the
     footer and those groups' bytes by ranges (each an unsigned Range beside the caller's
     signature in transparent mode), so a file of any size goes a few groups per request, each
     group's output cached on its own."""

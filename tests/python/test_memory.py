@@ -281,7 +281,7 @@ def test_the_allocator_settings_an_environment_brings(tmp_path):
     large mappings (ADR 0012) unless the environment sets a threshold of its own, which it then
     keeps as given; other tunables are kept beside its own. Whatever the settings, pushdown answers
     with the same bytes, and the memory model is measured either way: a 32 MiB threshold (heaps
-    keep what runs freed) once made engines not fit and answered 500 (issue 15)."""
+    keep what runs freed) once made engines not fit and answered 500."""
     rng = np.random.default_rng(6)
     shard = npy_shard([rng.random((3, 224, 224), dtype=np.float32) for _ in range(3)])
     settings = [None, "glibc.malloc.mmap_threshold=33554432", "glibc.malloc.arena_max=1",

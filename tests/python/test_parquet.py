@@ -1,4 +1,4 @@
-"""Parquet inputs (issue 31, ADR 0016): a dataset file in the layout Hugging Face `datasets`
+"""Parquet inputs (ADR 0016): a dataset file in the layout Hugging Face `datasets`
 writes (an `image` struct of `bytes` and `path`, an integer `label`), pushed down as one request:
 every row's features equal PIL + onnxruntime's, with the labels and keys beside them; bad files
 get a clear 4xx and the gateway keeps serving."""
@@ -224,7 +224,7 @@ def test_bad_parquet_files_get_a_clear_error_and_the_gateway_keeps_serving(s3, b
 
 @pytest.mark.parametrize("row_groups", [False, True])
 def test_the_python_client_streams_parquet_files_as_shards_to_ranks_and_workers(gateway, s3, bucket, row_groups):
-    """Issue 31: `ShardDataset` over a prefix of Parquet files (listed with `.tar` shards' rules,
+    """`ShardDataset` over a prefix of Parquet files (listed with `.tar` shards' rules,
     counted from their footers by `write_index`): two ranks, two loader workers each, equal
     batch counts, every row once, the pushdown's features equal to the no-pushdown baseline
     (the raw files decoded here) and the labels and keys the files hold. With `row_groups`, each

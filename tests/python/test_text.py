@@ -1,4 +1,4 @@
-"""Text encoders (issue 31): all-MiniLM-L6-v2 with its trained weights, its texts tokenized by the
+"""Text encoders (ADR 0017): all-MiniLM-L6-v2 with its trained weights, its texts tokenized by the
 gateway (Hugging Face's `tokenizers` crate) from a plain text object, JSON Lines and a Parquet
 text column, pushed down at the embeddings (a prefix without the attention mask), two encoder
 layers, the pooled output and the sentence embedding:

@@ -1,4 +1,4 @@
-"""Parquet datasets on the compute side (issue 31): a Parquet file in Hugging Face `datasets`'
+"""Parquet datasets on the compute side (ADR 0016): a Parquet file in Hugging Face `datasets`'
 layout is a shard whose rows are samples. Its row count comes from its footer (two ranged reads),
 and a raw file is decoded here as the gateway would for the no-pushdown baseline. Needs pyarrow
 (`pip install pyarrow`) for the baseline and the counts; pushdowns of Parquet files need nothing
