@@ -10,7 +10,11 @@
 # The tiny CNN fixture is committed (models/fixtures/make_tiny_cnn.py regenerates it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -c "import onnx" 2>/dev/null || scripts/setup.sh >/dev/null  # a serve-only venv (scripts/run.sh) lacks onnx
+# The fixtures' ONNX tooling, onnx and tokenizers at the test suite's pins, beside what serving
+# installed (a serve-only venv, scripts/run.sh's, lacks them): not the whole test toolchain.
+[ -x .venv/bin/python ] || scripts/setup.sh serve-python >/dev/null
+.venv/bin/python -c "import onnx, tokenizers" 2>/dev/null ||
+  .venv/bin/pip install --quiet --disable-pip-version-check $(grep -E '^(onnx|tokenizers)==' scripts/requirements.txt)
 WHEELS=.tmp/wheels
 mkdir -p "$WHEELS"
 

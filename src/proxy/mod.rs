@@ -8,6 +8,7 @@ mod alias;
 pub mod owner;
 mod post_object;
 mod pushdown;
+mod source;
 mod transparent;
 
 use std::collections::HashMap;

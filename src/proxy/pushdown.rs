@@ -6,13 +6,13 @@
 //! `Range` and `If-None-Match` applied to the output, not the source.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
+use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
 use super::{Gateway, owner};
-use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
+use crate::backend::{forwarded_headers, forwarded_query};
 use crate::body::{Body, Holding};
 use crate::cache::{CacheKey, Cached, Fetched, ObjectId, ReadThrough, TensorCache, Tier};
 use crate::error::GatewayError;
@@ -20,7 +20,7 @@ use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
 use crate::pushdown::{Job, PushdownError, table};
 use crate::s3::authority::Authority;
 use crate::s3::headers;
-use crate::s3::route::{S3Op, Target};
+use crate::s3::route::Target;
 
 /// `x-tensorgate-plan`: what `split=auto` predicted per candidate split.
 const PLAN: http::HeaderName = http::HeaderName::from_static("x-tensorgate-plan");
@@ -68,24 +68,162 @@ impl Gateway {
         Ok(resp)
     }
 
-    /// Serves a pushdown here. Backend answers other than the source (`NoSuchKey`, `AccessDenied`)
-    /// pass through as for a plain GET. See `crate::cache` for when a cached output is served
-    /// without asking the store.
+    /// Serves a pushdown here, in phases: the source read prepared ([`SourceSide::of`]), the cache's
+    /// read-through with the first read ([`first_read`]) and, on a miss, the computation
+    /// ([`Gateway::compute`]), then the response ([`respond`]). Backend answers other than the
+    /// source (`NoSuchKey`, `AccessDenied`) pass through as for a plain GET. See `crate::cache` for
+    /// when a cached output is served without asking the store.
     async fn serve(
         &self,
         parts: &Parts,
         target: Target,
-        mut job: Job<'_>,
+        job: Job<'_>,
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
+        let side = SourceSide::of(parts, &job, authority)?;
         // When the store decides who may read (an anonymous reader; any caller in transparent
         // mode; every caller when clients have store keys of their own), an output is never
         // served from the cache before the store said yes to this caller on this request.
         let ask_store = authority.store_decides() || self.backend.has_tenant_keys();
+        let key = CacheKey {
+            object: ObjectId {
+                bucket: target.bucket.clone().unwrap_or_default(),
+                key: target.key.clone().unwrap_or_default(),
+                query: side.query.clone().unwrap_or_default(),
+            },
+            variant: job.variant(),
+        };
+        // The caller signed its own method; the gateway reads the source with a GET.
+        let method = if side.as_caller { parts.method.clone() } else { Method::GET };
+        let reader = &SourceReader::new(&self.backend, method, target, side.query, side.headers, authority.clone());
+        let ranged = side.ranged;
+        let fetch = async move |cached_etag: Option<&str>| first_read(reader, ranged, cached_etag).await;
+        let compute = async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source).await;
+        // Objects encrypted with a customer key are never cached: a hit would skip the store's
+        // key check.
+        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
+        let read = match cache {
+            Some(cache) => cache.get_or_compute(&key, ask_store, fetch, compute).await?,
+            None => TensorCache::uncached(fetch, compute).await?,
+        };
+        respond(parts, &key, read)
+    }
+
+    /// The computation on a cache miss: the source's body read, then the job run on it (for
+    /// `row-groups`, after the groups' span was read: [`Gateway::read_row_groups`]), its costs
+    /// counted, and the output made cacheable.
+    async fn compute(
+        &self,
+        parts: &Parts,
+        mut job: Job<'_>,
+        reader: &SourceReader<'_>,
+        as_caller: bool,
+        source: SourceBody,
+    ) -> Result<(Arc<Cached>, Computed), GatewayError> {
+        let ranged = job.ranged();
+        let partial = source.partial();
+        if as_caller && (parts.method == Method::HEAD || (partial && !ranged)) {
+            // The caller's signed HEAD or Range read the store's answer, not the whole source.
+            // A Range the store answered with every byte (`bytes=0-`, or a block larger than
+            // the object, as s3fs and pyarrow ask for small objects) is the whole source.
+            return Err(PushdownError::WholeReadFirst.into());
+        }
+        let declared = source.header(&http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
+        // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
+        let source_last_modified = source.header(&http::header::LAST_MODIFIED).map(str::to_owned);
+        let (started, source_etag, content_range) = (source.started, source.etag, source.content_range);
+        let spec = job.spec().clone();
+        let object = job.read_source(source.resp.into_body(), declared).await?;
+        let (fetch, source_bytes, out) = match content_range.filter(|_| partial && ranged) {
+            // The tail of a larger file: its footer names the row groups' span, read next.
+            Some((offset, _, len)) => {
+                let tail_bytes = object.len();
+                let (footer, (start, end)) = job.read_footer((len, offset, object)).await?;
+                let span = Self::read_row_groups(&mut job, reader, &source_etag, (start, end, len)).await?;
+                let fetch = started.elapsed().saturating_sub(job.engine_wait());
+                let source_bytes = tail_bytes + span.len();
+                (fetch, source_bytes, job.run_table(table::Source::piece(len, start, span), footer).await?)
+            }
+            None => {
+                let fetch = started.elapsed().saturating_sub(job.engine_wait());
+                (fetch, object.len(), job.run(object).await?)
+            }
+        };
+        self.metrics.observe_pushdown(
+            &spec.model,
+            &out.split,
+            source_bytes,
+            out.body.len(),
+            [fetch, out.decode, out.infer, out.encode],
+        );
+        let timing = format!(
+            "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
+            fetch.as_secs_f64() * 1e3,
+            out.decode.as_secs_f64() * 1e3,
+            out.infer.as_secs_f64() * 1e3,
+            out.encode.as_secs_f64() * 1e3
+        );
+        let data = Arc::new(Cached {
+            body: out.body,
+            content_type: out.content_type.to_owned(),
+            shape: out.shape,
+            split: out.split,
+            dtype: spec.dtype.name().to_owned(),
+            source_etag,
+            source_last_modified,
+            source_bytes: source_bytes as u64,
+        });
+        Ok((data, Computed { reservation: out.reservation, timing }))
+    }
+
+    /// The row groups' bytes `start..end` of a Parquet file of `len` bytes, from the version its
+    /// footer was read from (`etag`).
+    async fn read_row_groups(
+        job: &mut Job<'_>,
+        reader: &SourceReader<'_>,
+        etag: &str,
+        (start, end, len): (u64, u64, u64),
+    ) -> Result<bytes::Bytes, GatewayError> {
+        let read = SourceRead { range: SourceRange::Span { start, end }, if_match: Some(etag), ..SourceRead::WHOLE };
+        let failed = |status: http::StatusCode, why: &str| {
+            PushdownError::SourceRead(format!(
+                "the store answered the read of the row groups' bytes {start}-{} with {status}{why}",
+                end - 1
+            ))
+        };
+        match reader.read(read).await? {
+            SourceOutcome::Body(span)
+                if span.resp.status() == http::StatusCode::PARTIAL_CONTENT
+                    && span.content_range == Some((start, end - 1, len)) =>
+            {
+                Ok(job.read_source(span.resp.into_body(), Some(end - start)).await?)
+            }
+            SourceOutcome::Body(SourceBody { resp, .. })
+            | SourceOutcome::Refused(resp)
+            | SourceOutcome::NotModified(resp) => Err(failed(resp.status(), "").into()),
+            SourceOutcome::Changed(resp) => {
+                Err(failed(resp.status(), " (the object changed after its footer was read)").into())
+            }
+        }
+    }
+}
+
+/// How one request's source is read, decided once from the request before any read: the
+/// headers the reads start from, the query forwarded, whether the caller's own signature reads
+/// it (transparent mode) and whether it is read by ranges (`row-groups`).
+struct SourceSide {
+    headers: HeaderMap,
+    query: Option<String>,
+    as_caller: bool,
+    ranged: bool,
+}
+
+impl SourceSide {
+    fn of(parts: &Parts, job: &Job<'_>, authority: &Authority) -> Result<Self, GatewayError> {
         // Transparent mode: the source is read with the caller's own signed request.
         let as_caller = matches!(authority, Authority::Caller(_));
         let query = forwarded_query(parts.uri.query()).and_then(|q| pushdown_spec::without_trigger_params(&q));
-        let mut headers = if as_caller {
+        let headers = if as_caller {
             // As signed: the store ignores the triggers, and checks the signature over all of it.
             let mut h = parts.headers.clone();
             for name in headers::HOP_BY_HOP {
@@ -117,152 +255,50 @@ impl Gateway {
             }
             .into());
         }
-        let span_headers = headers.clone();
-        let key = CacheKey {
-            object: ObjectId {
-                bucket: target.bucket.clone().unwrap_or_default(),
-                key: target.key.clone().unwrap_or_default(),
-                query: query.clone().unwrap_or_default(),
-            },
-            variant: job.variant(),
-        };
-        // The caller signed its own method; the gateway reads the source with a GET.
-        let method = if as_caller { parts.method.clone() } else { Method::GET };
-        let read = move |headers: HeaderMap| ForwardRequest {
-            op: S3Op::GetObject,
-            method: method.clone(),
-            target: target.clone(),
-            query: query.clone(),
-            headers,
-            body: Body::empty(),
-            payload: ForwardPayload::Empty,
-            authority: authority.clone(),
-            expect_continue: false,
-        };
-        let span_read = read.clone();
-        let fetch = async move |cached_etag: Option<&str>| -> Result<Fetched<_, _>, GatewayError> {
-            // Unsigned and outside the caller's signature: every store accepts it there. A
-            // caller's own `If-None-Match` refers to the output and stays as it is.
-            let mut asked_unchanged = false;
-            if let Some(v) = cached_etag.and_then(|e| HeaderValue::from_str(e).ok())
-                && !headers.contains_key(http::header::IF_NONE_MATCH)
-            {
-                headers.insert(http::header::IF_NONE_MATCH, v);
-                asked_unchanged = true;
-            }
-            if ranged {
-                headers.insert(http::header::RANGE, TAIL_RANGE.clone());
-            }
-            let started = Instant::now();
-            let resp = self.backend.send(read(headers)).await?;
-            Ok(if resp.status() == http::StatusCode::NOT_MODIFIED && asked_unchanged {
-                Fetched::NotModified(resp)
-            } else if resp.status().is_success() {
-                let etag = header_str(resp.headers(), &http::header::ETAG).unwrap_or_default().to_owned();
-                Fetched::Source { etag: etag.clone(), source: (resp, started, etag) }
-            } else {
-                Fetched::Answer(resp)
-            })
-        };
-        let spec = job.spec().clone();
-        let method = parts.method.clone();
-        let compute = async move |(resp, started, source_etag): (Response<Body>, Instant, String)| {
-            let content_range = header_str(resp.headers(), &http::header::CONTENT_RANGE).and_then(parse_content_range);
-            let partial =
-                resp.status() == http::StatusCode::PARTIAL_CONTENT && !content_range.is_some_and(whole_object);
-            if as_caller && (method == Method::HEAD || (partial && !ranged)) {
-                // The caller's signed HEAD or Range read the store's answer, not the whole source.
-                // A Range the store answered with every byte (`bytes=0-`, or a block larger than
-                // the object, as s3fs and pyarrow ask for small objects) is the whole source.
-                return Err(PushdownError::WholeReadFirst.into());
-            }
-            let declared = header_str(resp.headers(), &http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
-            // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
-            let source_last_modified = header_str(resp.headers(), &http::header::LAST_MODIFIED).map(str::to_owned);
-            let object = job.read_source(resp.into_body(), declared).await?;
-            let (fetch, source_bytes, out) = match content_range.filter(|_| partial && ranged) {
-                // The tail of a larger file: its footer names the row groups' span, read next.
-                Some((offset, _, len)) => {
-                    let tail_bytes = object.len();
-                    let (footer, (start, end)) = job.read_footer((len, offset, object)).await?;
-                    let mut headers = span_headers;
-                    headers.insert(http::header::RANGE, range_value(start, end)?);
-                    // The same version as the tail's.
-                    if let Some(v) = HeaderValue::from_str(&source_etag).ok().filter(|_| !source_etag.is_empty()) {
-                        headers.insert(http::header::IF_MATCH, v);
-                    }
-                    let resp = self.backend.send(span_read(headers)).await?;
-                    let answered =
-                        header_str(resp.headers(), &http::header::CONTENT_RANGE).and_then(parse_content_range);
-                    if resp.status() != http::StatusCode::PARTIAL_CONTENT || answered != Some((start, end - 1, len)) {
-                        return Err(PushdownError::SourceRead(format!(
-                            "the store answered the read of the row groups' bytes {start}-{} with {}{}",
-                            end - 1,
-                            resp.status(),
-                            if resp.status() == http::StatusCode::PRECONDITION_FAILED {
-                                " (the object changed after its footer was read)"
-                            } else {
-                                ""
-                            }
-                        ))
-                        .into());
-                    }
-                    let span = job.read_source(resp.into_body(), Some(end - start)).await?;
-                    let fetch = started.elapsed().saturating_sub(job.engine_wait());
-                    let source_bytes = tail_bytes + span.len();
-                    (fetch, source_bytes, job.run_table(table::Source::piece(len, start, span), footer).await?)
-                }
-                None => {
-                    let fetch = started.elapsed().saturating_sub(job.engine_wait());
-                    (fetch, object.len(), job.run(object).await?)
-                }
-            };
-            self.metrics.observe_pushdown(
-                &spec.model,
-                &out.split,
-                source_bytes,
-                out.body.len(),
-                [fetch, out.decode, out.infer, out.encode],
-            );
-            let timing = format!(
-                "fetch;dur={:.3}, decode;dur={:.3}, infer;dur={:.3}, encode;dur={:.3}",
-                fetch.as_secs_f64() * 1e3,
-                out.decode.as_secs_f64() * 1e3,
-                out.infer.as_secs_f64() * 1e3,
-                out.encode.as_secs_f64() * 1e3
-            );
-            let data = Arc::new(Cached {
-                body: out.body,
-                content_type: out.content_type.to_owned(),
-                shape: out.shape,
-                split: out.split,
-                dtype: spec.dtype.name().to_owned(),
-                source_etag,
-                source_last_modified,
-                source_bytes: source_bytes as u64,
-            });
-            Ok::<_, GatewayError>((data, (out.reservation, timing)))
-        };
-        // Objects encrypted with a customer key are never cached: a hit would skip the store's
-        // key check.
-        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
-        let read = match cache {
-            Some(cache) => cache.get_or_compute(&key, ask_store, fetch, compute).await?,
-            None => TensorCache::uncached(fetch, compute).await?,
-        };
-        match read {
-            ReadThrough::Cached { entry, tier, revalidated } => {
-                let status = if revalidated { CacheStatus::Revalidated(tier) } else { CacheStatus::Hit(tier) };
-                output_response(parts, &key, &entry.data, status, None)
-            }
-            ReadThrough::Computed { data, extra: (reservation, timing) } => {
-                let resp = output_response(parts, &key, &data, CacheStatus::Miss, Some(timing))?;
-                // Sending the body ends the reservation (a client gone mid-download ends it too).
-                Ok(resp.map(|b| Body::new(Holding::new(b, reservation))))
-            }
-            ReadThrough::Answer(resp) if parts.method == Method::HEAD => Ok(resp.map(|_| Body::empty())),
-            ReadThrough::Answer(resp) => Ok(resp),
+        Ok(Self { headers, query, as_caller, ranged })
+    }
+}
+
+/// What a computation holds beside its output until the response is sent: the output's memory
+/// reservation, and its `server-timing`.
+struct Computed {
+    reservation: Vec<crate::pushdown::governor::Held>,
+    timing: String,
+}
+
+/// The first read of a source, as the cache's read-through asks for it: revalidating a cached
+/// output's source (`cached_etag`) where there is one, and for `row-groups` only the file's tail.
+async fn first_read(
+    reader: &SourceReader<'_>,
+    ranged: bool,
+    cached_etag: Option<&str>,
+) -> Result<Fetched<SourceBody, Response<Body>>, GatewayError> {
+    let range = if ranged { SourceRange::Tail(table::TAIL_BYTES) } else { SourceRange::Whole };
+    Ok(match reader.read(SourceRead { range, if_none_match: cached_etag, ..SourceRead::WHOLE }).await? {
+        SourceOutcome::Body(body) => Fetched::Source { etag: body.etag.clone(), source: body },
+        SourceOutcome::NotModified(resp) => Fetched::NotModified(resp),
+        SourceOutcome::Changed(resp) | SourceOutcome::Refused(resp) => Fetched::Answer(resp),
+    })
+}
+
+/// The answer for how the read-through ended.
+fn respond(
+    parts: &Parts,
+    key: &CacheKey,
+    read: ReadThrough<Response<Body>, Computed>,
+) -> Result<Response<Body>, GatewayError> {
+    match read {
+        ReadThrough::Cached { entry, tier, revalidated } => {
+            let status = if revalidated { CacheStatus::Revalidated(tier) } else { CacheStatus::Hit(tier) };
+            output_response(parts, key, &entry.data, status, None)
         }
+        ReadThrough::Computed { data, extra: Computed { reservation, timing } } => {
+            let resp = output_response(parts, key, &data, CacheStatus::Miss, Some(timing))?;
+            // Sending the body ends the reservation (a client gone mid-download ends it too).
+            Ok(resp.map(|b| Body::new(Holding::new(b, reservation))))
+        }
+        ReadThrough::Answer(resp) if parts.method == Method::HEAD => Ok(resp.map(|_| Body::empty())),
+        ReadThrough::Answer(resp) => Ok(resp),
     }
 }
 
@@ -361,16 +397,6 @@ const OUTPUT_SCOPED: [http::HeaderName; 5] = [
     http::header::IF_UNMODIFIED_SINCE,
 ];
 
-/// `Range: bytes=-TAIL_BYTES`: a Parquet file's footer, the first read of a row-groups pushdown.
-static TAIL_RANGE: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
-    HeaderValue::from_str(&format!("bytes=-{}", table::TAIL_BYTES)).expect("a valid header value")
-});
-
-/// `Range: bytes=start-(end-1)`.
-fn range_value(start: u64, end: u64) -> Result<HeaderValue, PushdownError> {
-    HeaderValue::from_str(&format!("bytes={start}-{}", end - 1)).map_err(|e| PushdownError::Internal(e.to_string()))
-}
-
 /// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
 fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
     let spec = header.strip_prefix("bytes=")?;
@@ -387,19 +413,6 @@ fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
         (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(len - 1)),
     };
     (start <= end && start < len).then_some((start, end))
-}
-
-/// A `206`'s `Content-Range` (`bytes a-b/n`): `(a, b, n)`, with `a <= b < n`.
-fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
-    let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
-    let (a, b) = range.split_once('-')?;
-    let (a, b, n) = (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, total.trim().parse::<u64>().ok()?);
-    (a <= b && b < n).then_some((a, b, n))
-}
-
-/// Whether a `206`'s range covers all `n` bytes of the object.
-fn whole_object((a, b, n): (u64, u64, u64)) -> bool {
-    a == 0 && b.checked_add(1) == Some(n)
 }
 
 #[cfg(test)]
@@ -430,19 +443,5 @@ mod tests {
         assert_eq!(byte_range("bytes=100-", 100), None);
         assert_eq!(byte_range("bytes=0-1,4-5", 100), None);
         assert_eq!(byte_range("lines=1-2", 100), None);
-    }
-
-    #[test]
-    fn a_content_range_covering_every_byte_is_the_whole_object() {
-        let whole = |v: &str| parse_content_range(v).is_some_and(whole_object);
-        assert!(whole("bytes 0-99/100"));
-        assert!(whole("bytes 0-0/1"));
-        assert!(!whole("bytes 0-9/100"));
-        assert!(!whole("bytes 1-99/100"));
-        assert!(!whole("bytes 0-99/*"));
-        assert!(!whole("bytes */100"));
-        assert!(!whole("bytes 0-18446744073709551615/0"));
-        assert_eq!(parse_content_range("bytes 90-99/100"), Some((90, 99, 100)));
-        assert_eq!(parse_content_range("bytes 9-0/100"), None);
     }
 }

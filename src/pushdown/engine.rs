@@ -45,8 +45,8 @@ use crate::metrics::{Metrics, ModelSplit, ModelSplitStage, ModelSplitTokens, Rea
 
 /// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
 /// are off in every mode; the memory budget's promise holds in every mode, because each engine
-/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("The
-/// arena per run"); why the per-run arena is the default: ADR 0015.
+/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("Engine
+/// memory by arena mode"); why the per-run arena is the default: ADR 0015.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum OrtArena {
     /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
@@ -1046,13 +1046,14 @@ fn worker(shared: &Shared, first: bool) {
         drop(core);
         shared.scratch.give_floats(data);
         let Ok((result, spent)) = guarded else {
+            // Counted before the batch is answered: whoever got the error sees it counted.
+            shared.failures.get_or_create(&ReasonLabel { reason: "run_panicked" }).inc();
             let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
             gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
             for j in jobs {
                 let _ = j.reply.send(Err(PushdownError::Internal("the inference run failed; retry".into())));
             }
             tracing::error!(model = %model.manifest.name, %tensor, "Inference run panicked; rebuilding the session.");
-            shared.failures.get_or_create(&ReasonLabel { reason: "run_panicked" }).inc();
             match session_for(shared) {
                 Ok(fresh) => session = fresh,
                 Err(e) => {

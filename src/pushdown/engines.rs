@@ -47,6 +47,12 @@ impl Cell {
     fn replaceable(&self) -> bool {
         self.engine.get().is_some_and(|e| !e.is_alive() || (e.failed() && self.created.elapsed() >= RETRY_FAILED_AFTER))
     }
+
+    /// Whether its engine started and then lost its workers: a failure of a running engine, not
+    /// a start that was refused (an unusable prefix, or no room in the budget).
+    fn died(&self) -> bool {
+        self.engine.get().is_some_and(|e| !e.failed() && !e.is_alive())
+    }
 }
 
 /// The supervised engines of one pushdown service.
@@ -84,9 +90,11 @@ impl EngineTable {
         let cell = match cells.get(key) {
             Some(c) if !c.replaceable() => c.clone(),
             found => {
-                if found.is_some() {
+                if let Some(old) = found {
                     tracing::warn!(model = %key.0, split = %key.1, "Engine failed or has no live worker; starting a new one.");
-                    self.failures.get_or_create(&ReasonLabel { reason: "dead" }).inc();
+                    if old.died() {
+                        self.failures.get_or_create(&ReasonLabel { reason: "dead" }).inc();
+                    }
                 }
                 let c = Arc::new(Cell::new());
                 cells.insert(key.clone(), c.clone());
