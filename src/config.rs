@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::backend::retry::RetryPolicy;
+use crate::backend::s3::S3BackendConfig;
 use crate::cluster::ClusterSettings;
 use crate::pushdown::engine::OrtArena;
 use crate::s3::credentials::{CredentialStore, SecretKey};
@@ -129,6 +130,29 @@ impl Default for Config {
     }
 }
 
+/// A checked configuration, each section as the runtime type it configures ([`Config::runtime`]).
+#[derive(Debug)]
+pub struct Runtime {
+    /// Who may sign requests (terminating mode; empty in transparent mode).
+    pub credentials: CredentialStore,
+    pub front: crate::proxy::FrontConfig,
+    pub backend: BackendSetup,
+    pub edge: crate::edge::EdgeConfig,
+    /// `None`: no tensor cache.
+    pub cache: Option<crate::cache::CacheConfig>,
+    /// The cluster hop secret, if `[cluster]` has one.
+    pub cluster_secret: Option<SecretKey>,
+}
+
+/// The backend a configuration names, ready to open.
+#[derive(Debug)]
+pub enum BackendSetup {
+    /// The `fs` backend's directory (created with demo images if missing).
+    Fs(PathBuf),
+    /// The `s3` backend, its keys read.
+    S3(Box<S3BackendConfig>),
+}
+
 /// Connection and request bounds at the edge (`[edge]`; see `crate::edge`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -155,6 +179,20 @@ impl Default for EdgeSettings {
 }
 
 impl EdgeSettings {
+    fn check(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("edge.max_connections", self.max_connections as u64),
+            ("edge.header_timeout_secs", self.header_timeout_secs),
+            ("edge.stall_timeout_secs", self.stall_timeout_secs),
+            ("edge.request_timeout_secs", self.request_timeout_secs),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        Ok(())
+    }
+
     /// The accept phase's settings.
     #[must_use]
     pub fn edge_config(&self) -> crate::edge::EdgeConfig {
@@ -424,6 +462,82 @@ impl AliasConfig {
     }
 }
 
+impl PushdownSettings {
+    fn check(&self) -> Result<(), ConfigError> {
+        let p = self;
+        if p.queue_capacity == 0
+            || p.max_batch == 0
+            || p.intra_threads == 0
+            || p.workers == 0
+            || p.max_object_bytes == 0
+            || p.max_request_pixels == 0
+        {
+            return Err(invalid(
+                "pushdown",
+                "queue_capacity, max_batch, intra_threads, max_object_bytes and max_request_pixels must be positive",
+            ));
+        }
+        for (key, v) in [
+            ("pushdown.source_timeout_secs", p.source_timeout_secs),
+            ("pushdown.engine_idle_secs", p.engine_idle_secs),
+            ("pushdown.memory_budget", p.memory_budget),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if p.ort_arena == OrtArena::Kept && p.max_batch > MAX_ARENA_BATCH {
+            return Err(invalid(
+                "pushdown.max_batch",
+                format!(
+                    "at most {MAX_ARENA_BATCH} with pushdown.ort_arena = \"kept\" (each engine's start runs every batch size once)"
+                ),
+            ));
+        }
+        if p.cache.idle_expiry_secs == 0 {
+            return Err(invalid("pushdown.cache.idle_expiry_secs", "must be positive"));
+        }
+        if p.cache.disk_dir.is_some() && p.cache.disk_bytes == 0 {
+            return Err(invalid("pushdown.cache.disk_bytes", "must be positive when disk_dir is set"));
+        }
+        for a in &p.aliases {
+            if a.bucket == a.target {
+                return Err(invalid("pushdown.aliases", format!("alias {} must differ from its target", a.bucket)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pushdown service's settings, reporting to `metrics`.
+    #[must_use]
+    pub fn pushdown_config(&self, metrics: crate::metrics::Metrics) -> crate::pushdown::PushdownConfig {
+        crate::pushdown::PushdownConfig {
+            models_dir: self.models_dir.clone(),
+            ort_library: self.ort_library.clone(),
+            engine: crate::pushdown::engine::EngineConfig {
+                queue_capacity: self.queue_capacity,
+                max_batch: self.max_batch,
+                intra_threads: self.intra_threads,
+                workers: self.workers,
+                ort_arena: self.ort_arena,
+            },
+            engine_idle: Duration::from_secs(self.engine_idle_secs),
+            max_object_bytes: self.max_object_bytes,
+            source_timeout: Duration::from_secs(self.source_timeout_secs),
+            max_image_pixels: self.max_image_pixels,
+            max_request_pixels: self.max_request_pixels,
+            preprocess_threads: self.preprocess_threads,
+            inference_runs: self.inference_runs,
+            governor: crate::pushdown::governor::GovernorConfig {
+                budget: self.memory_budget,
+                adaptive: self.adaptation,
+                max_wait: Duration::from_millis(self.max_wait_ms),
+            },
+            metrics,
+        }
+    }
+}
+
 impl Default for PushdownSettings {
     fn default() -> Self {
         Self {
@@ -675,51 +789,39 @@ impl Config {
         }
     }
 
-    /// Semantic checks, each naming its key.
+    /// Semantic checks, each naming its key, and every section built into what it configures.
     ///
     /// # Errors
     /// The first invalid key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.runtime().map(drop)
+    }
+
+    /// Each section, checked, as the runtime type it configures, built once: what
+    /// `crate::server` wires together (the pushdown service's settings need the metrics it
+    /// reports to: [`PushdownSettings::pushdown_config`]).
+    ///
+    /// # Errors
+    /// The first invalid key, or a secret file that cannot be read.
+    pub fn runtime(&self) -> Result<Runtime, ConfigError> {
+        self.check()?;
+        Ok(Runtime {
+            credentials: self.credential_store()?,
+            front: self.front_config()?,
+            backend: self.backend_setup()?,
+            edge: self.edge.edge_config(),
+            cache: self.pushdown.cache.cache_config(),
+            cluster_secret: self.cluster_secret()?,
+        })
+    }
+
+    /// The checks no section's build makes.
+    fn check(&self) -> Result<(), ConfigError> {
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be positive"));
         }
         if self.max_in_flight == 0 {
             return Err(invalid("max_in_flight", "must be positive"));
-        }
-        if let Some(c) = &self.cluster {
-            if c.node_id.is_empty() {
-                return Err(invalid("cluster.node_id", "is required"));
-            }
-            if c.members.is_empty() && c.dns.is_none() {
-                return Err(invalid("cluster.members", "list the members, or set cluster.dns"));
-            }
-            if c.dns.is_none() && !c.members.iter().any(|m| m.id == c.node_id) {
-                return Err(invalid("cluster.node_id", format!("{:?} is not one of cluster.members", c.node_id)));
-            }
-            for m in &c.members {
-                for (key, url) in [("cluster.members.s3", &m.s3), ("cluster.members.admin", &m.admin)] {
-                    if url.parse::<http::Uri>().map_or(true, |u| u.scheme_str() != Some("http") || u.host().is_none()) {
-                        return Err(invalid(key, format!("{url:?} is not an http://host:port URL")));
-                    }
-                }
-            }
-            if c.refresh_secs == 0 || c.probe_timeout_ms == 0 {
-                return Err(invalid("cluster.refresh_secs", "refresh_secs and probe_timeout_ms must be positive"));
-            }
-        }
-        let e = &self.edge;
-        for (key, v) in [
-            ("edge.max_connections", e.max_connections as u64),
-            ("edge.header_timeout_secs", e.header_timeout_secs),
-            ("edge.stall_timeout_secs", e.stall_timeout_secs),
-            ("edge.request_timeout_secs", e.request_timeout_secs),
-            ("backend.permit_timeout_ms", self.backend.permit_timeout_ms),
-            ("pushdown.source_timeout_secs", self.pushdown.source_timeout_secs),
-            ("pushdown.engine_idle_secs", self.pushdown.engine_idle_secs),
-        ] {
-            if v == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
         }
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));
@@ -727,45 +829,20 @@ impl Config {
         if let Some(d) = self.domains.iter().find(|d| d.is_empty() || d.contains('/') || d.contains(':')) {
             return Err(invalid("domains", format!("{d:?} is not a host name")));
         }
-        self.credential_store()?;
-        self.tenant_store_keys()?;
-        let p = &self.pushdown;
-        if p.queue_capacity == 0
-            || p.max_batch == 0
-            || p.intra_threads == 0
-            || p.workers == 0
-            || p.max_object_bytes == 0
-            || p.max_request_pixels == 0
-        {
-            return Err(invalid(
-                "pushdown",
-                "queue_capacity, max_batch, intra_threads, max_object_bytes and max_request_pixels must be positive",
-            ));
+        if let Some(c) = &self.cluster {
+            check_cluster(c)?;
         }
-        if p.memory_budget == 0 {
-            return Err(invalid("pushdown.memory_budget", "must be positive"));
-        }
-        if p.ort_arena == OrtArena::Kept && p.max_batch > MAX_ARENA_BATCH {
-            return Err(invalid(
-                "pushdown.max_batch",
-                format!(
-                    "at most {MAX_ARENA_BATCH} with pushdown.ort_arena = \"kept\" (each engine's start runs every batch size once)"
-                ),
-            ));
-        }
-        if p.cache.idle_expiry_secs == 0 {
-            return Err(invalid("pushdown.cache.idle_expiry_secs", "must be positive"));
-        }
-        if p.cache.disk_dir.is_some() && p.cache.disk_bytes == 0 {
-            return Err(invalid("pushdown.cache.disk_bytes", "must be positive when disk_dir is set"));
-        }
-        for a in &p.aliases {
-            a.spec()?;
-            if a.bucket == a.target {
-                return Err(invalid("pushdown.aliases", format!("alias {} must differ from its target", a.bucket)));
-            }
-        }
+        self.edge.check()?;
+        self.pushdown.check()?;
+        self.check_backend()
+    }
+
+    /// `[backend]`, and what the identity mode it resolves to cannot combine with.
+    fn check_backend(&self) -> Result<(), ConfigError> {
         let b = &self.backend;
+        if b.permit_timeout_ms == 0 {
+            return Err(invalid("backend.permit_timeout_ms", "must be positive"));
+        }
         if b.max_concurrency == 0 {
             return Err(invalid("backend.max_concurrency", "must be positive"));
         }
@@ -793,13 +870,60 @@ impl Config {
                     "required for the s3 backend in terminating identity mode (backend.identity), unless every [[credentials]] entry has its own store_access_key",
                 ));
             }
-            if b.access_key.is_some() {
-                read_secret(b.secret_key.as_ref(), b.secret_key_file.as_deref(), "backend.secret_key")?;
-            }
         } else if b.identity == IdentityMode::Transparent {
             return Err(invalid("backend.identity", "transparent needs the s3 backend (a store with its own users)"));
         }
         Ok(())
+    }
+
+    /// The S3 front end's settings: addressing, limits, deadlines, alias buckets, identity mode.
+    fn front_config(&self) -> Result<crate::proxy::FrontConfig, ConfigError> {
+        Ok(crate::proxy::FrontConfig {
+            domains: self.domains.clone(),
+            allow_anonymous: self.allow_anonymous,
+            max_body_bytes: self.max_body_bytes,
+            max_in_flight: self.max_in_flight,
+            stall_timeout: Duration::from_secs(self.edge.stall_timeout_secs),
+            request_timeout: Duration::from_secs(self.edge.request_timeout_secs),
+            transparent: self.transparent(),
+            aliases: self
+                .pushdown
+                .aliases
+                .iter()
+                .map(|a| {
+                    Ok((a.bucket.clone(), crate::proxy::AliasBucket { target: a.target.clone(), spec: a.spec()? }))
+                })
+                .collect::<Result<_, ConfigError>>()?,
+        })
+    }
+
+    /// The backend to open: a directory, or a store with its keys read.
+    fn backend_setup(&self) -> Result<BackendSetup, ConfigError> {
+        let b = &self.backend;
+        let tenant_keys = self.tenant_store_keys()?; // refuses store keys for the fs backend
+        if b.kind == BackendKind::Fs {
+            return Ok(BackendSetup::Fs(b.root.clone()));
+        }
+        let endpoint = b
+            .endpoint
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| invalid("backend.endpoint", format!("{e}")))?;
+        Ok(BackendSetup::S3(Box::new(S3BackendConfig {
+            endpoint,
+            region: b.region.clone(),
+            key: self.backend_key()?,
+            tenant_keys,
+            connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+            response_timeout: Duration::from_secs(b.response_timeout_secs),
+            max_concurrency: b.max_concurrency,
+            permit_timeout: Duration::from_millis(b.permit_timeout_ms),
+            retry: self.retry_policy(),
+            ca_file: b.ca_file.clone(),
+            trailing_checksums: b.trailing_checksums,
+            checks_payload_hash: b.checks_payload_hash,
+        })))
     }
 
     /// Whether the store, not the gateway, authenticates clients (`backend.identity`, resolved).
@@ -942,6 +1066,30 @@ impl Config {
             ..RetryPolicy::default()
         }
     }
+}
+
+/// `[cluster]`: a member named, members or DNS to find them, URLs the probes can use.
+fn check_cluster(c: &ClusterSettings) -> Result<(), ConfigError> {
+    if c.node_id.is_empty() {
+        return Err(invalid("cluster.node_id", "is required"));
+    }
+    if c.members.is_empty() && c.dns.is_none() {
+        return Err(invalid("cluster.members", "list the members, or set cluster.dns"));
+    }
+    if c.dns.is_none() && !c.members.iter().any(|m| m.id == c.node_id) {
+        return Err(invalid("cluster.node_id", format!("{:?} is not one of cluster.members", c.node_id)));
+    }
+    for m in &c.members {
+        for (key, url) in [("cluster.members.s3", &m.s3), ("cluster.members.admin", &m.admin)] {
+            if url.parse::<http::Uri>().map_or(true, |u| u.scheme_str() != Some("http") || u.host().is_none()) {
+                return Err(invalid(key, format!("{url:?} is not an http://host:port URL")));
+            }
+        }
+    }
+    if c.refresh_secs == 0 || c.probe_timeout_ms == 0 {
+        return Err(invalid("cluster.refresh_secs", "refresh_secs and probe_timeout_ms must be positive"));
+    }
+    Ok(())
 }
 
 /// An environment variable's value as a TOML value: a number, boolean, array, table or quoted

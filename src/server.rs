@@ -16,15 +16,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::admin;
-use crate::backend::s3::{S3Backend, S3BackendConfig};
+use crate::backend::s3::S3Backend;
 use crate::backend::{Backend, fs::FsBackend};
 use crate::cache::TensorCache;
-use crate::config::{BackendKind, Config, ConfigError};
+use crate::config::{BackendSetup, Config, ConfigError};
 use crate::metrics::Metrics;
-use crate::proxy::{AliasBucket, FrontConfig, Gateway};
-use crate::pushdown::engine::EngineConfig;
-use crate::pushdown::governor::GovernorConfig;
-use crate::pushdown::{Pushdown, PushdownConfig};
+use crate::proxy::Gateway;
+use crate::pushdown::Pushdown;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,53 +47,27 @@ pub struct Server {
     grace: Duration,
 }
 
-/// Builds the configured backend.
+/// Opens the configured backend.
 ///
 /// # Errors
-/// A missing secret or an unusable fs directory.
-pub fn build_backend(config: &Config, metrics: &Metrics) -> Result<Backend, ServeError> {
-    Ok(match config.backend.kind {
-        BackendKind::Fs => {
-            let root = &config.backend.root;
+/// An unusable fs directory or CA file.
+pub fn build_backend(setup: BackendSetup, metrics: &Metrics) -> Result<Backend, ServeError> {
+    Ok(match setup {
+        BackendSetup::Fs(root) => {
             if !root.exists() {
-                crate::demo::seed(root)
+                crate::demo::seed(&root)
                     .map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?;
                 tracing::info!(root = %root.display(), bucket = crate::demo::DEMO_BUCKET, "Created the data directory with demo images.");
             }
             Backend::Fs(
-                FsBackend::new(root)
+                FsBackend::new(&root)
                     .map_err(|source| ServeError::FsBackend { path: root.display().to_string(), source })?,
             )
         }
-        BackendKind::S3 => {
-            let b = &config.backend;
-            let endpoint = b
-                .endpoint
-                .as_deref()
-                .unwrap_or_default()
-                .parse()
-                .map_err(|e| ConfigError::Invalid { key: "backend.endpoint", message: format!("{e}") })?;
-            Backend::S3(Box::new(
-                S3Backend::new(
-                    S3BackendConfig {
-                        endpoint,
-                        region: b.region.clone(),
-                        key: config.backend_key()?,
-                        tenant_keys: config.tenant_store_keys()?,
-                        connect_timeout: Duration::from_millis(b.connect_timeout_ms),
-                        response_timeout: Duration::from_secs(b.response_timeout_secs),
-                        max_concurrency: b.max_concurrency,
-                        permit_timeout: Duration::from_millis(b.permit_timeout_ms),
-                        retry: config.retry_policy(),
-                        ca_file: b.ca_file.clone(),
-                        trailing_checksums: b.trailing_checksums,
-                        checks_payload_hash: b.checks_payload_hash,
-                    },
-                    metrics.backend.clone(),
-                )
+        BackendSetup::S3(c) => Backend::S3(Box::new(
+            S3Backend::new(*c, metrics.backend.clone())
                 .map_err(|e| ConfigError::Invalid { key: "backend.ca_file", message: e.to_string() })?,
-            ))
-        }
+        )),
     })
 }
 
@@ -109,56 +81,16 @@ impl Server {
     /// # Errors
     /// Invalid config, a port in use, an unusable backend directory.
     pub async fn start(config: &Config) -> Result<Self, ServeError> {
-        config.validate()?;
+        let rt = config.runtime()?;
         let metrics = Metrics::new();
-        let backend = build_backend(config, &metrics)?;
-        let creds = config.credential_store()?;
-        let front = FrontConfig {
-            domains: config.domains.clone(),
-            allow_anonymous: config.allow_anonymous,
-            max_body_bytes: config.max_body_bytes,
-            max_in_flight: config.max_in_flight,
-            stall_timeout: Duration::from_secs(config.edge.stall_timeout_secs),
-            request_timeout: Duration::from_secs(config.edge.request_timeout_secs),
-            transparent: config.transparent(),
-            aliases: config
-                .pushdown
-                .aliases
-                .iter()
-                .map(|a| Ok((a.bucket.clone(), AliasBucket { target: a.target.clone(), spec: a.spec()? })))
-                .collect::<Result<_, ConfigError>>()?,
-        };
-        let pushdown = config.pushdown.enabled.then(|| {
-            let p = &config.pushdown;
-            Arc::new(Pushdown::new(PushdownConfig {
-                models_dir: p.models_dir.clone(),
-                ort_library: p.ort_library.clone(),
-                engine: EngineConfig {
-                    queue_capacity: p.queue_capacity,
-                    max_batch: p.max_batch,
-                    intra_threads: p.intra_threads,
-                    workers: p.workers,
-                    ort_arena: p.ort_arena,
-                },
-                engine_idle: Duration::from_secs(p.engine_idle_secs),
-                max_object_bytes: p.max_object_bytes,
-                source_timeout: Duration::from_secs(p.source_timeout_secs),
-                max_image_pixels: p.max_image_pixels,
-                max_request_pixels: p.max_request_pixels,
-                preprocess_threads: p.preprocess_threads,
-                inference_runs: p.inference_runs,
-                governor: GovernorConfig {
-                    budget: p.memory_budget,
-                    adaptive: p.adaptation,
-                    max_wait: Duration::from_millis(p.max_wait_ms),
-                },
-                metrics: metrics.clone(),
-            }))
-        });
+        let backend = build_backend(rt.backend, &metrics)?;
+        let creds = rt.credentials;
+        let pushdown =
+            config.pushdown.enabled.then(|| Arc::new(Pushdown::new(config.pushdown.pushdown_config(metrics.clone()))));
         if let Some(p) = &pushdown {
             p.spawn_reaper();
         }
-        let cache = match config.pushdown.cache.cache_config().filter(|_| pushdown.is_some()) {
+        let cache = match rt.cache.filter(|_| pushdown.is_some()) {
             Some(c) => Some(Arc::new(
                 TensorCache::new(&c, metrics.clone())
                     .map_err(|e| ConfigError::Invalid { key: "pushdown.cache.disk_dir", message: e.to_string() })?,
@@ -171,9 +103,9 @@ impl Server {
         } else {
             admin::proof::Prover::Gateway(creds.clone())
         });
-        let mut gateway = Gateway::new(front, creds, backend, metrics.clone(), pushdown, cache);
+        let mut gateway = Gateway::new(rt.front, creds, backend, metrics.clone(), pushdown, cache);
         if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
-            let secret = config.cluster_secret()?;
+            let secret = rt.cluster_secret;
             if secret.is_none() && !config.transparent() {
                 tracing::warn!("cluster: no cluster.secret_key; pushdowns are computed where they arrive");
             }
@@ -194,7 +126,7 @@ impl Server {
 
         let app = Router::new().fallback(handle).with_state(gateway.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let edge = config.edge.edge_config();
+        let edge = rt.edge;
         let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
             let _ = stopped.await;
         }));
