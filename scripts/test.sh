@@ -81,18 +81,18 @@ for store in ceph-rgw swift; do
   else
     TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth:: transparent::
   fi
-  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py tests/python/test_identity.py
+  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_s3_clients.py tests/python/test_identity.py
 done
 
 # Transparent identity mode (ADR 0013): the real-client tests again, signed with each store's own
 # user keys, the gateway holding none (test_identity.py ran per store above).
 for store in seaweedfs ceph-rgw swift; do
   phase "transparent identity: $store (real clients with the store's own keys)"
-  TENSORGATE_TEST_IDENTITY=transparent TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_clients.py
+  TENSORGATE_TEST_IDENTITY=transparent TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_s3_clients.py
 done
 
 phase "store: fs (the embedded backend; real clients)"
-TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_clients.py
+TENSORGATE_TEST_STORE=fs .venv/bin/python -m pytest -q tests/python/test_s3_clients.py
 
 phase "fuzz smoke (AFL++ through cargo-afl; scripts/fuzz.sh)"
 scripts/fuzz.sh smoke "${FUZZ_SECONDS:-8}"

@@ -170,7 +170,7 @@ def gateway(store, tmp_path_factory):
     config.write_text(
         "" if TRANSPARENT else
         '[[pushdown.aliases]]\nbucket = "alias-tiny-pool"\ntarget = "alias-target"\nmodel = "tiny-cnn"\nsplit = "pool"\n'
-        # Parquet datasets read through an alias by Parquet readers (test_clients.py).
+        # Parquet datasets read through an alias by Parquet readers (test_s3_clients.py).
         '[[pushdown.aliases]]\nbucket = "alias-parquet"\ntarget = "alias-parquet-src"\nmodel = "tiny-cnn"\n'
         'split = "pool"\nformat = "parquet"\n'
     )

@@ -370,7 +370,7 @@ def test_a_plan_is_proven_by_the_store_and_changes_only_that_users_split(gateway
     import json
 
     from tensorgate.client import Client
-    from test_client import get_plan, post_plan
+    from test_python_client import get_plan, post_plan
 
     endpoint, admin, _ = gateway_t
     a = Client(endpoint, store["access_key"], store["secret_key"], admin=admin)
