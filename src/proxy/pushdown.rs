@@ -95,7 +95,14 @@ impl Gateway {
         };
         // The caller signed its own method; the gateway reads the source with a GET.
         let method = if side.as_caller { parts.method.clone() } else { Method::GET };
-        let reader = &SourceReader::new(&self.backend, method, target, side.query, side.headers, authority.clone());
+        let reader = &SourceReader {
+            backend: &self.backend,
+            method,
+            target,
+            query: side.query,
+            headers: side.headers,
+            authority: authority.clone(),
+        };
         let ranged = side.ranged;
         let fetch = async move |cached_etag: Option<&str>| first_read(reader, ranged, cached_etag).await;
         let compute = async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source).await;

@@ -137,26 +137,17 @@ impl SourceOutcome {
 /// Reads one request's source: the same target, query, method and authority for every read.
 #[derive(Debug)]
 pub(super) struct SourceReader<'g> {
-    backend: &'g Backend,
-    method: Method,
-    target: Target,
-    query: Option<String>,
-    headers: HeaderMap,
-    authority: Authority,
+    pub backend: &'g Backend,
+    /// The caller's own in transparent mode (it signed it), else `GET`.
+    pub method: Method,
+    pub target: Target,
+    pub query: Option<String>,
+    /// What every read starts from ([`SourceRead::headers`] adds its range and conditions).
+    pub headers: HeaderMap,
+    pub authority: Authority,
 }
 
-impl<'g> SourceReader<'g> {
-    pub(super) fn new(
-        backend: &'g Backend,
-        method: Method,
-        target: Target,
-        query: Option<String>,
-        headers: HeaderMap,
-        authority: Authority,
-    ) -> Self {
-        Self { backend, method, target, query, headers, authority }
-    }
-
+impl SourceReader<'_> {
     /// Sends `read` to the store.
     ///
     /// # Errors
