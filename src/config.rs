@@ -44,7 +44,8 @@ pub const DEFAULT_BACKEND_PERMIT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_SOURCE_TIMEOUT_SECS: u64 = 30;
 /// How long shutdown waits for in-flight requests before exiting anyway.
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
-/// Access key used when nothing is configured and the gateway only listens on loopback.
+/// Access key used when nothing is configured, the gateway only listens on loopback and serves the
+/// embedded `fs` backend.
 pub const DEV_ACCESS_KEY: &str = "tensorgate-dev";
 /// Its secret. Public by design: it only ever protects a loopback-only development gateway.
 pub const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
@@ -991,6 +992,14 @@ impl Config {
                     "no client credentials configured and allow_anonymous is false; refusing to listen beyond loopback with the development key",
                 ));
             }
+            // The published pair never acts with a store's key: a copy of a documented file with
+            // only the store filled in must not log anyone in.
+            if self.backend.kind != BackendKind::Fs {
+                return Err(invalid(
+                    "credentials",
+                    "terminating mode in front of a store needs client credentials of its own ([[credentials]], or --access-key with --secret-key-file); the development key serves only the embedded fs backend. For a store with its own users, use transparent mode (no backend.access_key)",
+                ));
+            }
             store.insert(DEV_ACCESS_KEY.to_owned(), SecretKey::new(DEV_SECRET_KEY.to_owned()));
         }
         if let Some(secret) = self.cluster_secret()? {
@@ -1207,7 +1216,12 @@ mod tests {
     fn published_secrets_are_refused_wherever_they_are_configured() {
         let base = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\n";
         for (text, key) in [
-            (format!("{base}access_key = \"k\"\nsecret_key = \"change-me-store-secret\"\n"), "backend.secret_key"),
+            (
+                format!(
+                    "{base}access_key = \"k\"\nsecret_key = \"change-me-store-secret\"\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"own\"\n"
+                ),
+                "backend.secret_key",
+            ),
             (
                 format!(
                     "{base}access_key = \"k\"\nsecret_key = \"own\"\n[[credentials]]\naccess_key = \"a\"\nsecret_key = \"CLIENT_SECRET\"\n"
@@ -1278,9 +1292,12 @@ mod tests {
         assert!(c.transparent());
         c.validate().expect("valid");
         assert!(c.credential_store().expect("store").get(DEV_ACCESS_KEY).is_none(), "no development key");
-        // A store key: terminating, as before.
+        // A store key: terminating, with client credentials of its own (never the development pair).
         let c = store("access_key = \"a\"\nsecret_key = \"s\"\n");
         assert!(!c.transparent());
+        assert!(c.validate().expect_err("no client key").to_string().contains("development key"));
+        let c =
+            store("access_key = \"a\"\nsecret_key = \"s\"\n[[credentials]]\naccess_key = \"c\"\nsecret_key = \"cs\"\n");
         c.validate().expect("valid");
         assert!(store("identity = \"transparent\"\naccess_key = \"a\"\nsecret_key = \"s\"\n").transparent());
         let err = |c: Config| c.validate().expect_err("refused").to_string();
@@ -1342,7 +1359,12 @@ mod tests {
         let mut c = Config::default();
         c.apply(&o);
         assert_eq!(c.backend.kind, BackendKind::S3);
+        // The development key never acts with a store's key.
+        let e = c.validate().expect_err("no client credentials").to_string();
+        assert!(e.contains("credentials") && e.contains("development key"), "{e}");
+        c.apply(&Overrides { access_key: Some("k".into()), secret_key: Some("own".into()), ..Overrides::default() });
         c.validate().expect("valid");
+        assert!(c.credential_store().expect("store").get(DEV_ACCESS_KEY).is_none());
         assert!(!format!("{c:?}").contains("\"s\""));
     }
 }

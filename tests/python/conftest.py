@@ -71,6 +71,9 @@ def run_gateway(tmp_path: Path, config: str = "", seaweed: str | None = None, en
             TENSORGATE_BACKEND_ENDPOINT=seaweed,
             TENSORGATE_BACKEND_ACCESS_KEY="seaweed-ak",
             TENSORGATE_BACKEND_SECRET_KEY="seaweed-sk",
+            # The development pair, configured: it is implied only for the embedded fs backend.
+            TENSORGATE_ACCESS_KEY="tensorgate-dev",
+            TENSORGATE_SECRET_KEY="tensorgate-dev-secret",
         )
     else:
         full.update(TENSORGATE_BACKEND_ROOT=str(tmp_path / "data"))

@@ -108,8 +108,18 @@ def test_the_example_config_copied_with_a_store_filled_in_publishes_no_login(tmp
         .replace('kind = "fs"', 'kind = "s3"').replace('# access_key = "store-key"', 'access_key = "store-key"') \
         .replace('# secret_key_file = "/run/secrets/tensorgate-store"', f'secret_key_file = "{tmp_path / "store-secret"}"')
     env = {"PATH": "/usr/bin:/bin"}
+    # As copied: the gateway would hold the store's key, and the file's only login is the published
+    # development pair, which never acts with a store's key: refused, naming what is missing.
     (tmp_path / "copy.toml").write_text(copy)
     r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "copy.toml")], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 64 and "`credentials`" in r.stderr and "development key" in r.stderr, r.stderr
+    # With a client credential of the operator's own, it is a valid terminating gateway.
+    (tmp_path / "client-secret").write_text("client-secret-of-my-own")
+    own = copy.replace("# [[credentials]]\n# access_key = \"example-access-key\"",
+                       f'[[credentials]]\naccess_key = "own"\nsecret_key_file = "{tmp_path / "client-secret"}"', 1)
+    (tmp_path / "own.toml").write_text(own)
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "own.toml")], capture_output=True, text=True,
                        env=env)
     assert r.returncode == 0, r.stderr
     uncommented = re.sub(r"(?m)^# (\[\[credentials\]\]|access_key = \"example-access-key\"|"
