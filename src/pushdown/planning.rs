@@ -4,9 +4,11 @@
 use std::sync::atomic::Ordering;
 
 use super::error::PushdownError;
+use super::parse::split_def;
 use super::registry::Model;
+use super::service::{Pushdown, SplitCost};
 use super::spec::Dtype;
-use super::{Pushdown, SplitCost, engine, prefix, split_def, text};
+use super::{engine, prefix, text};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
 /// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).

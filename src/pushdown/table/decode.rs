@@ -2,8 +2,21 @@
 //! schema ([`Input`]), and the column readers over pages checked against their claims
 //! ([`Columns`], [`CheckedPages`]).
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parquet::basic::{ConvertedType, LogicalType, Repetition, Type as Physical};
+use parquet::column::page::{Page, PageMetadata, PageReader};
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::data_type::{ByteArray, DataType};
+use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::reader::RowGroupReader;
+use parquet::schema::types::{SchemaDescriptor, Type, TypePtr};
+
+use super::super::error::PushdownError;
+use super::layout::{ROWS_PER_BATCH, VALUE_OVERHEAD, parquet_error};
+use super::source::Source;
 
 /// What a leaf column holds, as the gateway reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,4 +326,96 @@ impl PageReader for CheckedPages {
     fn at_record_boundary(&mut self) -> parquet::errors::Result<bool> {
         self.inner.at_record_boundary()
     }
+}
+
+/// Where a column chunk's bytes begin, as its footer places them: its dictionary page, else its
+/// first data page. Unchecked (a hostile footer may place it anywhere, negative included).
+pub(super) fn chunk_start(chunk: &ColumnChunkMetaData) -> i64 {
+    chunk.dictionary_page_offset().unwrap_or_else(|| chunk.data_page_offset())
+}
+
+/// Encodings whose decoder in the parquet crate sizes a buffer by a count inside the page data
+/// (`DELTA_LENGTH_BYTE_ARRAY`: the lengths' `total value count`; `DELTA_BYTE_ARRAY`: the
+/// prefix lengths' count), before any value is read: a page of a few bytes could ask for more
+/// memory than the node has, and an allocation failure aborts the process. Nothing checks that
+/// count first, so pages in them are refused (`415`). pyarrow and Hugging Face datasets write
+/// images and texts PLAIN or dictionary encoded unless told otherwise.
+pub(super) const UNCHECKED_ENCODINGS: [(i32, &str); 2] = [(6, "DELTA_LENGTH_BYTE_ARRAY"), (7, "DELTA_BYTE_ARRAY")];
+
+/// Walks the page headers of a column chunk (`chunk`: its bytes, as the footer places them)
+/// before the parquet crate reads them, and refuses a chunk it could not read within `limit`
+/// bytes: the crate allocates a page's `uncompressed_page_size` (up to 2 GiB, zero-filled for
+/// Snappy) before decompressing it, so a page header of a few bytes could claim more than the
+/// whole row group was reserved for. Every page's uncompressed size, and their sum, must be
+/// within `limit` (what decoding the group may take); each page must lie within the chunk; no
+/// data page may use an [`UNCHECKED_ENCODINGS`] encoding. Only the headers' leading fields are
+/// read (Thrift compact protocol, the `thrift` crate; statistics are skipped, not copied).
+pub(super) fn check_pages(chunk: &[u8], limit: u64) -> Result<(), PushdownError> {
+    use thrift::protocol::{TCompactInputProtocol, TInputProtocol, TType};
+    let bad = |what: String| PushdownError::BadInput(format!("a Parquet page header {what}"));
+    let unreadable = |e: thrift::Error| bad(format!("cannot be read: {e}"));
+    // A page header's fields: its sizes (2, 3) and, in a data page header (5) or a v2 one (8),
+    // the values' encoding (field 2 of the first, 4 of the second).
+    let mut rest = chunk;
+    let mut total = 0u64;
+    while !rest.is_empty() {
+        let before = rest.len();
+        let (mut uncompressed, mut compressed, mut encoding) = (None, None, None);
+        let mut p = TCompactInputProtocol::new(&mut rest);
+        p.read_struct_begin().map_err(unreadable)?;
+        loop {
+            let field = p.read_field_begin().map_err(unreadable)?;
+            match (field.field_type, field.id) {
+                (TType::Stop, _) => break,
+                (TType::I32, Some(2)) => uncompressed = Some(p.read_i32().map_err(unreadable)?),
+                (TType::I32, Some(3)) => compressed = Some(p.read_i32().map_err(unreadable)?),
+                (TType::Struct, Some(5)) => encoding = i32_field(&mut p, 2).map_err(unreadable)?,
+                (TType::Struct, Some(8)) => encoding = i32_field(&mut p, 4).map_err(unreadable)?,
+                (t, _) => p.skip(t).map_err(unreadable)?,
+            }
+        }
+        p.read_struct_end().map_err(unreadable)?;
+        drop(p);
+        let (Some(uncompressed), Some(compressed)) = (uncompressed, compressed) else {
+            return Err(bad("lacks its sizes".into()));
+        };
+        let (Ok(uncompressed), Ok(compressed)) = (u64::try_from(uncompressed), usize::try_from(compressed)) else {
+            return Err(bad("states a negative size".into()));
+        };
+        total = total.saturating_add(uncompressed);
+        if uncompressed > limit || total > limit {
+            return Err(bad(format!(
+                "states {uncompressed} uncompressed bytes, more than the row group's chunks claim ({limit} bytes \
+                 to decode, with its values)"
+            )));
+        }
+        if let Some((_, name)) = UNCHECKED_ENCODINGS.iter().find(|(e, _)| Some(*e) == encoding) {
+            return Err(PushdownError::Unsupported(format!(
+                "a Parquet data page of an input column is {name} encoded; this gateway decodes PLAIN and \
+                 dictionary encoded pages there (pyarrow's default)"
+            )));
+        }
+        rest = rest.get(compressed..).ok_or_else(|| {
+            bad(format!("states {compressed} bytes of page data, more than its column chunk has left"))
+        })?;
+        debug_assert!(rest.len() < before, "every page header takes at least a byte");
+    }
+    Ok(())
+}
+
+/// Reads a Thrift struct, skipping all but its `i32` field `id`, which it returns if present.
+pub(super) fn i32_field(p: &mut impl thrift::protocol::TInputProtocol, id: i16) -> thrift::Result<Option<i32>> {
+    use thrift::protocol::TType;
+    let mut found = None;
+    p.read_struct_begin()?;
+    loop {
+        let field = p.read_field_begin()?;
+        match (field.field_type, field.id) {
+            (TType::Stop, _) => break,
+            (TType::I32, Some(f)) if f == id => found = Some(p.read_i32()?),
+            (t, _) => p.skip(t)?,
+        }
+    }
+    p.read_struct_end()?;
+    Ok(found)
 }

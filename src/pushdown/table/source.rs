@@ -1,8 +1,8 @@
 //! The bytes of a Parquet file that were read ([`Source`]): the whole file, or its tail and the
 //! span of some row groups, read through by the parquet crate.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use bytes::Bytes;
+use parquet::file::reader::{ChunkReader, Length};
 
 /// The bytes of a Parquet file that were read: the whole file, or one piece of it (its tail,
 /// for the footer; the span of some row groups, for their rows) at its offset in a file of `len`

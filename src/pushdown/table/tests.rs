@@ -1,4 +1,18 @@
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+use parquet::basic::Compression;
+use parquet::column::page::{Page, PageMetadata, PageReader};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
+
+use super::super::error::PushdownError;
+use super::super::shard::MAX_SAMPLES;
+use super::super::spec::Dtype;
+#[allow(clippy::wildcard_imports)]
+use super::{decode::*, footer::*, layout::*, source::*, write::*};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, StructArray};
 use arrow_schema::{DataType, Field, Fields};

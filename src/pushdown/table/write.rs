@@ -1,8 +1,21 @@
 //! A Parquet output: the source's other columns copied as encoded chunks, the features in
 //! place of the input column, in the source's row groups ([`write`]).
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::basic::{Compression, LogicalType, Repetition, Type as Physical};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::data_type::{ByteArray, FixedLenByteArray, FixedLenByteArrayType, FloatType};
+use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::{ColumnPath, Type, TypePtr};
+
+use super::super::error::PushdownError;
+use super::super::spec::Dtype;
+use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, WRITE_VALUES};
+use super::source::Source;
 
 /// One row group's columns but the input one, encoded as the source holds them.
 #[derive(Debug)]

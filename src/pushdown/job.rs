@@ -1,0 +1,430 @@
+//! One pushdown request's work ([`Job`]): its source read under the memory budget, parsed into
+//! samples, preprocessed, run through the prefix and encoded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::encode::{stack, tar_overhead, write_tar};
+use super::engine::Engine;
+use super::error::PushdownError;
+use super::parse::{Input, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
+use super::registry::Model;
+use super::service::{Output, Pushdown, Run};
+use super::spec::{Dtype, Format, PushdownSpec};
+use super::{governor, memory, table, tensor};
+
+/// One pushdown request, resolved ([`Pushdown::prepare`]): the model and split, named once, its
+/// engine, and every memory hold the request takes (its source, its samples' outputs), released
+/// together when the response has been sent ([`Output::reservation`]).
+#[derive(Debug)]
+pub struct Job<'a> {
+    pub(super) service: &'a Pushdown,
+    /// The request's fields, `split=auto` resolved.
+    pub(super) spec: PushdownSpec,
+    pub(super) model: Arc<Model>,
+    /// The split's manifest name (an index in the request names it too).
+    pub(super) split: String,
+    pub(super) tenant: String,
+    /// The predicted epoch seconds per candidate when `split=auto` chose the split.
+    pub(super) plan: Option<String>,
+    /// The split's engine and its memory model, from before the source is held.
+    pub(super) engine: Option<(Arc<Engine>, memory::MemoryModel, usize)>,
+    /// How long [`Self::read_source`] waited for the engine (not part of the source's fetch).
+    pub(super) engine_wait: Duration,
+    pub(super) source: Option<governor::Held>,
+    /// When the request arrived, among all pushdown requests, or where its client's order puts it
+    /// (`Pushdown::arrivals`): its samples are decoded and run after those of the tenant's earlier
+    /// requests (ADR 0019, ADR 0021).
+    pub(super) arrival: u64,
+}
+
+impl Job<'_> {
+    /// The request's fields with the split resolved.
+    #[must_use]
+    pub fn spec(&self) -> &PushdownSpec {
+        &self.spec
+    }
+
+    /// `x-tensorgate-plan`: what `split=auto` predicted per candidate, when it chose.
+    #[must_use]
+    pub fn plan(&self) -> Option<&str> {
+        self.plan.as_deref()
+    }
+
+    /// What determines the output beside the source object: the model's digest (which covers
+    /// its preprocessing), the split, the format, the dtype and a Parquet input column (the cache
+    /// key's variant).
+    #[must_use]
+    pub fn variant(&self) -> String {
+        let mut v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
+        if let Some(c) = &self.spec.column {
+            v.push_str(&format!("|column={c}"));
+        }
+        if let Some(g) = self.spec.row_groups {
+            v.push_str(&format!("|row-groups={g}"));
+        }
+        v
+    }
+
+    /// How long reading the source waited for the split's engine to start (a fetch's time
+    /// without it is the store's).
+    #[must_use]
+    pub fn engine_wait(&self) -> Duration {
+        self.engine_wait
+    }
+
+    /// The split's engine (started if need be) and its memory model and batch cap.
+    pub(super) async fn engine(&self) -> Result<(Arc<Engine>, memory::MemoryModel, usize), PushdownError> {
+        if let Some(e) = &self.engine {
+            return Ok(e.clone());
+        }
+        let engine = self.service.engine(&self.model, &self.split).await?;
+        let (memory, batch_cap) = engine.memory_model().await?;
+        Ok((engine, memory, batch_cap))
+    }
+
+    /// Reads a source body under the memory budget and a deadline. The split's engine is started
+    /// first, while the request holds nothing (an engine waiting for memory that sources hold
+    /// would wait on itself). The object counts against the budget from before its first byte
+    /// until the response is sent: at `declared` bytes, or while a source without a length (a
+    /// chunked answer from a store or a peer) is read, at the most it may be
+    /// (`pushdown.max_object_bytes`), then at what arrived; it is admitted only with room left
+    /// for a request's outputs ([`governor::Governor::hold_source`]).
+    ///
+    /// # Errors
+    /// The budget's refusal, a source past `max_object_bytes`, a read that failed or ran past
+    /// `pushdown.source_timeout_secs`.
+    pub async fn read_source(
+        &mut self,
+        body: crate::body::Body,
+        declared: Option<u64>,
+    ) -> Result<Bytes, PushdownError> {
+        use http_body_util::BodyExt;
+        let limit = self.service.cfg.max_object_bytes;
+        let bound = declared.map_or(limit, |n| n.min(limit));
+        self.service.node.governor.could_ever_hold(bound)?;
+        let waited = Instant::now();
+        let engine = self.engine().await?;
+        self.engine_wait = waited.elapsed();
+        let one_sample = engine.1.queued_bytes_per_sample + engine.1.held_bytes_per_sample;
+        self.engine = Some(engine);
+        let mut hold = self.service.node.governor.hold_source(bound, one_sample).await?;
+        let timeout = self.service.cfg.source_timeout;
+        let read = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect();
+        let object = match tokio::time::timeout(timeout, read).await {
+            Err(_) => return Err(PushdownError::SourceTimeout { secs: timeout.as_secs() }),
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(PushdownError::ObjectTooLarge { limit });
+            }
+            Ok(Err(e)) => return Err(PushdownError::SourceRead(e.to_string())),
+        };
+        hold.shrink_to(object.len() as u64);
+        self.source = Some(hold);
+        Ok(object)
+    }
+
+    /// Whether the request reads its source by ranges: a Parquet file's row groups.
+    #[must_use]
+    pub fn ranged(&self) -> bool {
+        self.spec.row_groups.is_some()
+    }
+
+    /// Checks the footer in a Parquet file's tail (read by [`Self::read_source`] from a ranged
+    /// read of its last [`table::TAIL_BYTES`], at `offset` in a file of `len` bytes) for the row
+    /// groups the request names, on a blocking thread, and gives the tail's hold back (the
+    /// decoding reads the groups' bytes only). Returns the footer and the bytes of the named
+    /// groups (`[start, end)`), to read next ([`Self::read_source`], then [`Self::run_table`]).
+    ///
+    /// # Errors
+    /// What [`table::Footer::read`] refuses.
+    pub async fn read_footer(
+        &mut self,
+        (len, offset, tail): (u64, u64, Bytes),
+    ) -> Result<(table::Footer, (u64, u64)), PushdownError> {
+        let limits = self.limits();
+        let text = self.model.tokenizer.is_some();
+        let read = tokio::task::spawn_blocking(move || {
+            let footer = table::Footer::read(&table::Source::piece(len, offset, tail), limits.reading(text))?;
+            let span = footer.span()?;
+            Ok((footer, span))
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))?;
+        self.source = None;
+        read
+    }
+
+    /// Runs the prefix on the row groups of a Parquet file read by ranges: `footer` from
+    /// [`Self::read_footer`], `source` the groups' bytes. As [`Self::run`] does on a whole object.
+    ///
+    /// # Errors
+    /// As [`Self::run`].
+    pub async fn run_table(mut self, source: table::Source, footer: table::Footer) -> Result<Output, PushdownError> {
+        let mut out = self.service.compute(&self, Input::Table(source, Box::new(footer))).await?;
+        out.reservation.extend(self.source.take());
+        Ok(out)
+    }
+
+    /// What parsing the source may take ([`SourceLimits`]), from the request.
+    pub(super) fn limits(&self) -> SourceLimits {
+        SourceLimits {
+            column: self.spec.column.clone(),
+            max_decoded: self.service.cfg.max_object_bytes,
+            keep_columns: self.spec.format == Some(Format::Parquet),
+            row_groups: self.spec.row_groups,
+        }
+    }
+
+    /// Runs the prefix on the object's bytes and encodes the result. Samples are preprocessed on
+    /// blocking threads and enqueued as they are ready, so decoding sample i+1 overlaps inference
+    /// of sample i. Each sample is first admitted by the memory governor for the tenant (module
+    /// docs of [`governor`]): at most the request's allotment are in flight at once. The output
+    /// carries every hold of the job.
+    ///
+    /// # Errors
+    /// Unusable input, overload (queue full or memory wait too long), or inference failure.
+    pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
+        let mut out = self.service.compute(&self, Input::Object(object)).await?;
+        out.reservation.extend(self.source.take());
+        Ok(out)
+    }
+}
+
+/// What turns a request into a job, and a job's input into its output: the request's side of the
+/// service.
+impl Pushdown {
+    /// Resolves a request's model and split once, before any byte of the source is read:
+    /// `split=auto` becomes the tenant's planned split (`None` when the plan says no pushdown: a
+    /// plain GET), and the model and split are checked against the registry. The job then holds
+    /// every reservation the request makes.
+    ///
+    /// # Errors
+    /// Pushdown unavailable, unknown model or split (naming what exists).
+    pub fn prepare(&self, mut spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, PushdownError> {
+        let mut plan = None;
+        if spec.split == crate::planner::AUTO {
+            let (split, chosen) = self.auto_split(tenant, &spec.model).ok_or_else(|| PushdownError::UnknownModel {
+                name: spec.model.clone(),
+                known: self.registry.names().join(", "),
+            })?;
+            if split == crate::planner::NO_PUSHDOWN {
+                return Ok(None);
+            }
+            plan = chosen.map(|p| {
+                let parts: Vec<String> =
+                    p.candidates.iter().filter_map(|c| c.epoch_secs.map(|t| format!("{}={t:.3}", c.split))).collect();
+                parts.join(";")
+            });
+            spec.split = split;
+        }
+        self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
+        let model = self.model(&spec.model)?;
+        let split = split_def(&model, &spec.split)?.name.clone();
+        let arrival = self.arrivals.number(spec.seq.as_ref());
+        Ok(Some(Job {
+            service: self,
+            spec,
+            model,
+            split,
+            tenant: tenant.to_owned(),
+            plan,
+            engine: None,
+            engine_wait: Duration::ZERO,
+            source: None,
+            arrival,
+        }))
+    }
+
+    /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]).
+    pub(super) async fn compute(&self, job: &Job<'_>, input: Input) -> Result<Output, PushdownError> {
+        let (spec, model, split, tenant) = (&job.spec, job.model.clone(), job.split.clone(), job.tenant.as_str());
+        let (engine, memory, batch_cap) = job.engine().await?;
+
+        let t0 = Instant::now();
+        let parse_model = model.clone();
+        let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
+        let want_tar = spec.format == Some(Format::Tar);
+        let want_parquet = spec.format == Some(Format::Parquet);
+        let source = job.limits();
+        // A Parquet file's pages are decoded after the governor holds what that takes.
+        let (object, table_source, footer) = match input {
+            Input::Object(object) => {
+                let table = table::is_parquet(&object).then(|| table::Source::whole(object.clone()));
+                (object, table, None)
+            }
+            Input::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
+        };
+        let whole_table = table_source.clone().filter(|_| footer.is_none());
+        let (mut parsed, scratch) = tokio::task::spawn_blocking(move || {
+            if want_parquet && whole_table.is_none() && footer.is_none() {
+                return Err(PushdownError::InvalidArgument {
+                    field: "format".into(),
+                    message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
+                });
+            }
+            let parsed = match footer {
+                Some(footer) => Parsed::table(Some(*footer)),
+                None => parse(&object, whole_table.as_ref(), &parse_model, &source)?,
+            };
+            if want_tar && parsed.kind != Kind::Shard {
+                return Err(PushdownError::InvalidArgument {
+                    field: "format".into(),
+                    message: "tar is for WebDataset shards; this object is not one (use npy or safetensors)".into(),
+                });
+            }
+            let mut parsed = parsed;
+            parsed.put_in_engine_order(parse_model.manifest.text.is_some());
+            // A Parquet file's images are known once its rows are decoded (below).
+            let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
+            Ok::<_, PushdownError>((parsed, scratch))
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        let mut decode_time = t0.elapsed();
+
+        let t1 = Instant::now();
+        let samples_n = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
+        let n = samples_n as u64;
+        // A tar body also holds copies of the samples' other members and its framing; a Parquet
+        // file's decoded columns live as long as its samples, and a Parquet body holds its kept
+        // columns again.
+        let tar_bytes =
+            if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
+        let decoded_bytes = parsed.table.as_ref().map_or(0, |t| t.decoded_bytes().saturating_add(t.output_bytes()));
+        let (stream, outputs_held) = self
+            .node
+            .governor
+            .open(
+                tenant,
+                (
+                    memory.queued_bytes_per_sample,
+                    (memory.held_bytes_per_sample * n).saturating_add(tar_bytes).saturating_add(decoded_bytes),
+                ),
+                // One request alone never fills its engine's queue (a full queue refuses samples
+                // with `503`): at most half of it in flight. Images are paced by their decoding;
+                // ready inputs (`.npy` batches, texts) would otherwise all be queued at once.
+                (spec.batch, samples_n.min((self.cfg.engine.queue_capacity / 2).max(1))),
+                job.source.as_ref(),
+            )
+            .await?;
+        // Adaptive: samples of all requests batch together up to the engine's cap (what its
+        // reservation covers). Comparison mode: batches as large as the requested storage batch
+        // (HAPI without adaptation runs the training batch as one storage batch).
+        let cap = if self.node.governor.config().adaptive { batch_cap } else { stream.allotment() };
+        let samples = self
+            .cfg
+            .metrics
+            .tenant_samples
+            .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
+            .clone();
+        let run = Run {
+            engine: &engine,
+            model: &model,
+            stream: &stream,
+            samples: &samples,
+            cap,
+            tenant,
+            arrival: job.arrival,
+        };
+        // A Parquet file's rows are decoded and run one row group after the other: the governor
+        // holds one group's decoded columns (`Footer::decoded_bytes`), which each group reuses.
+        let mut outputs = Vec::with_capacity(samples_n);
+        match (parsed.table.take().map(Arc::new), table_source) {
+            (Some(footer), Some(object)) => {
+                let mut kept = footer.kept();
+                let mut labels = Vec::with_capacity(samples_n);
+                for part in 0..footer.group_count() {
+                    let t = Instant::now();
+                    let (footer, object, m) = (footer.clone(), object.clone(), model.clone());
+                    let (group, scratch, back) = tokio::task::spawn_blocking(move || {
+                        let mut kept = kept;
+                        let rows = footer.group_rows(&object, part, kept.as_mut())?;
+                        let mut group = table_rows(rows, m.tokenizer.as_deref())?;
+                        group.put_in_engine_order(m.manifest.text.is_some());
+                        let scratch = image_costs(&group, &m.manifest, limits)?;
+                        Ok::<_, PushdownError>((group, scratch, kept))
+                    })
+                    .await
+                    .map_err(|e| PushdownError::Internal(e.to_string()))??;
+                    kept = back;
+                    decode_time += t.elapsed();
+                    let Parsed { items, keys, labels: group_labels, order, .. } = group;
+                    outputs.extend(self.run_samples(&run, (items, scratch, order), &keys).await?);
+                    labels.extend(
+                        group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()),
+                    );
+                    parsed.keys.extend(keys);
+                }
+                parsed.labels = labels.into_iter().collect();
+                parsed.others = vec![Vec::new(); parsed.keys.len()];
+                parsed.kept = kept;
+            }
+            _ => {
+                let (items, order) = (std::mem::take(&mut parsed.items), std::mem::take(&mut parsed.order));
+                outputs = self.run_samples(&run, (items, scratch, order), &parsed.keys).await?;
+            }
+        }
+        let infer_time = t1.elapsed();
+
+        let t2 = Instant::now();
+        let format = spec.format.unwrap_or(if parsed.kind.keyed() || spec.dtype == Dtype::Bf16 {
+            Format::Safetensors
+        } else {
+            Format::Npy
+        });
+        let dtype = spec.dtype;
+        let mut meta =
+            HashMap::from([("model".to_owned(), model.manifest.name.clone()), ("split".to_owned(), split.clone())]);
+        if parsed.kind.keyed() {
+            // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
+            meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
+        }
+        let (kind, labels, keys, others, kept) = (parsed.kind, parsed.labels, parsed.keys, parsed.others, parsed.kept);
+        let names = (model.manifest.name.clone(), split.clone());
+        let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
+            if format == Format::Tar {
+                return write_tar(&outputs, &keys, &others, dtype);
+            }
+            let out = stack(outputs, kind != Kind::Single);
+            let body = match format {
+                Format::Npy => tensor::write_npy(&out, dtype),
+                Format::Safetensors => {
+                    tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?
+                }
+                Format::Parquet => {
+                    let kept = kept.ok_or_else(|| PushdownError::Internal("no kept columns".into()))?;
+                    let shape = out.shape.clone();
+                    let body = table::write(&kept, &out.data, &shape, dtype, (&names.0, &names.1))?;
+                    return Ok((body, shape));
+                }
+                Format::Tar => unreachable!("written above"),
+            };
+            Ok((body, out.shape))
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        tracing::debug!(arrival = job.arrival, bytes = body.len(), "Output encoded.");
+        drop(stream);
+        let content_type = match format {
+            Format::Npy => "application/x-npy",
+            Format::Safetensors => "application/vnd.safetensors",
+            Format::Tar => "application/x-tar",
+            Format::Parquet => "application/vnd.apache.parquet",
+        };
+        Ok(Output {
+            body: Bytes::from(body),
+            content_type,
+            shape,
+            split,
+            model_digest: model.digest.clone(),
+            decode: decode_time,
+            infer: infer_time,
+            encode: t2.elapsed(),
+            reservation: vec![outputs_held],
+        })
+    }
+}

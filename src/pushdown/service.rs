@@ -1,0 +1,382 @@
+//! The pushdown service ([`Pushdown`]): the registry, ONNX Runtime and one engine per (model, split)
+//! in use, the memory governor and the CPU slots they share; [`Pushdown::prepare`] resolves a request
+//! into a [`Job`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::try_join_all;
+
+use super::clock::cpu_timed;
+use super::engine::{Engine, EngineConfig};
+use super::error::PushdownError;
+use super::governor::{Governor, GovernorConfig};
+use super::registry::{Model, Registry};
+use super::tensor::Tensor;
+use super::{
+    engine, engines, fair, governor, memory, order, parse::Item, parse::name_sample, parse::no_preprocess, preprocess,
+    runtime,
+};
+
+/// Copies of the whole model's ONNX bytes an engine's start holds at once, beside what it keeps:
+/// the decoded protobuf while the prefix is cut, then the check's full-model session. Measured:
+/// ResNet-18's first engine peaked 181-187 MB while starting against 152 MB reserved without the
+/// arena, the model being 45 MB.
+pub(super) const START_TRANSIENT_MODEL_COPIES: u64 = 2;
+
+/// How long stopping the service waits for the inference threads to end once their queues are
+/// closed: a thread finishes the batch it runs (seconds at most, at `pushdown.max_batch`) and
+/// drops its session.
+pub(super) const ENGINE_STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// Largest source object pushdown reads (it is held in memory while decoded). 64 MiB covers a
+/// 128-sample shard of ImageNet-size JPEGs several times over.
+pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Settings of the pushdown service.
+#[derive(Debug, Clone)]
+pub struct PushdownConfig {
+    pub models_dir: PathBuf,
+    pub ort_library: Option<PathBuf>,
+    pub engine: EngineConfig,
+    /// Engines unused this long are evicted ([`engines`]).
+    pub engine_idle: Duration,
+    pub max_object_bytes: u64,
+    /// Longest read of a source object's body.
+    pub source_timeout: Duration,
+    pub max_image_pixels: u64,
+    pub max_request_pixels: u64,
+    /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
+    pub preprocess_threads: usize,
+    /// Inference runs at once across every engine ([`fair`]); 0: one per core this process may
+    /// use, divided by the sessions' intra-op threads.
+    pub inference_runs: usize,
+    pub governor: GovernorConfig,
+    pub metrics: crate::metrics::Metrics,
+}
+
+/// A split's measured prefix cost.
+#[derive(Debug, Clone)]
+pub struct SplitCost {
+    pub secs_per_sample: f64,
+    pub bytes_per_sample: f64,
+    pub shape: Vec<usize>,
+    /// A text model's: the length its batches ran at.
+    pub text_length: Option<usize>,
+}
+
+/// Per-(model, split, text length) measured costs: a text model's at a length its batches may be
+/// cut to ([`super::planning`]), a multiple of [`super::text::LENGTH_STEP`] up to the model's (so at most
+/// `L / LENGTH_STEP` per split); other models' at their input (length 0).
+pub type SplitCosts = HashMap<(String, String, usize), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
+
+/// A computed output, ready to send.
+#[derive(Debug)]
+pub struct Output {
+    pub body: Bytes,
+    pub content_type: &'static str,
+    pub shape: Vec<usize>,
+    pub split: String,
+    pub model_digest: String,
+    pub decode: Duration,
+    pub infer: Duration,
+    pub encode: Duration,
+    /// Memory reserved for the outputs; release it when the response has been sent.
+    pub reservation: Vec<governor::Held>,
+}
+
+/// The pushdown service: registry, ONNX Runtime, and one engine per (model, split) in use.
+#[derive(Debug)]
+pub struct Pushdown {
+    pub(super) cfg: PushdownConfig,
+    pub(super) registry: Registry,
+    pub(super) env: Result<ort::environment::Environment, String>,
+    pub(super) engines: Arc<engines::EngineTable>,
+    /// What every engine shares: the memory governor, the probe lock, the inference threads
+    /// (shutdown waits for them) and the inference slots.
+    pub(super) node: engine::Node,
+    /// Measured prefix costs per (model, split), for planning.
+    pub(super) split_costs: Mutex<SplitCosts>,
+    /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
+    pub(super) preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
+    /// The last plan per (tenant, model) (`split=auto`; tenant "" for plans posted without one).
+    pub(super) plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
+    /// CPU slots for image preprocessing, shared fairly between tenants.
+    pub(super) preprocess_slots: Arc<fair::FairSlots>,
+    /// Decode and resize buffers kept between images.
+    pub(super) scratch: Arc<preprocess::ScratchPool>,
+    /// Requests' arrival numbers ([`Job::arrival`]), in their clients' order where they say it.
+    pub(super) arrivals: order::Arrivals,
+}
+
+/// One engine's memory, for the admin API.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EngineMemory {
+    pub model: String,
+    pub split: String,
+    pub workers: usize,
+    /// `None` until the first worker has measured it.
+    pub memory: Option<memory::MemoryModel>,
+    /// Largest inference batch (`pushdown.max_batch`, or less where the budget could not hold it).
+    pub batch_cap: Option<usize>,
+    /// Bytes reserved for the engine (all workers).
+    pub reserved_bytes: Option<u64>,
+}
+
+/// Whatever way the service ends (a graceful shutdown did this already), the process does not go
+/// on to exit while an inference thread is inside ONNX Runtime ([`engine::Threads`]).
+impl Drop for Pushdown {
+    fn drop(&mut self) {
+        self.engines.clear();
+        self.node.threads.wait_ended(ENGINE_STOP_WAIT);
+    }
+}
+
+impl Pushdown {
+    /// Loads the registry and ONNX Runtime; failures leave pushdown unavailable, never fatal.
+    #[must_use]
+    pub fn new(cfg: PushdownConfig) -> Self {
+        let registry = Registry::load(&cfg.models_dir);
+        for (dir, why) in &registry.failed {
+            tracing::warn!(dir = %dir.display(), error = %why, "Model not loaded.");
+        }
+        let env = runtime::environment(cfg.ort_library.as_deref());
+        match &env {
+            Ok(_) => tracing::info!(models = ?registry.names(), "Pushdown ready."),
+            Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
+        }
+        let governor = Arc::new(Governor::new(cfg.governor, cfg.metrics.clone()));
+        let engines = Arc::new(engines::EngineTable::new(cfg.engine_idle, &cfg.metrics));
+        // Weak: the engines hold the governor.
+        let table = Arc::downgrade(&engines);
+        governor
+            .set_reclaim(governor::Reclaim(Box::new(move || table.upgrade().map_or(0, |t| t.evict_unused().len()))));
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let preprocess_slots =
+            fair::FairSlots::new(if cfg.preprocess_threads == 0 { cores } else { cfg.preprocess_threads });
+        let per_run = cfg.engine.intra_threads.max(1);
+        let runs = fair::FairSlots::new(if cfg.inference_runs == 0 { cores / per_run } else { cfg.inference_runs });
+        let scratch = Arc::new(preprocess::ScratchPool::default());
+        Self {
+            preprocess_slots,
+            scratch: scratch.clone(),
+            cfg,
+            registry,
+            env,
+            engines,
+            node: engine::Node {
+                governor,
+                probe_lock: Arc::default(),
+                threads: Arc::default(),
+                runs,
+                scratch,
+                measured: Arc::default(),
+            },
+            split_costs: Mutex::default(),
+            preprocessed: Arc::default(),
+            plans: Mutex::default(),
+            arrivals: order::Arrivals::default(),
+        }
+    }
+
+    #[must_use]
+    pub fn governor(&self) -> &Arc<Governor> {
+        &self.node.governor
+    }
+
+    /// Bytes the preprocessing and batch buffers kept between uses hold now (at most
+    /// [`preprocess::SCRATCH_POOL_BYTES`]; outside the budget).
+    #[must_use]
+    pub fn scratch_kept_bytes(&self) -> usize {
+        self.scratch.kept_bytes()
+    }
+
+    /// Every started engine's memory model.
+    #[must_use]
+    pub fn engine_memory(&self) -> Vec<EngineMemory> {
+        let mut out: Vec<EngineMemory> = self
+            .engines
+            .all()
+            .into_iter()
+            .map(|((model, split), e)| {
+                let now = e.memory_model_now();
+                let adaptive = self.node.governor.config().adaptive;
+                EngineMemory {
+                    model,
+                    split,
+                    workers: e.workers(),
+                    batch_cap: now.as_ref().map(|(_, b)| *b),
+                    reserved_bytes: now
+                        .as_ref()
+                        .map(|(m, b)| m.engine_bytes(e.workers(), if adaptive { *b } else { 0 })),
+                    memory: now.map(|(m, _)| m),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.model, &a.split).cmp(&(&b.model, &b.split)));
+        out
+    }
+
+    /// `Err(reason)` when pushdown cannot run at all.
+    ///
+    /// # Errors
+    /// Why ONNX Runtime is missing.
+    pub fn available(&self) -> Result<(), &str> {
+        self.env.as_ref().map(|_| ()).map_err(String::as_str)
+    }
+
+    #[must_use]
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(super) fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
+        self.registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
+            name: name.to_owned(),
+            known: self.registry.names().join(", "),
+        })
+    }
+
+    pub(super) async fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
+        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
+        let key = (model.manifest.name.clone(), split.to_owned());
+        let tensor = model
+            .split(split)
+            .map(|s| s.tensor.clone())
+            .ok_or_else(|| PushdownError::Internal("split vanished".into()))?;
+        let (model, split, cfg, metrics) = (model.clone(), split.to_owned(), self.cfg.engine, self.cfg.metrics.clone());
+        let node = self.node.clone();
+        // What a start holds before the engine's own reservation: cutting the prefix decodes the
+        // whole model, and the first worker checks the prefix against a session of the whole
+        // model (docs/BENCHMARKS.md, "Engine memory by arena mode"). Held from before the cut
+        // until the first worker has measured (`engine::ready_session`).
+        let transient = START_TRANSIENT_MODEL_COPIES * model.bytes.len() as u64;
+        let start_hold = self.node.governor.hold(transient);
+        self.engines
+            .get_or_start(&key, start_hold, move |start_hold| {
+                Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
+            })
+            .await
+    }
+
+    /// Evicts idle engines every quarter of the idle time (at most every 30 s) for as long as the
+    /// service exists.
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let period = (self.cfg.engine_idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        let service = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(service) = service.upgrade() else { break };
+                service.engines.evict_idle();
+            }
+        });
+    }
+
+    /// Stops every engine (each when its last request is done) and waits, at most
+    /// [`ENGINE_STOP_WAIT`], for their inference threads to end ([`engine::Threads`]); returns
+    /// whether they all did.
+    pub async fn shutdown(&self) -> bool {
+        self.engines.clear();
+        let threads = self.node.threads.clone();
+        let ended = tokio::task::spawn_blocking(move || threads.wait_ended(ENGINE_STOP_WAIT)).await.unwrap_or(false);
+        if !ended {
+            tracing::warn!(wait_secs = ENGINE_STOP_WAIT.as_secs(), "Inference threads still running after shutdown.");
+        }
+        ended
+    }
+
+    /// Inference threads of this service's engines that still hold anything of ONNX Runtime.
+    #[must_use]
+    pub fn inference_threads(&self) -> usize {
+        self.node.threads.running()
+    }
+
+    /// Fault injection for the supervision tests: the next run of this engine panics. `false` if
+    /// it is not running.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn inject_worker_panic(&self, model: &str, split: &str) -> bool {
+        self.engines.running(&(model.to_owned(), split.to_owned())).map(|e| e.inject_panic()).is_some()
+    }
+}
+
+/// What running a request's samples needs beside them ([`Pushdown::run_samples`]).
+pub(super) struct Run<'a> {
+    pub(super) engine: &'a Arc<Engine>,
+    pub(super) model: &'a Arc<Model>,
+    pub(super) stream: &'a governor::Stream,
+    /// The tenant's admitted-samples counter.
+    pub(super) samples: &'a prometheus_client::metrics::counter::Counter,
+    /// The engine batch cap the samples ask for.
+    pub(super) cap: usize,
+    pub(super) tenant: &'a str,
+    /// The request's arrival number: its samples preprocess after those of the tenant's earlier
+    /// requests ([`Job::arrival`]).
+    pub(super) arrival: u64,
+}
+
+impl Pushdown {
+    /// Runs samples through the engine: each admitted by the request's stream (module docs of
+    /// [`governor`]), an image preprocessed on a blocking thread (one per core at a time, tenants
+    /// in turn), then inferred. `items[j]` is the source's sample `order[j]`, named by
+    /// `keys[order[j]]` in errors; the outputs come back in source order.
+    pub(super) async fn run_samples(
+        &self,
+        run: &Run<'_>,
+        (items, scratch, order): (Vec<Item>, Vec<u64>, Vec<usize>),
+        keys: &[String],
+    ) -> Result<Vec<Tensor>, PushdownError> {
+        let max_pixels = self.cfg.max_image_pixels;
+        // When each request's samples start and end: the order requests are computed in (ADR 0019).
+        tracing::debug!(arrival = run.arrival, samples = order.len(), "Samples ready.");
+        let runs = items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| async move {
+            let slot = run.stream.admit(scratch).await?;
+            run.samples.inc();
+            // Decoded no further ahead of the engine than it can use: the oldest requests'
+            // samples first, the rest wait undecoded.
+            let place = (run.arrival, i as u64);
+            let _ahead = run.engine.ahead(run.tenant, place).await?;
+            let input = match item {
+                Item::Ready(v) => v,
+                Item::Image(bytes) => {
+                    let (m, tally, pool) = (run.model.clone(), self.preprocessed.clone(), self.scratch.clone());
+                    // Held until the decode is done: one image per core at a time, tenants in
+                    // turn, a tenant's requests in the order they arrived.
+                    let _cpu = self.preprocess_slots.acquire(run.tenant, place).await;
+                    tokio::task::spawn_blocking(move || {
+                        let pre = m.manifest.preprocess.as_ref().ok_or_else(|| no_preprocess(&m.manifest.name))?;
+                        // CPU time, not wall time: samples preprocess concurrently, and their
+                        // wall times would count the contention many times over.
+                        let mut scratch = pool.take();
+                        let (out, spent) = cpu_timed(|| {
+                            preprocess::image_to_input_with(&bytes, pre, m.manifest.layout, max_pixels, &mut scratch)
+                        });
+                        pool.give(scratch);
+                        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+                        tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+                        tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        out
+                    })
+                    .await
+                    .map_err(|e| PushdownError::Internal(e.to_string()))?
+                    .map_err(|e| name_sample(e, keys.get(i)))?
+                }
+            };
+            let out =
+                run.engine.infer(run.tenant, place, input, run.cap).await.map_err(|e| name_sample(e, keys.get(i)));
+            drop(slot);
+            out
+        });
+        let ran = try_join_all(runs).await?;
+        tracing::debug!(arrival = run.arrival, "Samples computed.");
+        let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
+        for (i, out) in order.into_iter().zip(ran) {
+            outputs[i] = Some(out);
+        }
+        Ok(outputs.into_iter().flatten().collect())
+    }
+}
