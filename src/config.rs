@@ -806,13 +806,15 @@ impl Config {
     /// The first invalid key, or a secret file that cannot be read.
     pub fn runtime(&self) -> Result<Runtime, ConfigError> {
         self.check()?;
+        // Read once: the hop credential both signs this member's hops and verifies its peers'.
+        let cluster_secret = self.cluster_secret()?;
         Ok(Runtime {
-            credentials: self.credential_store()?,
+            credentials: self.credentials_with(cluster_secret.clone())?,
             front: self.front_config()?,
             backend: self.backend_setup()?,
             edge: self.edge.edge_config(),
             cache: self.pushdown.cache.cache_config(),
-            cluster_secret: self.cluster_secret()?,
+            cluster_secret,
         })
     }
 
@@ -967,6 +969,11 @@ impl Config {
     /// # Errors
     /// A credential without a readable secret, or no way to authenticate on a non-loopback address.
     pub fn credential_store(&self) -> Result<CredentialStore, ConfigError> {
+        self.credentials_with(self.cluster_secret()?)
+    }
+
+    /// [`Config::credential_store`], given the cluster hop secret already read.
+    fn credentials_with(&self, cluster_secret: Option<SecretKey>) -> Result<CredentialStore, ConfigError> {
         let mut store = CredentialStore::default();
         if self.transparent() {
             // The store authenticates: the gateway holds no client secret, no development key.
@@ -1002,7 +1009,7 @@ impl Config {
             }
             store.insert(DEV_ACCESS_KEY.to_owned(), SecretKey::new(DEV_SECRET_KEY.to_owned()));
         }
-        if let Some(secret) = self.cluster_secret()? {
+        if let Some(secret) = cluster_secret {
             let key = &self.cluster.as_ref().expect("a secret implies [cluster]").access_key;
             store.insert(key.clone(), secret);
         }
