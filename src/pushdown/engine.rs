@@ -26,15 +26,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ort::session::{OutputSelector, RunOptions, Session};
-use ort::value::Tensor as OrtTensor;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
 use super::error::PushdownError;
 use super::fair::{FairSlots, Slot};
 use super::governor::{EngineHold, Governor, Held};
-use super::manifest::Manifest;
+use super::inference::{GiveBack, Inference, Session, SessionSettings};
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::queue::{Place, Queue, Refused};
@@ -289,8 +287,8 @@ impl Engine {
     ///
     /// # Errors
     /// The prefix cannot be cut or a thread cannot start.
-    pub fn start(
-        env: &ort::environment::Environment,
+    pub(crate) fn start(
+        inference: &Arc<dyn Inference>,
         model: &Arc<Model>,
         (split, tensor): (&str, &str),
         cfg: EngineConfig,
@@ -333,7 +331,7 @@ impl Engine {
         let left = Arc::new(AtomicUsize::new(workers));
         for n in 0..workers {
             let shared = Shared {
-                env: env.clone(),
+                inference: inference.clone(),
                 model: model.clone(),
                 tensor: tensor.to_owned(),
                 prefix_bytes: prefix_bytes.clone(),
@@ -547,220 +545,16 @@ impl Threads {
     }
 }
 
-/// ONNX Runtime's session option naming where external-data files of a model loaded from memory
-/// live (the prefix is cut in memory; its initializers may still point at `weights.bin` beside the
-/// original model file).
-const EXTERNAL_DATA_DIR: &str = "session.model_external_initializers_file_folder_path";
-
-/// ONNX Runtime's run option that gives the CPU arena's free regions back at the end of a run.
-const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
-
-/// Whether a `PerRun` arena gives its free regions back at the end of a run ([`Runner::run_then`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GiveBack {
-    Yes,
-    /// Kept for the next run, which is known to be a full batch of the same cap.
-    KeptForNext,
-}
-
-impl GiveBack {
-    /// After a batch of `batch` samples, taken at its samples' smallest cap `cap`, with `queued`
-    /// more samples waiting: the regions are kept only when the next batch is full too, so it
-    /// needs no more than this one did (a smaller batch, or none, gives them back).
-    #[must_use]
-    pub(crate) fn after(batch: usize, cap: usize, queued: usize) -> Self {
-        if batch >= cap && queued >= batch { Self::KeptForNext } else { Self::Yes }
-    }
-}
-
-/// A session of one prefix, and how its runs use ONNX Runtime's CPU arena ([`OrtArena`]).
-///
-/// `Off`: each tensor of a run is its own allocation. `PerRun`: runs allocate from the arena, so
-/// tensors freed during a run are reused by later ones instead of each being a fresh zero-filled
-/// mapping, and each run ends by giving the arena's free regions back (run option
-/// `memory.enable_memory_arena_shrinkage`), so an idle session holds only its weights and a run's
-/// footprint is its peak, which the memory model measures (ADR 0012). `Kept`: the session keeps
-/// its arena between runs, holding what its largest runs needed while it lives (ADR 0011).
-/// In every mode the output is written into a buffer of ours, not the arena's: a region that still
-/// held the output when the run ended would not be given back. The first run learns the output's
-/// shape and lets ONNX Runtime allocate it. Memory patterns stay off in every mode: a pattern is
-/// planned on the second run of each input shape and allocated as one more block, so an arena
-/// with them kept growing long after every batch size had run (up to 1.7x, ADR 0011), past any
-/// model measured at start.
-#[derive(Debug)]
-pub(crate) struct Runner {
-    session: Session,
-    arena: OrtArena,
-    /// The output's shape without the batch dimension, once a run has shown it.
-    sample_output: Option<Vec<usize>>,
-    /// Whether a batch of texts runs at its longest text ([`text::batch_length`]) rather than the
-    /// manifest's length: set where [`Runner::padding_is_inert`] found it exact.
-    cut_padding: bool,
-}
-
-impl Runner {
-    /// Runs one batch of `shape` (the manifest's inputs, fed as it says: [`feed`]) and returns
-    /// the tensor named `output`; with `PerRun`, the arena's free regions are given back at its end.
-    pub(crate) fn run(
-        &mut self,
-        manifest: &Manifest,
-        output: &str,
-        shape: &[usize],
-        data: &[f32],
-    ) -> Result<Tensor, String> {
-        self.run_then(manifest, output, shape, data, GiveBack::Yes)
-    }
-
-    /// [`Self::run`], the arena's regions kept for the next run where `give_back` says so: an
-    /// engine streaming full batches of one size reuses the same regions run after run instead of
-    /// faulting them in afresh (the engine's memory reservation holds a full batch's activations
-    /// for its whole life, so keeping them between two such runs holds nothing it did not
-    /// reserve; ADR 0024).
-    pub(crate) fn run_then(
-        &mut self,
-        manifest: &Manifest,
-        output: &str,
-        shape: &[usize],
-        data: &[f32],
-        give_back: GiveBack,
-    ) -> Result<Tensor, String> {
-        let mut inputs = feed(manifest, shape, data, |data, len| self.text_length(data, len))?;
-        // A prefix that ends before an input is used (a text model's embeddings, before the
-        // attention mask) has no such input.
-        inputs.retain(|(name, _)| self.session.inputs().iter().any(|i| i.name() == name));
-        let mut selected = OutputSelector::no_default().with(output);
-        if let (Some(sample), Some(&batch)) = (&self.sample_output, shape.first()) {
-            let dims: Vec<i64> = std::iter::once(batch).chain(sample.iter().copied()).map(|d| d as i64).collect();
-            let len = batch * sample.iter().product::<usize>();
-            let buffer = OrtTensor::from_array((dims, vec![0f32; len])).map_err(|e| e.to_string())?;
-            selected = selected.preallocate(output, buffer);
-        }
-        let mut options = RunOptions::new().map_err(|e| e.to_string())?.with_outputs(selected);
-        if self.arena == OrtArena::PerRun && give_back == GiveBack::Yes {
-            options.set(ARENA_SHRINKAGE, "cpu:0").map_err(|e| e.to_string())?;
-        }
-        let outputs = self.session.run_with_options(inputs, &options).map_err(|e| e.to_string())?;
-        let (out_shape, values) = outputs[output].try_extract_tensor::<f32>().map_err(|e| e.to_string())?;
-        let out_shape: Vec<usize> = out_shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
-        if self.sample_output.is_none() {
-            self.sample_output = Some(out_shape.iter().skip(1).copied().collect());
-        }
-        Ok(Tensor { shape: out_shape, data: values.to_vec() })
-    }
-
-    /// The length a batch of text rows of `len` tokens runs at: its longest text's
-    /// ([`text::batch_length`]) where padding may be cut, else `len`.
-    fn text_length(&self, data: &[f32], len: usize) -> usize {
-        if self.cut_padding { text::batch_length(data, len) } else { len }
-    }
-
-    /// Cuts batches' padding from now on where that leaves `output` unchanged
-    /// ([`Self::padding_is_inert`]); returns whether it does.
-    pub(crate) fn cut_padding_where_inert(&mut self, manifest: &Manifest, output: &str) -> Result<bool, String> {
-        self.cut_padding = self.padding_is_inert(manifest, output)?;
-        Ok(self.cut_padding)
-    }
-
-    /// Whether a text prefix's output stays the same when a batch's padding is cut off: its shape
-    /// does not have the length and padded positions do not reach it (outputs pooled over the
-    /// attended tokens, `pool` and `embedding`; not the sequence outputs `layer*`, nor a model
-    /// that ignores its mask). Probed on one row attended over its first half, whole and cut.
-    fn padding_is_inert(&mut self, manifest: &Manifest, output: &str) -> Result<bool, String> {
-        let (Some(_), &[2, len]) = (&manifest.text, manifest.input_shape.as_slice()) else { return Ok(false) };
-        let used = (len / 2).next_multiple_of(text::LENGTH_STEP);
-        if used >= len {
-            return Ok(false);
-        }
-        let row: Vec<f32> = (0..len)
-            .map(|i| if i < used { ((i * 7919) % 1000) as f32 } else { 0.0 })
-            .chain((0..len).map(|i| f32::from(u8::from(i < used))))
-            .collect();
-        // Neither probe may write into the buffer of the engine's output shape.
-        let (sample_output, cut_padding) = (self.sample_output.take(), self.cut_padding);
-        let mut probe = |cut: bool| {
-            (self.sample_output, self.cut_padding) = (None, cut);
-            self.run(manifest, output, &[1, 2, len], &row)
-        };
-        let (whole, cut) = (probe(false), probe(true));
-        (self.sample_output, self.cut_padding) = (sample_output, cut_padding);
-        let (whole, cut) = (whole?, cut?);
-        Ok(whole.shape == cut.shape && relative_l2(&whole.data, &cut.data) <= PADDING_TOLERANCE)
-    }
-}
-
-/// How far a text prefix's output may move when padding is cut for it to be cut
-/// ([`Runner::padding_is_inert`]): the bar outputs are held to against the caller's own
-/// tokenizer and onnxruntime (ADR 0017). Masked positions weigh exactly 0; only the order of the
-/// sums changes.
-const PADDING_TOLERANCE: f64 = 1e-5;
-
-/// `|a - b| / |b|` (0 for two zero vectors).
-fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (diff, norm) = a
-        .iter()
-        .zip(b)
-        .fold((0f64, 0f64), |(d, n), (&x, &y)| (d + (f64::from(x) - f64::from(y)).powi(2), n + f64::from(y).powi(2)));
-    if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() }
-}
-
-/// The session inputs of a batch: an image model's one `f32` tensor; a text model's rows
-/// (`[ids; L] ++ [mask; L]`, `shape` `[batch, 2, L]`) as its two int64 inputs, token ids and
-/// attention mask (`[text]` in the manifest), as long as `text_length` says ([`Runner::text_length`]).
-fn feed<'a>(
-    manifest: &Manifest,
-    shape: &[usize],
-    data: &'a [f32],
-    text_length: impl Fn(&[f32], usize) -> usize,
-) -> Result<Vec<(String, ort::session::SessionInputValue<'a>)>, String> {
-    let Some(text) = &manifest.text else {
-        // A view of the caller's buffer (kept between batches: [`Node::scratch`]), not a copy.
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let value = ort::value::TensorRef::from_array_view((dims, data)).map_err(|e| e.to_string())?;
-        return Ok(vec![(manifest.input.clone(), value.into())]);
-    };
-    let [batch, 2, len] = shape[..] else { return Err(format!("a text batch of shape {shape:?}")) };
-    let run = text_length(data, len);
-    let (mut ids, mut mask) = (Vec::with_capacity(batch * run), Vec::with_capacity(batch * run));
-    for row in data.chunks_exact(2 * len) {
-        ids.extend(row[..run].iter().map(|&v| v as i64));
-        mask.extend(row[len..len + run].iter().map(|&v| v as i64));
-    }
-    let dims = vec![batch as i64, run as i64];
-    let ids = OrtTensor::from_array((dims.clone(), ids)).map_err(|e| e.to_string())?;
-    let mask = OrtTensor::from_array((dims, mask)).map_err(|e| e.to_string())?;
-    Ok(vec![(manifest.input.clone(), ids.into()), (text.mask.clone(), mask.into())])
-}
-
-/// A [`Runner`] of `bytes` with `threads` intra-op threads (see there for `arena`).
-pub(crate) fn session(
-    env: &ort::environment::Environment,
-    bytes: &[u8],
-    threads: usize,
-    arena: OrtArena,
-    model_dir: &std::path::Path,
-) -> Result<Runner, String> {
-    let builder = Session::builder(env).map_err(|e| e.to_string())?;
-    let builder = builder.with_intra_threads(threads).map_err(|e| e.to_string())?;
-    let builder = builder
-        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena != OrtArena::Off).build()])
-        .map_err(|e| e.to_string())?;
-    let builder = builder.with_memory_pattern(false).map_err(|e| e.to_string())?;
-    let mut builder =
-        builder.with_config_entry(EXTERNAL_DATA_DIR, model_dir.to_string_lossy()).map_err(|e| e.to_string())?;
-    let session = builder.commit_from_memory(bytes).map_err(|e| e.to_string())?;
-    Ok(Runner { session, arena, sample_output: None, cut_padding: false })
-}
-
 /// The once-per-engine check: prefix output == full model output at the split tensor.
 fn check_prefix(
-    env: &ort::environment::Environment,
+    inference: &dyn Inference,
     model: &Model,
     tensor: &str,
-    prefix_session: &mut Runner,
+    prefix_session: &mut dyn Session,
 ) -> Result<(), String> {
     let exposed = prefix::expose(&model.bytes, &[tensor]).map_err(|e| e.to_string())?;
     // A one-off session: nothing to keep between runs.
-    let mut full = session(env, &exposed, 1, OrtArena::Off, &model.dir)?;
+    let mut full = inference.session(&exposed, SessionSettings { threads: 1, arena: OrtArena::Off }, &model.dir)?;
     let (shape, input) = probe_input(model, 1);
     let a = prefix_session.run(&model.manifest, tensor, &shape, &input)?;
     let b = full.run(&model.manifest, tensor, &shape, &input)?;
@@ -793,7 +587,7 @@ pub(crate) fn probe_texts(model: &Model, batch: usize, attended: usize) -> (Vec<
 
 /// Creates the first session, checks the prefix, and measures the memory model (module docs of
 /// [`memory`]), unless an earlier engine of the same did ([`Measured`]).
-fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
+fn first_session(s: &Shared) -> Result<(Box<dyn Session>, MemoryModel), String> {
     let key = Measured::key(s);
     if let Some(Found { memory, cut_padding }) = s.measured.get(&key) {
         let started = Instant::now();
@@ -817,12 +611,12 @@ fn first_session(s: &Shared) -> Result<(Runner, MemoryModel), String> {
 /// The first session of a (model, split) in this process: created, run at the probe batches
 /// to measure its memory model, its output checked against the full model's, and (a text model)
 /// probed for whether padding may be cut. Holds the process-wide probe lock throughout.
-fn measure_and_check(s: &Shared) -> Result<(Runner, Found), String> {
+fn measure_and_check(s: &Shared) -> Result<(Box<dyn Session>, Found), String> {
     let _probe = s.probe_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let model = &s.model;
     let before = memory::resident_bytes();
     let started = Instant::now();
-    let mut session = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &model.dir)?;
+    let mut session = s.inference.session(&s.prefix_bytes, s.settings(), &model.dir)?;
     let created = started.elapsed();
     let (shape, input) = probe_input(model, 1);
     let out = session.run(&model.manifest, &s.tensor, &shape, &input)?;
@@ -862,7 +656,7 @@ fn measure_and_check(s: &Shared) -> Result<(Runner, Found), String> {
     }
     .with_prefix(s.prefix_bytes.len() as u64);
     let measured = started.elapsed();
-    check_prefix(&s.env, model, &s.tensor, &mut session)?;
+    check_prefix(&*s.inference, model, &s.tensor, &mut *session)?;
     let checked = started.elapsed();
     let cut_padding = session.cut_padding_where_inert(&model.manifest, &s.tensor)?;
     s.cut_padding.store(cut_padding, Ordering::SeqCst);
@@ -904,7 +698,7 @@ fn answer_until_closed(queue: &Queue<Job>, depth: &AtomicUsize, e: &PushdownErro
 
 /// What every worker of an engine shares.
 struct Shared {
-    env: ort::environment::Environment,
+    inference: Arc<dyn Inference>,
     model: Arc<Model>,
     tensor: String,
     prefix_bytes: Arc<Vec<u8>>,
@@ -930,21 +724,28 @@ struct Shared {
     /// What the start holds until the first worker has measured (its transient copies of the
     /// whole model), then released.
     start_hold: Arc<Mutex<Option<Held>>>,
-    /// What the first worker found for every session of the engine: [`Runner::padding_is_inert`].
+    /// What the first worker found for every session of the engine: [`Session::cut_padding_where_inert`].
     cut_padding: Arc<AtomicBool>,
     /// Workers not yet stopped: the last one closes the queue ([`stopped`]).
     left: Arc<AtomicUsize>,
 }
 
+impl Shared {
+    /// How the engine's sessions are made.
+    fn settings(&self) -> SessionSettings {
+        SessionSettings { threads: self.cfg.intra_threads, arena: self.cfg.ort_arena }
+    }
+}
+
 /// A fresh session of the engine's prefix (after the first worker's verdict).
-fn session_for(s: &Shared) -> Result<Runner, String> {
-    let mut runner = session(&s.env, &s.prefix_bytes, s.cfg.intra_threads, s.cfg.ort_arena, &s.model.dir)?;
-    runner.cut_padding = s.cut_padding.load(Ordering::SeqCst);
+fn session_for(s: &Shared) -> Result<Box<dyn Session>, String> {
+    let mut runner = s.inference.session(&s.prefix_bytes, s.settings(), &s.model.dir)?;
+    runner.set_cut_padding(s.cut_padding.load(Ordering::SeqCst));
     Ok(runner)
 }
 
 /// The first worker's verdict (with the fixed memory of all workers reserved), or the wait for it.
-fn ready_session(s: &Shared, first: bool) -> Result<Runner, PushdownError> {
+fn ready_session(s: &Shared, first: bool) -> Result<Box<dyn Session>, PushdownError> {
     if first {
         let measured = first_session(s).map_err(PushdownError::Model);
         // The start's transient copies are gone (the full-model check session included).
@@ -1092,7 +893,7 @@ fn worker(shared: &Shared, first: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::GiveBack;
+    use super::super::inference::GiveBack;
 
     #[test]
     fn the_arena_is_kept_only_between_full_batches() {

@@ -7,9 +7,9 @@
 //! resolves a request into a [`Job`], which reads its source under the memory budget), `parse`
 //! (the source as samples: images, `.npy`, WebDataset shards ([`shard`]), Parquet ([`table`]),
 //! texts ([`text`])), [`preprocess`] and [`engine`] (inference threads with batching, supervised in
-//! [`engines`], admitted by [`governor`] and [`fair`]), `encode` and [`tensor`] (`.npy`,
+//! [`engines`], admitted by [`governor`] and [`fair`], running sessions of an `inference` trait), `encode` and [`tensor`] (`.npy`,
 //! safetensors, tar or Parquet out). [`registry`] verifies model files, [`prefix`] cuts a model at
-//! a split, [`runtime`] loads ONNX Runtime. The proxy's pushdown phase (`crate::proxy::pushdown`)
+//! a split, [`runtime`] loads ONNX Runtime and makes its sessions. The proxy's pushdown phase (`crate::proxy::pushdown`)
 //! answers a job over HTTP through the tensor cache.
 
 pub mod clock;
@@ -20,6 +20,7 @@ pub mod engines;
 pub mod error;
 pub mod fair;
 pub mod governor;
+mod inference;
 mod job;
 pub mod manifest;
 pub mod memory;
@@ -43,3 +44,6 @@ pub use self::job::Job;
 pub use self::service::{
     DEFAULT_MAX_OBJECT_BYTES, EngineMemory, Output, Pushdown, PushdownConfig, SplitCost, SplitCosts,
 };
+
+#[cfg(test)]
+mod tests;

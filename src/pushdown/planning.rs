@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::error::PushdownError;
+use super::inference::SessionSettings;
 use super::parse::split_def;
 use super::registry::Model;
 use super::service::{Pushdown, SplitCost};
@@ -66,14 +67,14 @@ impl Pushdown {
         let key = (model.to_owned(), split.to_owned(), length);
         let cell =
             self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key).or_default().clone();
-        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
+        let inference = self.inference.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let m = self.model(model)?;
         let tensor = split_def(&m, split)?.tensor.clone();
         let arena = self.cfg.engine.ort_arena;
         let measure = || async move {
             tokio::task::spawn_blocking(move || -> Result<SplitCost, String> {
                 let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
-                let mut session = engine::session(&env, &bytes, 1, arena, &m.dir)?;
+                let mut session = inference.session(&bytes, SessionSettings { threads: 1, arena }, &m.dir)?;
                 let cut = session.cut_padding_where_inert(&m.manifest, &tensor)?;
                 let (shape, input) = engine::probe_texts(&m, MEASURE_BATCH, length);
                 session.run(&m.manifest, &tensor, &shape, &input)?;

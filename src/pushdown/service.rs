@@ -14,6 +14,7 @@ use super::clock::cpu_timed;
 use super::engine::{Engine, EngineConfig};
 use super::error::PushdownError;
 use super::governor::{Governor, GovernorConfig};
+use super::inference::Inference;
 use super::registry::{Model, Registry};
 use super::tensor::Tensor;
 use super::{
@@ -93,7 +94,8 @@ pub struct Output {
 pub struct Pushdown {
     pub(super) cfg: PushdownConfig,
     pub(super) registry: Registry,
-    pub(super) env: Result<ort::environment::Environment, String>,
+    /// What runs the prefixes (ONNX Runtime), or why nothing can.
+    pub(super) inference: Result<Arc<dyn Inference>, String>,
     pub(super) engines: Arc<engines::EngineTable>,
     /// What every engine shares: the memory governor, the probe lock, the inference threads
     /// (shutdown waits for them) and the inference slots.
@@ -139,12 +141,18 @@ impl Pushdown {
     /// Loads the registry and ONNX Runtime; failures leave pushdown unavailable, never fatal.
     #[must_use]
     pub fn new(cfg: PushdownConfig) -> Self {
+        let ort = runtime::environment(cfg.ort_library.as_deref())
+            .map(|env| Arc::new(runtime::OrtInference { env }) as Arc<dyn Inference>);
+        Self::with_inference(cfg, ort)
+    }
+
+    /// The service with `inference` running its prefixes (ONNX Runtime in [`Self::new`]).
+    pub(crate) fn with_inference(cfg: PushdownConfig, inference: Result<Arc<dyn Inference>, String>) -> Self {
         let registry = Registry::load(&cfg.models_dir);
         for (dir, why) in &registry.failed {
             tracing::warn!(dir = %dir.display(), error = %why, "Model not loaded.");
         }
-        let env = runtime::environment(cfg.ort_library.as_deref());
-        match &env {
+        match &inference {
             Ok(_) => tracing::info!(models = ?registry.names(), "Pushdown ready."),
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
         }
@@ -165,7 +173,7 @@ impl Pushdown {
             scratch: scratch.clone(),
             cfg,
             registry,
-            env,
+            inference,
             engines,
             node: engine::Node {
                 governor,
@@ -225,7 +233,7 @@ impl Pushdown {
     /// # Errors
     /// Why ONNX Runtime is missing.
     pub fn available(&self) -> Result<(), &str> {
-        self.env.as_ref().map(|_| ()).map_err(String::as_str)
+        self.inference.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     #[must_use]
@@ -241,7 +249,7 @@ impl Pushdown {
     }
 
     pub(super) async fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
-        let env = self.env.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
+        let inference = self.inference.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
         let key = (model.manifest.name.clone(), split.to_owned());
         let tensor = model
             .split(split)
@@ -257,7 +265,7 @@ impl Pushdown {
         let start_hold = self.node.governor.hold(transient);
         self.engines
             .get_or_start(&key, start_hold, move |start_hold| {
-                Engine::start(&env, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
+                Engine::start(&inference, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
             })
             .await
     }

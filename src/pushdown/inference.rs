@@ -1,0 +1,148 @@
+//! What runs a prefix, as the engines see it: an [`Inference`] makes [`Session`]s of a prefix's
+//! ONNX bytes, and a session runs batches. The gateway's is ONNX Runtime
+//! ([`super::runtime::OrtInference`]); the request-path tests use a fake that needs no library
+//! ([`fake`]). Everything around a run (queues, batching, the memory governor, the prefix check
+//! against the full model, supervision) is the engine's ([`super::engine`]) and the same for both.
+
+use std::path::Path;
+
+use super::engine::OrtArena;
+use super::manifest::Manifest;
+use super::tensor::Tensor;
+
+/// Whether a `PerRun` arena gives its free regions back at the end of a run ([`Session::run_then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    Yes,
+    /// Kept for the next run, which is known to be a full batch of the same cap.
+    KeptForNext,
+}
+
+impl GiveBack {
+    /// After a batch of `batch` samples, taken at its samples' smallest cap `cap`, with `queued`
+    /// more samples waiting: the regions are kept only when the next batch is full too, so it
+    /// needs no more than this one did (a smaller batch, or none, gives them back).
+    #[must_use]
+    pub(crate) fn after(batch: usize, cap: usize, queued: usize) -> Self {
+        if batch >= cap && queued >= batch { Self::KeptForNext } else { Self::Yes }
+    }
+}
+
+/// How a session is made: intra-op threads and the arena mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionSettings {
+    pub(crate) threads: usize,
+    pub(crate) arena: OrtArena,
+}
+
+/// Makes sessions of a prefix. Called on inference threads and blocking threads only.
+pub(crate) trait Inference: Send + Sync + std::fmt::Debug {
+    /// A session of the ONNX model `bytes` (a prefix, or a model with the split tensor exposed),
+    /// whose external-data files, if any, lie in `model_dir`.
+    ///
+    /// # Errors
+    /// The bytes do not load.
+    fn session(&self, bytes: &[u8], settings: SessionSettings, model_dir: &Path) -> Result<Box<dyn Session>, String>;
+}
+
+/// One loaded prefix; runs take `&mut self` (one thread at a time).
+pub(crate) trait Session: Send {
+    /// Runs one batch of `shape` (the manifest's inputs; a text model's rows as
+    /// [`super::text`] lays them out) and returns the tensor named `output`, the arena's free
+    /// regions given back at its end unless `give_back` keeps them for the next full batch.
+    ///
+    /// # Errors
+    /// The run failed.
+    fn run_then(
+        &mut self,
+        manifest: &Manifest,
+        output: &str,
+        shape: &[usize],
+        data: &[f32],
+        give_back: GiveBack,
+    ) -> Result<Tensor, String>;
+
+    /// [`Self::run_then`], giving the arena's regions back.
+    ///
+    /// # Errors
+    /// The run failed.
+    fn run(&mut self, manifest: &Manifest, output: &str, shape: &[usize], data: &[f32]) -> Result<Tensor, String> {
+        self.run_then(manifest, output, shape, data, GiveBack::Yes)
+    }
+
+    /// The length a batch of text rows of `len` tokens runs at (`len` unless padding is cut).
+    fn text_length(&self, data: &[f32], len: usize) -> usize;
+
+    /// Cuts text batches' padding from now on where that leaves `output` unchanged; returns
+    /// whether it does.
+    ///
+    /// # Errors
+    /// A probe run failed.
+    fn cut_padding_where_inert(&mut self, manifest: &Manifest, output: &str) -> Result<bool, String>;
+
+    /// Cuts text batches' padding (as a first session of the same prefix found it may).
+    fn set_cut_padding(&mut self, cut: bool);
+}
+
+/// A fake [`Inference`] for the request-path tests: each sample's output is
+/// `[sum, max, first]` of its input values (shape `[batch, 3]`), whatever the bytes, so a prefix
+/// and its full model agree and the expected features follow from the input alone.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::{GiveBack, Inference, Manifest, Path, Session, SessionSettings, Tensor};
+
+    /// Features per sample.
+    pub(crate) const FEATURES: usize = 3;
+
+    /// The fake's output for one sample.
+    pub(crate) fn features(sample: &[f32]) -> [f32; FEATURES] {
+        let sum = sample.iter().sum();
+        let max = sample.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        [sum, max, sample.first().copied().unwrap_or(0.0)]
+    }
+
+    /// Counts the sessions it made.
+    #[derive(Debug, Default)]
+    pub(crate) struct FakeInference {
+        pub(crate) sessions: AtomicUsize,
+    }
+
+    struct FakeSession;
+
+    impl Inference for FakeInference {
+        fn session(&self, _: &[u8], _: SessionSettings, _: &Path) -> Result<Box<dyn Session>, String> {
+            self.sessions.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(FakeSession))
+        }
+    }
+
+    impl Session for FakeSession {
+        fn run_then(
+            &mut self,
+            _: &Manifest,
+            _: &str,
+            shape: &[usize],
+            data: &[f32],
+            _: GiveBack,
+        ) -> Result<Tensor, String> {
+            let batch = shape.first().copied().ok_or("no batch dimension")?;
+            if batch == 0 || !data.len().is_multiple_of(batch) {
+                return Err(format!("{} values in a batch of {batch}", data.len()));
+            }
+            let data = data.chunks_exact(data.len() / batch).flat_map(features).collect();
+            Ok(Tensor { shape: vec![batch, FEATURES], data })
+        }
+
+        fn text_length(&self, _: &[f32], len: usize) -> usize {
+            len
+        }
+
+        fn cut_padding_where_inert(&mut self, _: &Manifest, _: &str) -> Result<bool, String> {
+            Ok(false)
+        }
+
+        fn set_cut_padding(&mut self, _: bool) {}
+    }
+}
