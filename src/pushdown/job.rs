@@ -14,6 +14,7 @@ use super::parse::{Input, Kind, Parsed, SourceLimits, image_costs, parse, split_
 use super::registry::Model;
 use super::service::{Output, Pushdown, Run};
 use super::spec::{Dtype, Format, PushdownSpec};
+use super::tensor::Tensor;
 use super::{governor, memory, table, tensor};
 
 /// One pushdown request, resolved ([`Pushdown::prepare`]): the model and split, named once, its
@@ -239,18 +240,64 @@ impl Pushdown {
         }))
     }
 
-    /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]).
+    /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]), in phases:
+    /// parse the source into samples ([`Self::parse_source`]), admit the outputs' memory
+    /// ([`Self::admit_outputs`]), run the samples ([`Self::infer`]), encode ([`encode_output`]).
     pub(super) async fn compute(&self, job: &Job<'_>, input: Input) -> Result<Output, PushdownError> {
-        let (spec, model, split, tenant) = (&job.spec, job.model.clone(), job.split.clone(), job.tenant.as_str());
         let (engine, memory, batch_cap) = job.engine().await?;
-
         let t0 = Instant::now();
-        let parse_model = model.clone();
+        let (parsed, scratch, table_source) = self.parse_source(job, input).await?;
+        let parse_time = t0.elapsed();
+
+        let t1 = Instant::now();
+        let (stream, outputs_held) = self.admit_outputs(job, &parsed, &memory).await?;
+        // Adaptive: samples of all requests batch together up to the engine's cap (what its
+        // reservation covers). Comparison mode: batches as large as the requested storage batch
+        // (HAPI without adaptation runs the training batch as one storage batch).
+        let cap = if self.node.governor.config().adaptive { batch_cap } else { stream.allotment() };
+        let label = crate::metrics::TenantLabel { tenant: job.tenant.clone() };
+        let samples = self.cfg.metrics.tenant_samples.get_or_create(&label).clone();
+        let run = Run {
+            engine: &engine,
+            model: &job.model,
+            stream: &stream,
+            samples: &samples,
+            cap,
+            tenant: &job.tenant,
+            arrival: job.arrival,
+        };
+        let (parsed, outputs, groups_time) = self.infer(&run, parsed, scratch, table_source).await?;
+        let infer_time = t1.elapsed().saturating_sub(groups_time);
+
+        let t2 = Instant::now();
+        let (body, shape, content_type) = encode_output(job, parsed, outputs).await?;
+        tracing::debug!(arrival = job.arrival, bytes = body.len(), "Output encoded.");
+        drop(stream);
+        Ok(Output {
+            body: Bytes::from(body),
+            content_type,
+            shape,
+            split: job.split.clone(),
+            model_digest: job.model.digest.clone(),
+            decode: parse_time + groups_time,
+            infer: infer_time,
+            encode: t2.elapsed(),
+            reservation: vec![outputs_held],
+        })
+    }
+
+    /// Parse phase, on a blocking thread: the source as samples in engine order, each image's
+    /// scratch cost from its header (a Parquet file's rows are decoded later, group by group,
+    /// once the governor holds what that takes), and the source as a Parquet file when it is one.
+    async fn parse_source(
+        &self,
+        job: &Job<'_>,
+        input: Input,
+    ) -> Result<(Parsed, Vec<u64>, Option<table::Source>), PushdownError> {
+        let model = job.model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
-        let want_tar = spec.format == Some(Format::Tar);
-        let want_parquet = spec.format == Some(Format::Parquet);
+        let format = job.spec.format;
         let source = job.limits();
-        // A Parquet file's pages are decoded after the governor holds what that takes.
         let (object, table_source, footer) = match input {
             Input::Object(object) => {
                 let table = table::is_parquet(&object).then(|| table::Source::whole(object.clone()));
@@ -259,172 +306,173 @@ impl Pushdown {
             Input::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
         };
         let whole_table = table_source.clone().filter(|_| footer.is_none());
-        let (mut parsed, scratch) = tokio::task::spawn_blocking(move || {
-            if want_parquet && whole_table.is_none() && footer.is_none() {
+        let (parsed, scratch) = tokio::task::spawn_blocking(move || {
+            if format == Some(Format::Parquet) && whole_table.is_none() && footer.is_none() {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
                     message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
                 });
             }
-            let parsed = match footer {
+            let mut parsed = match footer {
                 Some(footer) => Parsed::table(Some(*footer)),
-                None => parse(&object, whole_table.as_ref(), &parse_model, &source)?,
+                None => parse(&object, whole_table.as_ref(), &model, &source)?,
             };
-            if want_tar && parsed.kind != Kind::Shard {
+            if format == Some(Format::Tar) && parsed.kind != Kind::Shard {
                 return Err(PushdownError::InvalidArgument {
                     field: "format".into(),
                     message: "tar is for WebDataset shards; this object is not one (use npy or safetensors)".into(),
                 });
             }
-            let mut parsed = parsed;
-            parsed.put_in_engine_order(parse_model.manifest.text.is_some());
-            // A Parquet file's images are known once its rows are decoded (below).
-            let scratch = image_costs(&parsed, &parse_model.manifest, limits)?;
+            parsed.put_in_engine_order(model.manifest.text.is_some());
+            let scratch = image_costs(&parsed, &model.manifest, limits)?;
             Ok::<_, PushdownError>((parsed, scratch))
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
-        let mut decode_time = t0.elapsed();
+        Ok((parsed, scratch, table_source))
+    }
 
-        let t1 = Instant::now();
-        let samples_n = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
-        let n = samples_n as u64;
-        // A tar body also holds copies of the samples' other members and its framing; a Parquet
-        // file's decoded columns live as long as its samples, and a Parquet body holds its kept
-        // columns again.
-        let tar_bytes =
-            if want_tar { u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX) } else { 0 };
+    /// Admit phase: the request's stream of samples from the governor, with its outputs held
+    /// (ADR 0006). A tar body also holds copies of the samples' other members and its framing; a
+    /// Parquet file's decoded columns live as long as its samples, and a Parquet body holds its
+    /// kept columns again.
+    async fn admit_outputs(
+        &self,
+        job: &Job<'_>,
+        parsed: &Parsed,
+        memory: &memory::MemoryModel,
+    ) -> Result<(governor::Stream, governor::Held), PushdownError> {
+        let samples = parsed.table.as_ref().map_or(parsed.items.len(), table::Footer::row_count);
+        let tar_bytes = if job.spec.format == Some(Format::Tar) {
+            u64::try_from(tar_overhead(&parsed.keys, &parsed.others)).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
         let decoded_bytes = parsed.table.as_ref().map_or(0, |t| t.decoded_bytes().saturating_add(t.output_bytes()));
-        let (stream, outputs_held) = self
-            .node
+        let held =
+            (memory.held_bytes_per_sample * samples as u64).saturating_add(tar_bytes).saturating_add(decoded_bytes);
+        self.node
             .governor
             .open(
-                tenant,
-                (
-                    memory.queued_bytes_per_sample,
-                    (memory.held_bytes_per_sample * n).saturating_add(tar_bytes).saturating_add(decoded_bytes),
-                ),
+                &job.tenant,
+                (memory.queued_bytes_per_sample, held),
                 // One request alone never fills its engine's queue (a full queue refuses samples
                 // with `503`): at most half of it in flight. Images are paced by their decoding;
                 // ready inputs (`.npy` batches, texts) would otherwise all be queued at once.
-                (spec.batch, samples_n.min((self.cfg.engine.queue_capacity / 2).max(1))),
+                (job.spec.batch, samples.min((self.cfg.engine.queue_capacity / 2).max(1))),
                 job.source.as_ref(),
             )
-            .await?;
-        // Adaptive: samples of all requests batch together up to the engine's cap (what its
-        // reservation covers). Comparison mode: batches as large as the requested storage batch
-        // (HAPI without adaptation runs the training batch as one storage batch).
-        let cap = if self.node.governor.config().adaptive { batch_cap } else { stream.allotment() };
-        let samples = self
-            .cfg
-            .metrics
-            .tenant_samples
-            .get_or_create(&crate::metrics::TenantLabel { tenant: tenant.to_owned() })
-            .clone();
-        let run = Run {
-            engine: &engine,
-            model: &model,
-            stream: &stream,
-            samples: &samples,
-            cap,
-            tenant,
-            arrival: job.arrival,
-        };
-        // A Parquet file's rows are decoded and run one row group after the other: the governor
-        // holds one group's decoded columns (`Footer::decoded_bytes`), which each group reuses.
-        let mut outputs = Vec::with_capacity(samples_n);
+            .await
+    }
+
+    /// Infer phase: every sample through the engine, in source order. A Parquet file's rows are
+    /// decoded and run one row group after the other ([`Self::infer_groups`]). Returns the
+    /// samples' description (keys, labels, a table's kept columns), their outputs, and the time
+    /// spent decoding row groups.
+    async fn infer(
+        &self,
+        run: &Run<'_>,
+        mut parsed: Parsed,
+        scratch: Vec<u64>,
+        table_source: Option<table::Source>,
+    ) -> Result<(Parsed, Vec<Tensor>, Duration), PushdownError> {
         match (parsed.table.take().map(Arc::new), table_source) {
-            (Some(footer), Some(object)) => {
-                let mut kept = footer.kept();
-                let mut labels = Vec::with_capacity(samples_n);
-                for part in 0..footer.group_count() {
-                    let t = Instant::now();
-                    let (footer, object, m) = (footer.clone(), object.clone(), model.clone());
-                    let (group, scratch, back) = tokio::task::spawn_blocking(move || {
-                        let mut kept = kept;
-                        let rows = footer.group_rows(&object, part, kept.as_mut())?;
-                        let mut group = table_rows(rows, m.tokenizer.as_deref())?;
-                        group.put_in_engine_order(m.manifest.text.is_some());
-                        let scratch = image_costs(&group, &m.manifest, limits)?;
-                        Ok::<_, PushdownError>((group, scratch, kept))
-                    })
-                    .await
-                    .map_err(|e| PushdownError::Internal(e.to_string()))??;
-                    kept = back;
-                    decode_time += t.elapsed();
-                    let Parsed { items, keys, labels: group_labels, order, .. } = group;
-                    outputs.extend(self.run_samples(&run, (items, scratch, order), &keys).await?);
-                    labels.extend(
-                        group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()),
-                    );
-                    parsed.keys.extend(keys);
-                }
-                parsed.labels = labels.into_iter().collect();
-                parsed.others = vec![Vec::new(); parsed.keys.len()];
-                parsed.kept = kept;
-            }
+            (Some(footer), Some(object)) => self.infer_groups(run, parsed, &footer, &object).await,
             _ => {
                 let (items, order) = (std::mem::take(&mut parsed.items), std::mem::take(&mut parsed.order));
-                outputs = self.run_samples(&run, (items, scratch, order), &parsed.keys).await?;
+                let outputs = self.run_samples(run, (items, scratch, order), &parsed.keys).await?;
+                Ok((parsed, outputs, Duration::ZERO))
             }
         }
-        let infer_time = t1.elapsed();
-
-        let t2 = Instant::now();
-        let format = spec.format.unwrap_or(if parsed.kind.keyed() || spec.dtype == Dtype::Bf16 {
-            Format::Safetensors
-        } else {
-            Format::Npy
-        });
-        let dtype = spec.dtype;
-        let mut meta =
-            HashMap::from([("model".to_owned(), model.manifest.name.clone()), ("split".to_owned(), split.clone())]);
-        if parsed.kind.keyed() {
-            // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
-            meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
-        }
-        let (kind, labels, keys, others, kept) = (parsed.kind, parsed.labels, parsed.keys, parsed.others, parsed.kept);
-        let names = (model.manifest.name.clone(), split.clone());
-        let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
-            if format == Format::Tar {
-                return write_tar(&outputs, &keys, &others, dtype);
-            }
-            let out = stack(outputs, kind != Kind::Single);
-            let body = match format {
-                Format::Npy => tensor::write_npy(&out, dtype),
-                Format::Safetensors => {
-                    tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?
-                }
-                Format::Parquet => {
-                    let kept = kept.ok_or_else(|| PushdownError::Internal("no kept columns".into()))?;
-                    let shape = out.shape.clone();
-                    let body = table::write(&kept, &out.data, &shape, dtype, (&names.0, &names.1))?;
-                    return Ok((body, shape));
-                }
-                Format::Tar => unreachable!("written above"),
-            };
-            Ok((body, out.shape))
-        })
-        .await
-        .map_err(|e| PushdownError::Internal(e.to_string()))??;
-        tracing::debug!(arrival = job.arrival, bytes = body.len(), "Output encoded.");
-        drop(stream);
-        let content_type = match format {
-            Format::Npy => "application/x-npy",
-            Format::Safetensors => "application/vnd.safetensors",
-            Format::Tar => "application/x-tar",
-            Format::Parquet => "application/vnd.apache.parquet",
-        };
-        Ok(Output {
-            body: Bytes::from(body),
-            content_type,
-            shape,
-            split,
-            model_digest: model.digest.clone(),
-            decode: decode_time,
-            infer: infer_time,
-            encode: t2.elapsed(),
-            reservation: vec![outputs_held],
-        })
     }
+
+    /// A Parquet file's row groups, one after the other: the governor holds one group's decoded
+    /// columns (`Footer::decoded_bytes`), which each group reuses. Decoding runs on a blocking
+    /// thread.
+    async fn infer_groups(
+        &self,
+        run: &Run<'_>,
+        mut parsed: Parsed,
+        footer: &Arc<table::Footer>,
+        object: &table::Source,
+    ) -> Result<(Parsed, Vec<Tensor>, Duration), PushdownError> {
+        let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
+        let rows = footer.row_count();
+        let (mut outputs, mut labels) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        let mut kept = footer.kept();
+        let mut decoding = Duration::ZERO;
+        for part in 0..footer.group_count() {
+            let t = Instant::now();
+            let (footer, object, m) = (footer.clone(), object.clone(), run.model.clone());
+            let (group, scratch, back) = tokio::task::spawn_blocking(move || {
+                let mut kept = kept;
+                let rows = footer.group_rows(&object, part, kept.as_mut())?;
+                let mut group = table_rows(rows, m.tokenizer.as_deref())?;
+                group.put_in_engine_order(m.manifest.text.is_some());
+                let scratch = image_costs(&group, &m.manifest, limits)?;
+                Ok::<_, PushdownError>((group, scratch, kept))
+            })
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))??;
+            kept = back;
+            decoding += t.elapsed();
+            let Parsed { items, keys, labels: group_labels, order, .. } = group;
+            outputs.extend(self.run_samples(run, (items, scratch, order), &keys).await?);
+            labels.extend(group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()));
+            parsed.keys.extend(keys);
+        }
+        parsed.labels = labels.into_iter().collect();
+        parsed.others = vec![Vec::new(); parsed.keys.len()];
+        parsed.kept = kept;
+        Ok((parsed, outputs, decoding))
+    }
+}
+
+/// Encode phase, on a blocking thread: the outputs as the requested format (default `.npy`, or
+/// safetensors for keyed sources and `bf16`), with its shape and content type.
+async fn encode_output(
+    job: &Job<'_>,
+    parsed: Parsed,
+    outputs: Vec<Tensor>,
+) -> Result<(Vec<u8>, Vec<usize>, &'static str), PushdownError> {
+    let format = job.spec.format.unwrap_or(if parsed.kind.keyed() || job.spec.dtype == Dtype::Bf16 {
+        Format::Safetensors
+    } else {
+        Format::Npy
+    });
+    let dtype = job.spec.dtype;
+    let names = (job.model.manifest.name.clone(), job.split.clone());
+    let mut meta = HashMap::from([("model".to_owned(), names.0.clone()), ("split".to_owned(), names.1.clone())]);
+    if parsed.kind.keyed() {
+        // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
+        meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
+    }
+    let Parsed { kind, labels, keys, others, kept, .. } = parsed;
+    let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
+        if format == Format::Tar {
+            return write_tar(&outputs, &keys, &others, dtype);
+        }
+        let out = stack(outputs, kind != Kind::Single);
+        let body = match format {
+            Format::Npy => tensor::write_npy(&out, dtype),
+            Format::Safetensors => tensor::write_safetensors(&[("features", &out)], labels.as_deref(), dtype, meta)?,
+            Format::Parquet => {
+                let kept = kept.ok_or_else(|| PushdownError::Internal("no kept columns".into()))?;
+                let shape = out.shape.clone();
+                let body = table::write(&kept, &out.data, &shape, dtype, (&names.0, &names.1))?;
+                return Ok((body, shape));
+            }
+            Format::Tar => unreachable!("written above"),
+        };
+        Ok((body, out.shape))
+    })
+    .await
+    .map_err(|e| PushdownError::Internal(e.to_string()))??;
+    let content_type = match format {
+        Format::Npy => "application/x-npy",
+        Format::Safetensors => "application/vnd.safetensors",
+        Format::Tar => "application/x-tar",
+        Format::Parquet => "application/vnd.apache.parquet",
+    };
+    Ok((body, shape, content_type))
 }
