@@ -14,9 +14,9 @@ use prometheus_client::metrics::counter::Counter;
 use sha2::{Digest, Sha256};
 
 /// The body type used throughout the gateway (a boxed, streaming body).
-pub type Body = axum::body::Body;
+pub(crate) type Body = axum::body::Body;
 /// A boxed error, as carried by streaming bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request body was refused while it streamed.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ impl BodyError {
     /// A failed read of a body: the gateway's own error when a body layer below failed (a stall),
     /// else the transport's.
     #[must_use]
-    pub fn read(e: BoxError) -> Self {
+    pub(crate) fn read(e: BoxError) -> Self {
         // Bodies boxed as `axum::body::Body` carry their error inside an `axum::Error`.
         let e = match e.downcast::<axum::Error>() {
             Ok(a) => a.into_inner(),
@@ -65,7 +65,7 @@ impl BodyError {
 /// Walks an error's `source()` chain looking for a [`BodyError`]: a body failure surfaces wrapped
 /// inside the HTTP client's error when the backend request could not finish sending it.
 #[must_use]
-pub fn find_body_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyError> {
+pub(crate) fn find_body_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyError> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         if let Some(b) = e.downcast_ref::<BodyError>() {
@@ -80,7 +80,7 @@ pin_project! {
     /// An inbound body with a size limit and, optionally, a SHA-256 the bytes must hash to.
     /// The check happens when the last byte arrives; the error then aborts the backend request,
     /// so a tampered upload is never committed.
-    pub struct Guarded<B> {
+    pub(crate) struct Guarded<B> {
         #[pin]
         inner: B,
         limit: u64,
@@ -90,7 +90,7 @@ pin_project! {
 }
 
 impl<B> Guarded<B> {
-    pub fn new(inner: B, limit: u64, expect_sha256: Option<[u8; 32]>) -> Self {
+    pub(crate) fn new(inner: B, limit: u64, expect_sha256: Option<[u8; 32]>) -> Self {
         Self { inner, limit, seen: 0, expect_sha256: expect_sha256.map(|e| (Sha256::new(), e)) }
     }
 }
@@ -145,7 +145,7 @@ pin_project! {
     /// or is dropped, so nothing it accounts for outlives the response or leaks when a client goes
     /// away mid-download.
     #[derive(Debug)]
-    pub struct Holding<B, G> {
+    pub(crate) struct Holding<B, G> {
         #[pin]
         inner: B,
         guard: Option<G>,
@@ -153,7 +153,7 @@ pin_project! {
 }
 
 impl<B, G> Holding<B, G> {
-    pub fn new(inner: B, guard: G) -> Self {
+    pub(crate) fn new(inner: B, guard: G) -> Self {
         Self { inner, guard: Some(guard) }
     }
 }
@@ -185,7 +185,7 @@ where
 
 pin_project! {
     /// A [`Holding`] body that also adds the bytes it yields to a counter.
-    pub struct Metered<B, G> {
+    pub(crate) struct Metered<B, G> {
         #[pin]
         inner: Holding<B, G>,
         counter: Counter,
@@ -193,7 +193,7 @@ pin_project! {
 }
 
 impl<B, G> Metered<B, G> {
-    pub fn new(inner: B, counter: Counter, guard: G) -> Self {
+    pub(crate) fn new(inner: B, counter: Counter, guard: G) -> Self {
         Self { inner: Holding::new(inner, guard), counter }
     }
 }
@@ -227,7 +227,7 @@ pin_project! {
     /// Payload bytes checked against the `x-amz-checksum-<alg>` header the client sent, for stores
     /// that do not check it themselves: the mismatch is the stream's last item, so with
     /// [`WithholdTail`] a corrupt body never completes at the store.
-    pub struct Checksummed<S> {
+    pub(crate) struct Checksummed<S> {
         #[pin]
         inner: S,
         check: Option<(crate::s3::checksum::Algorithm, crate::s3::checksum::Hasher, String)>,
@@ -235,7 +235,7 @@ pin_project! {
 }
 
 impl<S> Checksummed<S> {
-    pub fn new(inner: S, algorithm: crate::s3::checksum::Algorithm, expected: String) -> Self {
+    pub(crate) fn new(inner: S, algorithm: crate::s3::checksum::Algorithm, expected: String) -> Self {
         Self { inner, check: Some((algorithm, algorithm.hasher(), expected)) }
     }
 }
@@ -279,7 +279,7 @@ pin_project! {
     /// `Gateway::prepared_body`), so a refused body has always sent the store at least one byte:
     /// SeaweedFS commits an empty object when a request's connection closes before any byte of
     /// its body (observed on 4.48), but never a partial one.
-    pub struct WithholdTail<S> {
+    pub(crate) struct WithholdTail<S> {
         #[pin]
         inner: S,
         held: Option<Bytes>,
@@ -289,7 +289,7 @@ pin_project! {
 }
 
 impl<S> WithholdTail<S> {
-    pub fn new(inner: S) -> Self {
+    pub(crate) fn new(inner: S) -> Self {
         Self { inner, held: None, ready: std::collections::VecDeque::new(), done: false }
     }
 }

@@ -29,9 +29,9 @@ use crate::s3::credentials::SecretKey;
 pub const DEFAULT_CLUSTER_REFRESH_SECS: u64 = 5;
 /// A member that does not answer `/readyz` within this is unreachable for the round: well above a
 /// LAN round trip, short enough that one dead member does not hold a round up.
-pub const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
+pub(crate) const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
 /// The admin port DNS-discovered members listen on (the default `admin_listen` port).
-pub const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
+pub(crate) const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
 
 /// The cluster this gateway is a member of (`[cluster]`; see `crate::cluster`).
 #[derive(Debug, Clone, Deserialize)]
@@ -89,7 +89,7 @@ pub struct Member {
 
 /// A member's rendezvous score for an object.
 #[must_use]
-pub fn score(member: &str, bucket: &str, key: &str) -> u64 {
+pub(crate) fn score(member: &str, bucket: &str, key: &str) -> u64 {
     let mut h = Sha256::new();
     h.update(member.as_bytes());
     h.update([0]);
@@ -110,19 +110,19 @@ pub fn rank<'a, T: AsRef<str>>(ids: &'a [T], bucket: &str, key: &str) -> Vec<&'a
 }
 
 /// Every [`MemberState::state`].
-pub const MEMBER_STATES: [&str; 3] = ["ready", "unready", "unreachable"];
+pub(crate) const MEMBER_STATES: [&str; 3] = ["ready", "unready", "unreachable"];
 
 /// A member as this node last saw it.
 #[derive(Debug, Clone, Serialize)]
-pub struct MemberState {
+pub(crate) struct MemberState {
     #[serde(flatten)]
-    pub member: Member,
+    pub(crate) member: Member,
     /// `ready`, `unready` (its `/readyz` said no) or `unreachable`.
-    pub state: &'static str,
+    pub(crate) state: &'static str,
     /// Seconds since the Unix epoch of the last probe (`None`: not probed yet).
-    pub checked: Option<u64>,
+    pub(crate) checked: Option<u64>,
     /// Why the last probe failed.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 impl AsRef<str> for MemberState {
@@ -133,7 +133,7 @@ impl AsRef<str> for MemberState {
 
 /// The cluster as this node sees it.
 #[derive(Debug)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     settings: ClusterSettings,
     members: RwLock<Vec<MemberState>>,
 }
@@ -141,27 +141,27 @@ pub struct Cluster {
 impl Cluster {
     /// A cluster of the configured static members (DNS members appear at the first refresh).
     #[must_use]
-    pub fn new(settings: ClusterSettings) -> Arc<Self> {
+    pub(crate) fn new(settings: ClusterSettings) -> Arc<Self> {
         let members = settings.members.iter().cloned().map(|m| unprobed(m, &settings.node_id)).collect();
         Arc::new(Self { settings, members: RwLock::new(members) })
     }
 
     /// This node's id.
     #[must_use]
-    pub fn node_id(&self) -> &str {
+    pub(crate) fn node_id(&self) -> &str {
         &self.settings.node_id
     }
 
     /// The members now, sorted by id.
     #[must_use]
-    pub fn members(&self) -> Vec<MemberState> {
+    pub(crate) fn members(&self) -> Vec<MemberState> {
         self.members.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The ready member that owns an object (this node included): the highest score, ties to the
     /// smaller id, as [`rank`] orders them. One pass under the read lock, one clone.
     #[must_use]
-    pub fn owner(&self, bucket: &str, key: &str) -> Option<Member> {
+    pub(crate) fn owner(&self, bucket: &str, key: &str) -> Option<Member> {
         let members = self.members.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         members
             .iter()
@@ -176,7 +176,7 @@ impl Cluster {
 
     /// What `GET /v1/cluster` answers.
     #[must_use]
-    pub fn report(&self) -> serde_json::Value {
+    pub(crate) fn report(&self) -> serde_json::Value {
         serde_json::json!({
             "node": self.settings.node_id,
             "hashing": HASHING,
@@ -187,7 +187,7 @@ impl Cluster {
 
     /// Re-resolves the members (DNS) and probes each one's `/readyz` (this node is ready while it
     /// serves). One round; [`Cluster::spawn_refresh`] repeats it.
-    pub async fn refresh(&self, client: &probe::Prober) {
+    pub(crate) async fn refresh(&self, client: &probe::Prober) {
         let mut found = self.settings.members.clone();
         if let Some(name) = &self.settings.dns {
             match tokio::net::lookup_host(name.as_str()).await {
@@ -224,7 +224,7 @@ impl Cluster {
     }
 
     /// Refreshes every `refresh_secs` for as long as the cluster exists.
-    pub fn spawn_refresh(self: &Arc<Self>) {
+    pub(crate) fn spawn_refresh(self: &Arc<Self>) {
         let period = Duration::from_secs(self.settings.refresh_secs.max(1));
         let cluster = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -245,7 +245,7 @@ fn unprobed(member: Member, node: &str) -> MemberState {
 }
 
 /// The small HTTP client the probes need (plain HTTP inside the cluster network).
-pub mod probe {
+pub(crate) mod probe {
     use std::time::Duration;
 
     use http_body_util::Empty;
@@ -255,11 +255,11 @@ pub mod probe {
 
     /// A pooled HTTP/1 client.
     #[derive(Debug, Clone)]
-    pub struct Prober(Hyper<HttpConnector, Empty<bytes::Bytes>>);
+    pub(crate) struct Prober(Hyper<HttpConnector, Empty<bytes::Bytes>>);
 
     impl Prober {
         #[must_use]
-        pub fn new() -> Self {
+        pub(crate) fn new() -> Self {
             Self(Hyper::builder(TokioExecutor::new()).build_http())
         }
 
@@ -267,7 +267,7 @@ pub mod probe {
         ///
         /// # Errors
         /// An unusable URL, a connection failure or the timeout, as text.
-        pub async fn get_status(&self, url: &str, timeout: Duration) -> Result<u16, String> {
+        pub(crate) async fn get_status(&self, url: &str, timeout: Duration) -> Result<u16, String> {
             let uri: http::Uri = url.parse().map_err(|e| format!("bad address {url}: {e}"))?;
             match tokio::time::timeout(timeout, self.0.get(uri)).await {
                 Ok(Ok(resp)) => Ok(resp.status().as_u16()),

@@ -16,52 +16,52 @@ use crate::pushdown::engine::OrtArena;
 use crate::s3::credentials::{CredentialStore, SecretKey};
 
 /// Largest single PUT S3 accepts (5 GiB); larger objects use multipart upload.
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 5 * 1024 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 5 * 1024 * 1024 * 1024;
 /// Concurrent requests before `503 SlowDown`. Each streaming request holds a few 64 KiB buffers, so
 /// 1024 keeps worst-case buffer memory well under 128 MiB.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 /// Concurrent backend requests. Matches a typical S3 server's per-client comfort zone.
-pub const DEFAULT_BACKEND_CONCURRENCY: usize = 256;
+pub(crate) const DEFAULT_BACKEND_CONCURRENCY: usize = 256;
 /// Connections served at once. Each costs a socket, a task and at most [`crate::edge::MAX_HEADER_BYTES`] of
 /// head buffer, so 4096 bound the heads of a connection flood to 256 MiB; a storage node's S3
 /// clients (data loaders, a few dozen workers each) stay far below it.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Time to send a request head, on a new connection or between requests on a kept-alive one:
 /// 30 s (hyper's default) covers slow links and is below the 60 s that SDK connection pools keep
 /// an idle connection for (they reconnect transparently when the gateway closes first).
-pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
+pub(crate) const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
 /// A request-body read or a response write without any progress for this long ends the request:
 /// 60 s is the common S3 client read timeout, so a live client never reaches it.
-pub const DEFAULT_STALL_TIMEOUT_SECS: u64 = 60;
+pub(crate) const DEFAULT_STALL_TIMEOUT_SECS: u64 = 60;
 /// Longest time from a body-less request's head to its response head (pushdown included: a 64 MiB
 /// shard, the longest memory wait of 30 s and a slow store fit well inside 5 minutes). Requests with
 /// a body are bounded by the stall timeout instead: an upload may legitimately take hours.
-pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 300;
+pub(crate) const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 300;
 /// Longest wait for a backend connection slot: past it the client gets `503 SlowDown` rather than
 /// a place in an ever longer queue.
-pub const DEFAULT_BACKEND_PERMIT_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_BACKEND_PERMIT_TIMEOUT_MS: u64 = 10_000;
 /// Longest time to read a pushdown source object's body once the store answered: 64 MiB at 2 MB/s.
-pub const DEFAULT_SOURCE_TIMEOUT_SECS: u64 = 30;
+pub(crate) const DEFAULT_SOURCE_TIMEOUT_SECS: u64 = 30;
 /// How long shutdown waits for in-flight requests before exiting anyway.
-pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+pub(crate) const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 /// Access key used when nothing is configured, the gateway only listens on loopback and serves the
 /// embedded `fs` backend.
-pub const DEV_ACCESS_KEY: &str = "tensorgate-dev";
+pub(crate) const DEV_ACCESS_KEY: &str = "tensorgate-dev";
 /// Its secret. Public by design: it only ever protects a loopback-only development gateway.
-pub const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
+pub(crate) const DEV_SECRET_KEY: &str = "tensorgate-dev-secret";
 /// Secrets that this project's documents and deployment files have published as examples. A copy of
 /// such a file with only the store's address filled in must not give a login that the file itself
 /// published, so a configured secret equal to one of these is refused by name (the development
 /// secret is refused beyond loopback: [`Config::credential_store`]). Add any secret a document
 /// shows.
-pub const PUBLISHED_SECRETS: &[&str] =
+pub(crate) const PUBLISHED_SECRETS: &[&str] =
     &["example-secret-key", "change-me-client-secret", "change-me-store-secret", "CLIENT_SECRET", "STORE_SECRET"];
 
 /// Prefix of the environment variables that set any key of the file: `TENSORGATE__` then the
 /// key's path in upper case, sections joined by `__` (`TENSORGATE__PUSHDOWN__MEMORY_BUDGET=...`
 /// sets `pushdown.memory_budget`). Double underscores keep them apart from the named variables of
 /// the flags (`TENSORGATE_BACKEND_ENDPOINT`), which win over them.
-pub const ENV_KEY_PREFIX: &str = "TENSORGATE__";
+pub(crate) const ENV_KEY_PREFIX: &str = "TENSORGATE__";
 
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -133,21 +133,21 @@ impl Default for Config {
 
 /// A checked configuration, each section as the runtime type it configures ([`Config::runtime`]).
 #[derive(Debug)]
-pub struct Runtime {
+pub(crate) struct Runtime {
     /// Who may sign requests (terminating mode; empty in transparent mode).
-    pub credentials: CredentialStore,
-    pub front: crate::proxy::FrontConfig,
-    pub backend: BackendSetup,
-    pub edge: crate::edge::EdgeConfig,
+    pub(crate) credentials: CredentialStore,
+    pub(crate) front: crate::proxy::FrontConfig,
+    pub(crate) backend: BackendSetup,
+    pub(crate) edge: crate::edge::EdgeConfig,
     /// `None`: no tensor cache.
-    pub cache: Option<crate::cache::CacheConfig>,
+    pub(crate) cache: Option<crate::cache::CacheConfig>,
     /// The cluster hop secret, if `[cluster]` has one.
-    pub cluster_secret: Option<SecretKey>,
+    pub(crate) cluster_secret: Option<SecretKey>,
 }
 
 /// The backend a configuration names, ready to open.
 #[derive(Debug)]
-pub enum BackendSetup {
+pub(crate) enum BackendSetup {
     /// The `fs` backend's directory (created with demo images if missing).
     Fs(PathBuf),
     /// The `s3` backend, its keys read.
@@ -196,7 +196,7 @@ impl EdgeSettings {
 
     /// The accept phase's settings.
     #[must_use]
-    pub fn edge_config(&self) -> crate::edge::EdgeConfig {
+    pub(crate) fn edge_config(&self) -> crate::edge::EdgeConfig {
         crate::edge::EdgeConfig {
             max_connections: self.max_connections,
             header_timeout: Duration::from_secs(self.header_timeout_secs),
@@ -256,16 +256,16 @@ pub struct BackendConfig {
     pub identity: IdentityMode,
     pub root: PathBuf,
     pub endpoint: Option<String>,
-    pub region: String,
+    pub(crate) region: String,
     pub access_key: Option<String>,
     pub secret_key: Option<SecretKey>,
-    pub secret_key_file: Option<PathBuf>,
-    pub connect_timeout_ms: u64,
+    pub(crate) secret_key_file: Option<PathBuf>,
+    pub(crate) connect_timeout_ms: u64,
     pub response_timeout_secs: u64,
     pub max_concurrency: usize,
     /// Milliseconds to wait for one of `max_concurrency` slots before `503 SlowDown`.
     pub permit_timeout_ms: u64,
-    pub max_retries: u32,
+    pub(crate) max_retries: u32,
     pub retry_budget_secs: u64,
     pub ca_file: Option<PathBuf>,
     /// The store checks `aws-chunked` trailing checksums itself (SeaweedFS, MinIO, AWS): unsigned
@@ -308,17 +308,17 @@ impl Default for BackendConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PushdownSettings {
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Directory of `<model>/manifest.toml` entries.
     pub models_dir: PathBuf,
     /// The ONNX Runtime shared library; default: `ORT_DYLIB_PATH`, then the `.venv` wheel.
     pub ort_library: Option<PathBuf>,
     /// Samples waiting per (model, split) before `503 SlowDown`.
-    pub queue_capacity: usize,
+    pub(crate) queue_capacity: usize,
     /// Most samples per inference run.
-    pub max_batch: usize,
+    pub(crate) max_batch: usize,
     /// ONNX Runtime intra-op threads per worker session.
-    pub intra_threads: usize,
+    pub(crate) intra_threads: usize,
     /// Inference worker threads per (model, split), each with its own session.
     pub workers: usize,
     /// How sessions use ONNX Runtime's CPU arena: `false` / `"off"`, `"per-run"`, or `true` /
@@ -329,12 +329,12 @@ pub struct PushdownSettings {
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown; its resized copy obeys it too.
-    pub max_image_pixels: u64,
+    pub(crate) max_image_pixels: u64,
     /// Most pixels one request may decode and resample, all its images together (the CPU bound of
     /// a request: a shard of small-but-huge images is refused from its headers).
-    pub max_request_pixels: u64,
+    pub(crate) max_request_pixels: u64,
     /// Images preprocessed at once (tenants take turns); 0: one per core the process may use.
-    pub preprocess_threads: usize,
+    pub(crate) preprocess_threads: usize,
     /// Inference runs at once across all engines (tenants take turns, a tenant's requests in
     /// arrival order); 0: one per core the process may use, divided by `intra_threads`.
     pub inference_runs: usize,
@@ -347,33 +347,33 @@ pub struct PushdownSettings {
     pub memory_budget: u64,
     /// Adapt each request's storage batch to the budget (`false`: the comparison mode, in which a
     /// request runs its requested batch whatever the memory).
-    pub adaptation: bool,
+    pub(crate) adaptation: bool,
     /// How long a sample may wait for memory before its request gets `503 SlowDown`.
-    pub max_wait_ms: u64,
+    pub(crate) max_wait_ms: u64,
     /// Seconds to read a source object's body once the store answered.
-    pub source_timeout_secs: u64,
+    pub(crate) source_timeout_secs: u64,
 }
 
 /// Largest `pushdown.max_batch` with `pushdown.ort_arena = "kept"`: an engine's first session then runs
 /// every batch size from 1 to `max_batch` once to measure what its arena keeps, `b (b + 1) / 2`
 /// samples, 528 at 32 (about 13 s for ResNet-18 `pool` on one core, once per engine start); the
 /// one-core floor's best batch was 1-32 for every bundled model (docs/BENCHMARKS.md).
-pub const MAX_ARENA_BATCH: usize = 32;
+pub(crate) const MAX_ARENA_BATCH: usize = 32;
 
 /// An engine unused for 10 minutes is freed: a training job touches its (model, split) every few
 /// seconds, so only abandoned ones (a finished job, a one-off split sweep) reach it, and a restart
 /// costs its sessions and first runs (0.3-0.4 s for ResNet-sized prefixes: the memory model and
 /// prefix check its first start found are kept, `engine::Measured`).
-pub const DEFAULT_ENGINE_IDLE_SECS: u64 = 600;
+pub(crate) const DEFAULT_ENGINE_IDLE_SECS: u64 = 600;
 /// Default pushdown memory budget: 1 GiB, a quarter of a small 4 GiB storage node, enough for two
 /// ResNet-18 sessions and a few dozen 224x224 samples in flight at any split.
-pub const DEFAULT_MEMORY_BUDGET: u64 = 1024 * 1024 * 1024;
+pub(crate) const DEFAULT_MEMORY_BUDGET: u64 = 1024 * 1024 * 1024;
 /// Default bound on waiting for memory: 30 s, below common S3 client read timeouts (60 s).
-pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+pub(crate) const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 
 /// Default memory tier: 256 MiB holds about 2,600 ResNet-18 `layer4` tensors (100 KiB each in f32),
 /// a small dataset's epoch, while leaving most of a small storage node's memory to the store.
-pub const DEFAULT_CACHE_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const DEFAULT_CACHE_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
 
 /// `[pushdown.cache]`: see `crate::cache` for the freshness rules.
 #[derive(Debug, Clone, Deserialize)]
@@ -381,18 +381,18 @@ pub const DEFAULT_CACHE_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
 pub struct CacheSettings {
     pub enabled: bool,
     /// Memory tier size in bytes (tensors plus a small per-entry charge).
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Memory tier policy when full: `pin` (keep what is cached), `tinylfu` or `lru`.
-    pub policy: crate::cache::Policy,
+    pub(crate) policy: crate::cache::Policy,
     /// Seconds after which a memory entry nobody read is dropped (lets a finished dataset go).
-    pub idle_expiry_secs: u64,
+    pub(crate) idle_expiry_secs: u64,
     /// How long a validated entry is served without asking the backend; 0 asks on every request
     /// (a conditional GET: one round trip, no object bytes).
     pub revalidate_after_ms: u64,
     /// Directory of the disk tier; none disables it.
-    pub disk_dir: Option<PathBuf>,
+    pub(crate) disk_dir: Option<PathBuf>,
     /// Disk tier size in bytes.
-    pub disk_bytes: u64,
+    pub(crate) disk_bytes: u64,
 }
 
 impl Default for CacheSettings {
@@ -414,7 +414,7 @@ impl Default for CacheSettings {
 impl CacheSettings {
     /// The cache's configuration, or `None` when disabled.
     #[must_use]
-    pub fn cache_config(&self) -> Option<crate::cache::CacheConfig> {
+    pub(crate) fn cache_config(&self) -> Option<crate::cache::CacheConfig> {
         self.enabled.then(|| crate::cache::CacheConfig {
             memory_bytes: self.memory_bytes,
             policy: self.policy,
@@ -445,7 +445,7 @@ impl AliasConfig {
     ///
     /// # Errors
     /// A bad format or dtype, naming the field.
-    pub fn spec(&self) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
+    pub(crate) fn spec(&self) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
         let mut q = format!("tensorgate-model={}&tensorgate-split={}", self.model, self.split);
         if let Some(f) = &self.format {
             q.push_str(&format!("&tensorgate-format={f}"));
@@ -511,7 +511,7 @@ impl PushdownSettings {
 
     /// The pushdown service's settings, reporting to `metrics`.
     #[must_use]
-    pub fn pushdown_config(&self, metrics: crate::metrics::Metrics) -> crate::pushdown::PushdownConfig {
+    pub(crate) fn pushdown_config(&self, metrics: crate::metrics::Metrics) -> crate::pushdown::PushdownConfig {
         crate::pushdown::PushdownConfig {
             models_dir: self.models_dir.clone(),
             ort_library: self.ort_library.clone(),
@@ -571,7 +571,7 @@ impl Default for PushdownSettings {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     #[default]
     Plain,
     Json,
@@ -580,9 +580,9 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    pub format: LogFormat,
+    pub(crate) format: LogFormat,
     /// `tracing` filter directive, e.g. `info` or `tensorgate=debug`.
-    pub filter: String,
+    pub(crate) filter: String,
 }
 
 impl Default for LogConfig {
@@ -593,56 +593,56 @@ impl Default for LogConfig {
 
 /// Overrides from flags and environment (clap fills both); `None` leaves the file's value.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct Overrides {
+pub(crate) struct Overrides {
     /// TOML config file.
     #[arg(long, env = "TENSORGATE_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// S3 listen address.
     #[arg(long, env = "TENSORGATE_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// Admin listen address (/metrics, /healthz, /readyz).
     #[arg(long, env = "TENSORGATE_ADMIN_LISTEN")]
-    pub admin_listen: Option<SocketAddr>,
+    pub(crate) admin_listen: Option<SocketAddr>,
     /// Domain for virtual-host-style addressing (repeatable).
     #[arg(long = "domain", env = "TENSORGATE_DOMAINS", value_delimiter = ',')]
-    pub domains: Vec<String>,
+    pub(crate) domains: Vec<String>,
     /// Allow unsigned requests (a switch; `--allow-anonymous false` turns a file's setting off).
     #[arg(long, env = "TENSORGATE_ALLOW_ANONYMOUS", num_args = 0..=1, default_missing_value = "true")]
-    pub allow_anonymous: Option<bool>,
+    pub(crate) allow_anonymous: Option<bool>,
     /// Client access key (adds one credential).
     #[arg(long, env = "TENSORGATE_ACCESS_KEY")]
-    pub access_key: Option<String>,
+    pub(crate) access_key: Option<String>,
     /// Client secret key for --access-key (visible in `ps`: prefer --secret-key-file or the
     /// variable).
     #[arg(long, env = "TENSORGATE_SECRET_KEY", hide_env_values = true, conflicts_with = "secret_key_file")]
-    pub secret_key: Option<String>,
+    pub(crate) secret_key: Option<String>,
     /// File holding the client secret key for --access-key (its first line).
     #[arg(long, env = "TENSORGATE_SECRET_KEY_FILE", requires = "access_key")]
-    pub secret_key_file: Option<PathBuf>,
+    pub(crate) secret_key_file: Option<PathBuf>,
     /// Backend kind.
     #[arg(long, env = "TENSORGATE_BACKEND")]
-    pub backend: Option<BackendKind>,
+    pub(crate) backend: Option<BackendKind>,
     /// Who authenticates clients: auto, transparent (the store) or terminating (the gateway).
     #[arg(long, env = "TENSORGATE_BACKEND_IDENTITY")]
-    pub backend_identity: Option<IdentityMode>,
+    pub(crate) backend_identity: Option<IdentityMode>,
     /// Directory served by the fs backend.
     #[arg(long, env = "TENSORGATE_BACKEND_ROOT")]
-    pub backend_root: Option<PathBuf>,
+    pub(crate) backend_root: Option<PathBuf>,
     /// Endpoint URL of the s3 backend (implies --backend s3).
     #[arg(long, env = "TENSORGATE_BACKEND_ENDPOINT")]
-    pub backend_endpoint: Option<String>,
+    pub(crate) backend_endpoint: Option<String>,
     /// Extra CA certificates (PEM) for an https backend.
     #[arg(long, env = "TENSORGATE_BACKEND_CA_FILE")]
-    pub backend_ca_file: Option<PathBuf>,
+    pub(crate) backend_ca_file: Option<PathBuf>,
     /// The store checks aws-chunked trailing checksums itself (SeaweedFS, MinIO, AWS); a switch.
     #[arg(long, env = "TENSORGATE_BACKEND_TRAILING_CHECKSUMS", num_args = 0..=1, default_missing_value = "true")]
-    pub backend_trailing_checksums: Option<bool>,
+    pub(crate) backend_trailing_checksums: Option<bool>,
     /// Region the backend signs for.
     #[arg(long, env = "TENSORGATE_BACKEND_REGION")]
-    pub backend_region: Option<String>,
+    pub(crate) backend_region: Option<String>,
     /// Backend access key.
     #[arg(long, env = "TENSORGATE_BACKEND_ACCESS_KEY")]
-    pub backend_access_key: Option<String>,
+    pub(crate) backend_access_key: Option<String>,
     /// Backend secret key (visible in `ps`: prefer --backend-secret-key-file or the variable).
     #[arg(
         long,
@@ -650,36 +650,28 @@ pub struct Overrides {
         hide_env_values = true,
         conflicts_with = "backend_secret_key_file"
     )]
-    pub backend_secret_key: Option<String>,
+    pub(crate) backend_secret_key: Option<String>,
     /// File holding the backend secret key (its first line).
     #[arg(long, env = "TENSORGATE_BACKEND_SECRET_KEY_FILE")]
-    pub backend_secret_key_file: Option<PathBuf>,
+    pub(crate) backend_secret_key_file: Option<PathBuf>,
     /// Directory of model manifests (pushdown).
     #[arg(long, env = "TENSORGATE_MODELS_DIR")]
-    pub models_dir: Option<PathBuf>,
+    pub(crate) models_dir: Option<PathBuf>,
     /// ONNX Runtime shared library (pushdown).
     #[arg(long, env = "TENSORGATE_ORT_LIBRARY")]
-    pub ort_library: Option<PathBuf>,
+    pub(crate) ort_library: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "TENSORGATE_LOG_FORMAT")]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     /// Log filter (overrides the file; RUST_LOG-style).
     #[arg(long, env = "TENSORGATE_LOG")]
-    pub log: Option<String>,
+    pub(crate) log: Option<String>,
     /// This member's cluster id (overrides `cluster.node_id`).
     #[arg(long, env = "TENSORGATE_CLUSTER_NODE_ID")]
-    pub cluster_node_id: Option<String>,
+    pub(crate) cluster_node_id: Option<String>,
 }
 
 impl Config {
-    /// Reads a TOML file.
-    ///
-    /// # Errors
-    /// Unreadable file or unknown/mistyped key.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        Self::layered(Some(path), std::iter::empty())
-    }
-
     /// The file's keys (if any), then every `TENSORGATE__*` variable of `env` over them
     /// ([`ENV_KEY_PREFIX`]). A variable's value is read as a TOML value where it is one (`4096`,
     /// `true`, `["a", "b"]`, `"quoted"`), else as a string (`per-run`, `http://host:8333`); keys
@@ -687,7 +679,10 @@ impl Config {
     ///
     /// # Errors
     /// Unreadable file, unknown or mistyped key.
-    pub fn layered(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+    pub(crate) fn layered(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
         let text = match path {
             Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.into(), source })?,
             None => String::new(),
@@ -727,7 +722,7 @@ impl Config {
     ///
     /// # Errors
     /// Any [`ConfigError`].
-    pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
+    pub(crate) fn load(o: &Overrides) -> Result<Self, ConfigError> {
         let mut c = Self::layered(o.config.as_deref(), std::env::vars())?;
         c.apply(o);
         c.validate()?;
@@ -804,7 +799,7 @@ impl Config {
     ///
     /// # Errors
     /// The first invalid key, or a secret file that cannot be read.
-    pub fn runtime(&self) -> Result<Runtime, ConfigError> {
+    pub(crate) fn runtime(&self) -> Result<Runtime, ConfigError> {
         self.check()?;
         // Read once: the hop credential both signs this member's hops and verifies its peers'.
         let cluster_secret = self.cluster_secret()?;
@@ -931,7 +926,7 @@ impl Config {
 
     /// Whether the store, not the gateway, authenticates clients (`backend.identity`, resolved).
     #[must_use]
-    pub fn transparent(&self) -> bool {
+    pub(crate) fn transparent(&self) -> bool {
         self.backend.kind == BackendKind::S3
             && match self.backend.identity {
                 IdentityMode::Transparent => true,
@@ -968,7 +963,8 @@ impl Config {
     ///
     /// # Errors
     /// A credential without a readable secret, or no way to authenticate on a non-loopback address.
-    pub fn credential_store(&self) -> Result<CredentialStore, ConfigError> {
+    #[cfg(test)]
+    pub(crate) fn credential_store(&self) -> Result<CredentialStore, ConfigError> {
         self.credentials_with(self.cluster_secret()?)
     }
 
@@ -1020,7 +1016,7 @@ impl Config {
     ///
     /// # Errors
     /// An unreadable `cluster.secret_key_file`.
-    pub fn cluster_secret(&self) -> Result<Option<SecretKey>, ConfigError> {
+    pub(crate) fn cluster_secret(&self) -> Result<Option<SecretKey>, ConfigError> {
         match &self.cluster {
             Some(c) if c.secret_key.is_some() || c.secret_key_file.is_some() => {
                 read_secret(c.secret_key.as_ref(), c.secret_key_file.as_deref(), "cluster.secret_key").map(Some)
@@ -1033,7 +1029,7 @@ impl Config {
     ///
     /// # Errors
     /// A store key without a readable secret, or one given for the `fs` backend.
-    pub fn tenant_store_keys(&self) -> Result<HashMap<String, (String, SecretKey)>, ConfigError> {
+    pub(crate) fn tenant_store_keys(&self) -> Result<HashMap<String, (String, SecretKey)>, ConfigError> {
         let mut out = HashMap::new();
         for c in &self.credentials {
             let Some(store_key) = &c.store_access_key else {
@@ -1059,7 +1055,7 @@ impl Config {
     ///
     /// # Errors
     /// Missing or unreadable secret.
-    pub fn backend_key(&self) -> Result<Option<(String, SecretKey)>, ConfigError> {
+    pub(crate) fn backend_key(&self) -> Result<Option<(String, SecretKey)>, ConfigError> {
         match &self.backend.access_key {
             Some(k) if !k.is_empty() => {
                 let secret = read_secret(
@@ -1075,7 +1071,7 @@ impl Config {
 
     /// The backend retry policy.
     #[must_use]
-    pub fn retry_policy(&self) -> RetryPolicy {
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             max_retries: self.backend.max_retries,
             budget: Duration::from_secs(self.backend.retry_budget_secs),

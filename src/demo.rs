@@ -5,7 +5,7 @@
 use std::path::Path;
 
 /// Bucket the samples go into.
-pub const DEMO_BUCKET: &str = "demo";
+pub(crate) const DEMO_BUCKET: &str = "demo";
 /// How many sample images.
 const SAMPLES: u32 = 3;
 
@@ -13,7 +13,7 @@ const SAMPLES: u32 = 3;
 ///
 /// # Errors
 /// Filesystem or encoding failures.
-pub fn seed(root: &Path) -> std::io::Result<()> {
+pub(crate) fn seed(root: &Path) -> std::io::Result<()> {
     let dir = root.join(DEMO_BUCKET);
     std::fs::create_dir_all(&dir)?;
     for n in 0..SAMPLES {
@@ -40,7 +40,7 @@ pub fn seed(root: &Path) -> std::io::Result<()> {
 ///
 /// # Errors
 /// A buffer that does not hold `width` x `height` pixels.
-pub fn png_rgb8(width: u32, height: u32, rgb: &[u8]) -> std::io::Result<Vec<u8>> {
+pub(crate) fn png_rgb8(width: u32, height: u32, rgb: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut encoder = png::Encoder::new(&mut out, width, height);
     encoder.set_color(png::ColorType::Rgb);

@@ -33,10 +33,10 @@ use crate::metrics::Metrics;
 
 /// Connection bounds (`[edge]`).
 #[derive(Debug, Clone, Copy)]
-pub struct EdgeConfig {
-    pub max_connections: usize,
-    pub header_timeout: Duration,
-    pub stall_timeout: Duration,
+pub(crate) struct EdgeConfig {
+    pub(crate) max_connections: usize,
+    pub(crate) header_timeout: Duration,
+    pub(crate) stall_timeout: Duration,
 }
 
 /// Largest request head (request line and headers). S3 accepts 8 KiB of headers; 64 KiB leaves
@@ -49,7 +49,7 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// [`MAX_HEADER_BYTES`], and are what nginx relays with. Store connections keep hyper's adaptive
 /// default: a download's larger reads cost less than those page faults (both measured in
 /// docs/BENCHMARKS.md as of 849469b, "Per-row CPU": `git show 849469b:docs/BENCHMARKS.md`).
-pub const IO_BUFFER_BYTES: usize = 64 * 1024;
+pub(crate) const IO_BUFFER_BYTES: usize = 64 * 1024;
 // aws-chunked decoding keeps frames of at least half a read buffer (its bound on pending bytes).
 const _: () = assert!(crate::s3::sigv4::chunked::KEEP_FRAMES_FROM * 2 == IO_BUFFER_BYTES);
 /// Refusals of connections over the limit in progress at once; more are closed without an answer.
@@ -65,7 +65,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves `app` on `listener` until `stop` resolves, then waits for open connections to finish
 /// (the caller bounds that wait).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     cfg: EdgeConfig,
@@ -162,7 +162,7 @@ async fn refuse(mut tcp: TcpStream) {
 /// expired once it stayed armed for the whole limit. One timer is allocated and reset, not one per
 /// pending poll.
 #[derive(Debug)]
-pub struct StallTimer {
+pub(crate) struct StallTimer {
     limit: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
     armed: bool,
@@ -170,13 +170,13 @@ pub struct StallTimer {
 
 impl StallTimer {
     #[must_use]
-    pub fn new(limit: Duration) -> Self {
+    pub(crate) fn new(limit: Duration) -> Self {
         Self { limit, sleep: None, armed: false }
     }
 
     /// Passes a completed poll through (disarming); on `Pending`, arms the timer and reports
     /// `Ready(Err(()))` once it has run out.
-    pub fn watch<R>(&mut self, polled: Poll<R>, cx: &mut Context<'_>) -> Poll<Result<R, ()>> {
+    pub(crate) fn watch<R>(&mut self, polled: Poll<R>, cx: &mut Context<'_>) -> Poll<Result<R, ()>> {
         match polled {
             Poll::Ready(r) => {
                 self.armed = false;
@@ -201,7 +201,7 @@ pin_project_lite::pin_project! {
     /// A connection whose writes fail with `TimedOut` once one has waited the limit without
     /// progress.
     #[derive(Debug)]
-    pub struct Stalling<T> {
+    pub(crate) struct Stalling<T> {
         #[pin]
         io: T,
         timer: StallTimer,
@@ -209,7 +209,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<T> Stalling<T> {
-    pub fn new(io: T, limit: Duration) -> Self {
+    pub(crate) fn new(io: T, limit: Duration) -> Self {
         Self { io, timer: StallTimer::new(limit) }
     }
 }
@@ -258,7 +258,7 @@ pin_project_lite::pin_project! {
     /// and then stopped sending costs its socket until then, and the request fails with
     /// `RequestTimeout`.
     #[derive(Debug)]
-    pub struct StallingBody<B> {
+    pub(crate) struct StallingBody<B> {
         #[pin]
         inner: B,
         timer: StallTimer,
@@ -266,7 +266,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> StallingBody<B> {
-    pub fn new(inner: B, limit: Duration) -> Self {
+    pub(crate) fn new(inner: B, limit: Duration) -> Self {
         Self { inner, timer: StallTimer::new(limit) }
     }
 }

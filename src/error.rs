@@ -18,7 +18,7 @@ use crate::s3::xml::error_body;
 
 /// Everything the gateway can refuse a request for.
 #[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error(transparent)]
@@ -56,11 +56,11 @@ pub enum GatewayError {
 
 /// How an error is presented to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3ErrorSpec {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after: bool,
+pub(crate) struct S3ErrorSpec {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    pub(crate) retry_after: bool,
 }
 
 impl S3ErrorSpec {
@@ -72,7 +72,7 @@ impl S3ErrorSpec {
 impl GatewayError {
     /// The S3 code, status and message for this error.
     #[must_use]
-    pub fn spec(&self) -> S3ErrorSpec {
+    pub(crate) fn spec(&self) -> S3ErrorSpec {
         use StatusCode as S;
         let msg = self.to_string();
         match self {
@@ -183,7 +183,7 @@ impl GatewayError {
 
     /// The XML error response. `head` requests get the status and headers without a body, as S3 does.
     #[must_use]
-    pub fn into_response(self, resource: &str, request_id: &str, head: bool) -> Response<Body> {
+    pub(crate) fn into_response(self, resource: &str, request_id: &str, head: bool) -> Response<Body> {
         self.spec().into_response(resource, request_id, head)
     }
 }
@@ -191,7 +191,7 @@ impl GatewayError {
 impl S3ErrorSpec {
     /// Renders the response.
     #[must_use]
-    pub fn into_response(self, resource: &str, request_id: &str, head: bool) -> Response<Body> {
+    pub(crate) fn into_response(self, resource: &str, request_id: &str, head: bool) -> Response<Body> {
         let body =
             if head { Body::empty() } else { Body::from(error_body(self.code, &self.message, resource, request_id)) };
         let mut resp = Response::new(body);

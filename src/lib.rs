@@ -3,16 +3,16 @@
 //!
 //! Module map: see `ARCHITECTURE.md`.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod backend;
-pub mod body;
+pub(crate) mod body;
 pub mod cache;
 pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod demo;
+pub(crate) mod demo;
 pub mod edge;
-pub mod error;
+pub(crate) mod error;
 pub mod metrics;
 pub mod planner;
 pub mod proxy;

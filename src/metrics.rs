@@ -14,20 +14,20 @@ use prometheus_client::registry::Registry;
 use crate::s3::route::S3Op;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpStatus {
-    pub op: &'static str,
-    pub status_class: &'static str,
+pub(crate) struct OpStatus {
+    pub(crate) op: &'static str,
+    pub(crate) status_class: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabel {
-    pub op: &'static str,
+pub(crate) struct OpLabel {
+    pub(crate) op: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpOutcome {
-    pub op: &'static str,
-    pub outcome: &'static str,
+pub(crate) struct OpOutcome {
+    pub(crate) op: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -40,10 +40,10 @@ fn latency_histogram() -> Histogram {
 /// What one upstream client (the store, or the cluster's other members) records: time to response
 /// headers by operation and outcome, retries, and response body bytes.
 #[derive(Clone, Debug)]
-pub struct UpstreamMetrics {
-    pub duration: HistogramFamily<OpOutcome>,
-    pub retries: Counter,
-    pub bytes_received: Counter,
+pub(crate) struct UpstreamMetrics {
+    pub(crate) duration: HistogramFamily<OpOutcome>,
+    pub(crate) retries: Counter,
+    pub(crate) bytes_received: Counter,
 }
 
 impl UpstreamMetrics {
@@ -67,7 +67,7 @@ impl UpstreamMetrics {
         Self { duration, retries, bytes_received }
     }
 
-    pub fn observe(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
+    pub(crate) fn observe(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
         self.duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
     }
 }
@@ -76,114 +76,114 @@ impl UpstreamMetrics {
 #[derive(Clone, Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
-    pub requests: Family<OpStatus, Counter>,
-    pub request_duration: HistogramFamily<OpLabel>,
-    pub request_bytes: Counter,
-    pub response_bytes: Counter,
-    pub in_flight: Gauge,
-    pub load_shed: Counter,
-    pub connections_open: Gauge,
-    pub connections_refused: Counter,
-    pub connections_closed: Family<ReasonLabel, Counter>,
-    pub request_timeouts: Counter,
+    pub(crate) requests: Family<OpStatus, Counter>,
+    pub(crate) request_duration: HistogramFamily<OpLabel>,
+    pub(crate) request_bytes: Counter,
+    pub(crate) response_bytes: Counter,
+    pub(crate) in_flight: Gauge,
+    pub(crate) load_shed: Counter,
+    pub(crate) connections_open: Gauge,
+    pub(crate) connections_refused: Counter,
+    pub(crate) connections_closed: Family<ReasonLabel, Counter>,
+    pub(crate) request_timeouts: Counter,
     /// The store client's requests.
-    pub backend: UpstreamMetrics,
+    pub(crate) backend: UpstreamMetrics,
     /// Gateway-to-gateway hops (`src/proxy/owner.rs`), kept apart from the store's numbers.
-    pub cluster_hops: UpstreamMetrics,
-    pub pushdown_requests: Family<ModelSplit, Counter>,
-    pub pushdown_source_bytes: Family<ModelSplit, Counter>,
-    pub pushdown_output_bytes: Family<ModelSplit, Counter>,
-    pub pushdown_samples: Family<ModelSplit, Counter>,
-    pub pushdown_batch_size: HistogramFamily<ModelSplit>,
-    pub pushdown_queue_depth: Family<ModelSplit, Gauge>,
-    pub pushdown_stage_duration: HistogramFamily<ModelSplitStage>,
+    pub(crate) cluster_hops: UpstreamMetrics,
+    pub(crate) pushdown_requests: Family<ModelSplit, Counter>,
+    pub(crate) pushdown_source_bytes: Family<ModelSplit, Counter>,
+    pub(crate) pushdown_output_bytes: Family<ModelSplit, Counter>,
+    pub(crate) pushdown_samples: Family<ModelSplit, Counter>,
+    pub(crate) pushdown_batch_size: HistogramFamily<ModelSplit>,
+    pub(crate) pushdown_queue_depth: Family<ModelSplit, Gauge>,
+    pub(crate) pushdown_stage_duration: HistogramFamily<ModelSplitStage>,
     /// Token positions a text prefix ran: `attended`, or `padding` up to its batch's run length.
-    pub pushdown_tokens: Family<ModelSplitTokens, Counter>,
-    pub cache_hits: Family<TierLabel, Counter>,
-    pub cache_misses: Counter,
-    pub cache_revalidations: Family<OutcomeLabel, Counter>,
-    pub cache_evictions: Family<TierLabel, Counter>,
-    pub cache_resident_bytes: Family<TierLabel, Gauge>,
-    pub cache_served_bytes: Family<TierLabel, Counter>,
-    pub cache_corrupt: Counter,
-    pub memory_budget: Gauge,
-    pub memory_reserved: Gauge,
-    pub peak_resident: Gauge,
-    pub storage_batch_requested: Histogram,
-    pub storage_batch_chosen: Histogram,
-    pub admission_deferrals: Counter,
-    pub admission_timeouts: Counter,
+    pub(crate) pushdown_tokens: Family<ModelSplitTokens, Counter>,
+    pub(crate) cache_hits: Family<TierLabel, Counter>,
+    pub(crate) cache_misses: Counter,
+    pub(crate) cache_revalidations: Family<OutcomeLabel, Counter>,
+    pub(crate) cache_evictions: Family<TierLabel, Counter>,
+    pub(crate) cache_resident_bytes: Family<TierLabel, Gauge>,
+    pub(crate) cache_served_bytes: Family<TierLabel, Counter>,
+    pub(crate) cache_corrupt: Counter,
+    pub(crate) memory_budget: Gauge,
+    pub(crate) memory_reserved: Gauge,
+    pub(crate) peak_resident: Gauge,
+    pub(crate) storage_batch_requested: Histogram,
+    pub(crate) storage_batch_chosen: Histogram,
+    pub(crate) admission_deferrals: Counter,
+    pub(crate) admission_timeouts: Counter,
     /// Requests that gave their source back so that an older one could reserve its outputs.
-    pub admission_yields: Counter,
-    pub admission_wait: Histogram,
+    pub(crate) admission_yields: Counter,
+    pub(crate) admission_wait: Histogram,
     /// Engines stopped, by reason: `idle` (`pushdown.engine_idle_secs`) or `memory` (no request
     /// held them when another engine or a request needed their reservation).
-    pub engine_evictions: Family<ReasonLabel, Counter>,
+    pub(crate) engine_evictions: Family<ReasonLabel, Counter>,
     /// Engines started, by how their first session was readied: `measured` (memory probes and
     /// the prefix check run) or `remembered` (an earlier engine of the same model version, split
     /// and settings in this process had measured and checked them).
-    pub engine_starts: Family<ReasonLabel, Counter>,
+    pub(crate) engine_starts: Family<ReasonLabel, Counter>,
     /// Engine failures, by what failed: `run_panicked` (an inference run panicked; its batch got
     /// an error and the worker rebuilt its session) or `dead` (a request found the engine without
     /// a live worker, and a new one was started).
-    pub engine_failures: Family<ReasonLabel, Counter>,
+    pub(crate) engine_failures: Family<ReasonLabel, Counter>,
     /// Cluster members as this node last probed them, by `state` (`ready`, `unready`,
     /// `unreachable`); set when `/metrics` is scraped.
-    pub cluster_members: Family<StateLabel, Gauge>,
-    pub tenant_samples: Family<TenantLabel, Counter>,
-    pub plans: Family<TenantLabel, Counter>,
-    pub cluster_forwarded: Family<PeerLabel, Counter>,
-    pub cluster_fallbacks: Family<PeerLabel, Counter>,
+    pub(crate) cluster_members: Family<StateLabel, Gauge>,
+    pub(crate) tenant_samples: Family<TenantLabel, Counter>,
+    pub(crate) plans: Family<TenantLabel, Counter>,
+    pub(crate) cluster_forwarded: Family<PeerLabel, Counter>,
+    pub(crate) cluster_fallbacks: Family<PeerLabel, Counter>,
 }
 
 /// A cluster member (a bounded set: the configured or resolved members).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerLabel {
-    pub peer: String,
+pub(crate) struct PeerLabel {
+    pub(crate) peer: String,
 }
 
 /// A tenant: the access key's configured name (a bounded set).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantLabel {
-    pub tenant: String,
+pub(crate) struct TenantLabel {
+    pub(crate) tenant: String,
 }
 
 /// A cache tier: `memory` or `disk`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TierLabel {
-    pub tier: &'static str,
+pub(crate) struct TierLabel {
+    pub(crate) tier: &'static str,
 }
 
 /// Why a connection ended: `done`, `header_timeout`, `stalled` or `error`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
 }
 
 /// A cluster member's state (`crate::cluster::MemberState::state`: a bounded set).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
-    pub state: &'static str,
+pub(crate) struct StateLabel {
+    pub(crate) state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
+pub(crate) struct OutcomeLabel {
+    pub(crate) outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModelSplitStage {
-    pub model: String,
-    pub split: String,
-    pub stage: &'static str,
+pub(crate) struct ModelSplitStage {
+    pub(crate) model: String,
+    pub(crate) split: String,
+    pub(crate) stage: &'static str,
 }
 
 /// Token positions of a text prefix's runs, by kind: `attended` or `padding`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModelSplitTokens {
-    pub model: String,
-    pub split: String,
-    pub kind: &'static str,
+pub(crate) struct ModelSplitTokens {
+    pub(crate) model: String,
+    pub(crate) split: String,
+    pub(crate) kind: &'static str,
 }
 
 fn batch_histogram() -> Histogram {
@@ -192,9 +192,9 @@ fn batch_histogram() -> Histogram {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModelSplit {
-    pub model: String,
-    pub split: String,
+pub(crate) struct ModelSplit {
+    pub(crate) model: String,
+    pub(crate) split: String,
 }
 
 impl Default for Metrics {
@@ -444,7 +444,7 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, op: S3Op, status: http::StatusCode, elapsed: Duration) {
+    pub(crate) fn observe_request(&self, op: S3Op, status: http::StatusCode, elapsed: Duration) {
         let status_class = match status.as_u16() {
             100..=199 => "1xx",
             200..=299 => "2xx",
@@ -457,7 +457,7 @@ impl Metrics {
     }
 
     /// Records one answered pushdown request; `stages` are (fetch, decode, infer, encode).
-    pub fn observe_pushdown(
+    pub(crate) fn observe_pushdown(
         &self,
         model: &str,
         split: &str,
@@ -477,14 +477,14 @@ impl Metrics {
 
     /// An RAII guard holding the in-flight gauge up until dropped.
     #[must_use]
-    pub fn in_flight_guard(&self) -> InFlightGuard {
+    pub(crate) fn in_flight_guard(&self) -> InFlightGuard {
         self.in_flight.inc();
         InFlightGuard(self.in_flight.clone())
     }
 
     /// The Prometheus text exposition.
     #[must_use]
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("metrics encode");
@@ -494,7 +494,7 @@ impl Metrics {
 
 /// Decrements the in-flight gauge on drop.
 #[derive(Debug)]
-pub struct InFlightGuard(Gauge);
+pub(crate) struct InFlightGuard(Gauge);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {

@@ -26,99 +26,99 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The split value that asks the gateway to choose (`split=auto`).
-pub const AUTO: &str = "auto";
+pub(crate) const AUTO: &str = "auto";
 /// The candidate that means "no pushdown".
-pub const NO_PUSHDOWN: &str = "none";
+pub(crate) const NO_PUSHDOWN: &str = "none";
 /// A split is chosen over no pushdown only when its predicted epoch is at least this much shorter.
 /// Pushdown spends the storage node's CPU, which every tenant shares, and where both tiers are
 /// CPU-bound the model's predictions were off by up to about 20% (docs/REPRODUCTION.md): a
 /// predicted gain of a few percent is noise, and the fallback then costs nothing. In the
 /// reproduction's full run, 5% to 15% all turned its three misses (ResNet-18 at 1000 Mbit/s) right.
-pub const PUSHDOWN_MARGIN: f64 = 0.10;
+pub(crate) const PUSHDOWN_MARGIN: f64 = 0.10;
 /// Seconds per byte the compute tier spends deserialising features when the profile does not say
 /// (numpy reading an in-memory `.npy`/safetensors buffer: about 2 GB/s).
-pub const DEFAULT_DECODE_SECS_PER_BYTE: f64 = 5e-10;
+pub(crate) const DEFAULT_DECODE_SECS_PER_BYTE: f64 = 5e-10;
 
 /// What the compute tier measured (or states).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClientProfile {
     /// Training batch size `B`.
-    pub batch_size: usize,
+    pub(crate) batch_size: usize,
     /// Samples per epoch `D`.
-    pub samples: usize,
+    pub(crate) samples: usize,
     /// Samples one request carries `U` (a shard's), the unit the tiers pipeline; default `B`, and
     /// at most `D`.
     #[serde(default)]
-    pub samples_per_request: Option<usize>,
+    pub(crate) samples_per_request: Option<usize>,
     /// Bytes per second one request receives (measured on pushdown GETs).
-    pub bandwidth_bytes_per_sec: f64,
+    pub(crate) bandwidth_bytes_per_sec: f64,
     /// Seconds to train the unfrozen layers on one batch (forward and backward).
-    pub train_secs_per_batch: f64,
+    pub(crate) train_secs_per_batch: f64,
     /// Seconds per sample to run the frozen layers from each split to the freeze split on the
     /// compute tier; `none`: decoding a raw object and running all frozen layers. A split missing
     /// here is not a candidate.
-    pub compute_secs_per_sample: BTreeMap<String, f64>,
+    pub(crate) compute_secs_per_sample: BTreeMap<String, f64>,
     /// Mean bytes of a raw object per sample (the baseline's transfer).
-    pub raw_bytes_per_sample: f64,
+    pub(crate) raw_bytes_per_sample: f64,
     /// Deserialisation cost; default [`DEFAULT_DECODE_SECS_PER_BYTE`].
     #[serde(default)]
-    pub decode_secs_per_byte: Option<f64>,
+    pub(crate) decode_secs_per_byte: Option<f64>,
     /// Compute-tier memory per split (bytes, for a batch of `B`); with `memory_limit`, splits
     /// above it are excluded (HAPI excludes splits that would not fit the GPU).
     #[serde(default)]
-    pub memory_bytes: BTreeMap<String, u64>,
+    pub(crate) memory_bytes: BTreeMap<String, u64>,
     #[serde(default)]
-    pub memory_limit: Option<u64>,
+    pub(crate) memory_limit: Option<u64>,
     /// A text model's mean attended tokens per sample (the client's texts): the storage node
     /// measures its costs at that length where its batches are cut to their longest text
     /// (pooled outputs); default the model's length.
     #[serde(default)]
-    pub tokens_per_sample: Option<f64>,
+    pub(crate) tokens_per_sample: Option<f64>,
 }
 
 /// One split as the storage node measured it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct StorageSplit {
-    pub split: String,
+pub(crate) struct StorageSplit {
+    pub(crate) split: String,
     /// Seconds per sample to decode and run the prefix (one inference thread).
-    pub secs_per_sample: f64,
+    pub(crate) secs_per_sample: f64,
     /// Output bytes per sample.
-    pub bytes_per_sample: f64,
+    pub(crate) bytes_per_sample: f64,
     /// Output shape per sample (lets a client time its suffix without fetching features).
     #[serde(default)]
-    pub shape: Vec<usize>,
+    pub(crate) shape: Vec<usize>,
     /// A text model's: the tokens per text its cost was measured at (the client's texts where
     /// the split's batches are cut to their longest text, else the model's length).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text_length: Option<usize>,
+    pub(crate) text_length: Option<usize>,
 }
 
 /// The storage side: candidate splits in model order up to the freeze split, and its load.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StorageProfile {
-    pub splits: Vec<StorageSplit>,
+    pub(crate) splits: Vec<StorageSplit>,
     /// Inference threads serving one request's samples in parallel.
-    pub parallelism: f64,
+    pub(crate) parallelism: f64,
     /// Slowdown from work already queued (1 = idle).
-    pub load_factor: f64,
+    pub(crate) load_factor: f64,
 }
 
 /// A candidate's prediction.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Candidate {
-    pub split: String,
+pub(crate) struct Candidate {
+    pub(crate) split: String,
     /// Predicted epoch seconds; `None` when excluded.
-    pub epoch_secs: Option<f64>,
+    pub(crate) epoch_secs: Option<f64>,
     /// Seconds one request spends in each stage (the module's `Storage`, `Link`, `Compute`).
-    pub storage_secs: f64,
-    pub link_secs: f64,
-    pub compute_secs: f64,
-    pub bytes_per_sample: f64,
+    pub(crate) storage_secs: f64,
+    pub(crate) link_secs: f64,
+    pub(crate) compute_secs: f64,
+    pub(crate) bytes_per_sample: f64,
     /// Why the candidate was not considered.
-    pub excluded: Option<String>,
+    pub(crate) excluded: Option<String>,
 }
 
 /// The planner's answer.
@@ -127,21 +127,21 @@ pub struct Plan {
     /// The split to use, or [`NO_PUSHDOWN`].
     pub chosen: String,
     /// Samples per request `U` the stages were sized for.
-    pub samples_per_request: usize,
-    pub candidates: Vec<Candidate>,
+    pub(crate) samples_per_request: usize,
+    pub(crate) candidates: Vec<Candidate>,
 }
 
 impl Plan {
     /// The candidate for `split`, if it is one.
-    #[must_use]
-    pub fn candidate(&self, split: &str) -> Option<&Candidate> {
+    #[cfg(test)]
+    pub(crate) fn candidate(&self, split: &str) -> Option<&Candidate> {
         self.candidates.iter().find(|c| c.split == split)
     }
 }
 
 /// Why no plan could be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error("invalid profile: {0}")]
     Invalid(String),
     #[error("no candidate split can be evaluated (profile every split, or the baseline)")]
@@ -170,7 +170,7 @@ impl Stages {
 /// # Errors
 /// A profile with non-positive batch size, samples, samples per request or bandwidth, or nothing
 /// to evaluate.
-pub fn plan(storage: &StorageProfile, client: &ClientProfile) -> Result<Plan, PlanError> {
+pub(crate) fn plan(storage: &StorageProfile, client: &ClientProfile) -> Result<Plan, PlanError> {
     let unit = client.samples_per_request.unwrap_or(client.batch_size);
     if client.batch_size == 0 || client.samples == 0 || unit == 0 {
         return Err(PlanError::Invalid("batch_size, samples and samples_per_request must be positive".into()));

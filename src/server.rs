@@ -51,7 +51,7 @@ pub struct Server {
 ///
 /// # Errors
 /// An unusable fs directory or CA file.
-pub fn build_backend(setup: BackendSetup, metrics: &Metrics) -> Result<Backend, ServeError> {
+pub(crate) fn build_backend(setup: BackendSetup, metrics: &Metrics) -> Result<Backend, ServeError> {
     Ok(match setup {
         BackendSetup::Fs(root) => {
             if !root.exists() {
@@ -199,7 +199,7 @@ pub async fn run(config: &Config, signal: impl std::future::Future<Output = ()>)
 }
 
 /// Resolves on SIGINT or SIGTERM, logging which arrived.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 /// Installs the global subscriber (a no-op if one is already installed, as in tests).
-pub fn init(format: LogFormat, filter: &str) {
+pub(crate) fn init(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -10,7 +10,7 @@
 //! the [`PROOF_HEADER`] (unless `admin_open_reads`); a change needs the proof too ([`proof`]),
 //! and a tenant changes and reads only its own plan.
 
-pub mod proof;
+pub(crate) mod proof;
 
 use std::sync::Arc;
 
@@ -29,22 +29,22 @@ use crate::pushdown::spec::Dtype;
 
 /// What the admin API reports on and controls.
 #[derive(Debug, Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// Whether the S3 side is draining (`/readyz`).
-    pub admission: Arc<Admission>,
-    pub pushdown: Option<Arc<Pushdown>>,
-    pub cache: Option<Arc<TensorCache>>,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) pushdown: Option<Arc<Pushdown>>,
+    pub(crate) cache: Option<Arc<TensorCache>>,
     /// The cluster this gateway is a member of (`[cluster]`).
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
-    pub metrics: Metrics,
+    pub(crate) cluster: Option<Arc<crate::cluster::Cluster>>,
+    pub(crate) metrics: Metrics,
     /// Checks who asks for a change (`POST /v1/plan`) or a guarded read.
-    pub prover: Arc<proof::Prover>,
+    pub(crate) prover: Arc<proof::Prover>,
     /// Serve graphs, tokenizers and plans without a proof (`admin_open_reads`).
-    pub open_reads: bool,
+    pub(crate) open_reads: bool,
 }
 
 /// Header of a guarded read carrying its proof: a presigned `GET /` URL ([`proof`]).
-pub const PROOF_HEADER: &str = "x-tensorgate-proof";
+pub(crate) const PROOF_HEADER: &str = "x-tensorgate-proof";
 
 impl AdminState {
     /// The access key a guarded read's proof proves; `None` when reads are open and no proof came.
@@ -60,7 +60,7 @@ impl AdminState {
 }
 
 /// The admin router.
-pub fn router(state: AdminState) -> Router {
+pub(crate) fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -187,6 +187,8 @@ async fn models(State(s): State<AdminState>) -> Reply {
                 "input": m.manifest.input,
                 "input_shape": m.manifest.input_shape,
                 "freeze": m.manifest.freeze,
+                "license": m.manifest.license,
+                "origin": m.manifest.origin,
                 "splits": m.manifest.splits.iter().map(|d| serde_json::json!({"name": d.name, "tensor": d.tensor})).collect::<Vec<_>>(),
                 "layout": format!("{:?}", m.manifest.layout).to_uppercase(),
                 // A text model: its mask input and length (its tokenizer: `tokenizer` below).

@@ -18,11 +18,11 @@ use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::verify::{self, Identity};
 
 /// Longest validity a proof may ask for: a proof is made for one admin call, seconds before it.
-pub const MAX_PROOF_EXPIRES_SECS: u64 = 900;
+pub(crate) const MAX_PROOF_EXPIRES_SECS: u64 = 900;
 
 /// How the gateway checks a proof.
 #[derive(Debug, Clone)]
-pub enum Prover {
+pub(crate) enum Prover {
     /// Terminating mode: the gateway's own client credentials.
     Gateway(CredentialStore),
     /// Transparent mode: the store, asked with the tenant's own signed request.
@@ -31,7 +31,7 @@ pub enum Prover {
 
 /// Why a proof was not accepted (`403`, except a store that could not be asked: `503`).
 #[derive(Debug, thiserror::Error)]
-pub enum ProofError {
+pub(crate) enum ProofError {
     #[error(
         "this call needs a proof: a presigned GET / (ListBuckets) URL signed with your access key, in the `proof` field"
     )]
@@ -48,7 +48,7 @@ pub enum ProofError {
 
 impl ProofError {
     #[must_use]
-    pub fn status(&self) -> http::StatusCode {
+    pub(crate) fn status(&self) -> http::StatusCode {
         match self {
             Self::StoreUnavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             Self::Malformed(_) => http::StatusCode::BAD_REQUEST,
@@ -62,7 +62,7 @@ impl ProofError {
 /// # Errors
 /// Anything but an absolute `http(s)` URL of `GET /` whose query holds only presigned SigV4
 /// parameters (and `x-id`), expiring within [`MAX_PROOF_EXPIRES_SECS`].
-pub fn parse(proof: &str) -> Result<(String, Uri), ProofError> {
+pub(crate) fn parse(proof: &str) -> Result<(String, Uri), ProofError> {
     let uri: Uri = proof.parse().map_err(|_| ProofError::Malformed("not a URL"))?;
     let host = uri.authority().ok_or(ProofError::Malformed("no host"))?.as_str().to_owned();
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.path() != "/" {
@@ -92,7 +92,7 @@ impl Prover {
     ///
     /// # Errors
     /// See [`ProofError`].
-    pub async fn prove(&self, proof: &str) -> Result<String, ProofError> {
+    pub(crate) async fn prove(&self, proof: &str) -> Result<String, ProofError> {
         let (host, target) = parse(proof)?;
         let mut headers = HeaderMap::new();
         headers

@@ -24,7 +24,7 @@ use crate::s3::route::{S3Op, Target};
 
 /// In-process S3 over a local directory.
 #[derive(Clone)]
-pub struct FsBackend {
+pub(crate) struct FsBackend {
     service: Arc<S3Service>,
     root: std::path::PathBuf,
 }
@@ -40,13 +40,13 @@ impl FsBackend {
     ///
     /// # Errors
     /// If the directory cannot be created or opened.
-    pub fn new(root: &Path) -> Result<Self, std::io::Error> {
+    pub(crate) fn new(root: &Path) -> Result<Self, std::io::Error> {
         std::fs::create_dir_all(root)?;
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
         Ok(Self { service: Arc::new(S3ServiceBuilder::new(fs).build()), root: root.to_path_buf() })
     }
 
-    pub async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+    pub(crate) async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         if req.target.key.as_deref().is_some_and(|k| !is_safe_key(k)) {
             return Err(BackendError::UnsafeKey);
         }
@@ -234,11 +234,11 @@ pub mod listing {
     #[derive(Debug, Default, PartialEq, Eq)]
     pub struct Asked {
         /// `encoding-type=url`: names in the answer are URL-encoded.
-        pub encode: bool,
+        pub(crate) encode: bool,
         /// The delimiter's characters after its first (`s3s-fs` ends common prefixes after it).
-        pub delimiter_tail: String,
+        pub(crate) delimiter_tail: String,
         /// A ListObjects (v1) `marker`, which S3 echoes and `s3s-fs` does not.
-        pub marker: Option<String>,
+        pub(crate) marker: Option<String>,
     }
 
     impl Asked {
@@ -453,7 +453,7 @@ pub mod listing {
 }
 
 /// Removes the `aws-chunked` token from `Content-Encoding` (the body has been decoded).
-pub fn strip_aws_chunked(h: &mut http::HeaderMap) {
+pub(crate) fn strip_aws_chunked(h: &mut http::HeaderMap) {
     let Some(v) = h.get(http::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) else { return };
     let rest: Vec<&str> =
         v.split(',').map(str::trim).filter(|t| !t.eq_ignore_ascii_case("aws-chunked") && !t.is_empty()).collect();
@@ -471,7 +471,7 @@ fn suffix_length(range: Option<&HeaderValue>) -> Option<u64> {
 
 /// Whether a key maps to a path strictly inside its bucket directory.
 #[must_use]
-pub fn is_safe_key(key: &str) -> bool {
+pub(crate) fn is_safe_key(key: &str) -> bool {
     let trimmed = key.strip_suffix('/').unwrap_or(key);
     !trimmed.is_empty()
         && !key.contains(['\0', '\\'])

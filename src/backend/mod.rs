@@ -5,20 +5,18 @@
 //! errors such as `NoSuchKey` are responses, not [`BackendError`]s, and reach the client as sent.
 
 pub mod fs;
-pub mod request;
-pub mod retry;
-pub mod s3;
+pub(crate) mod request;
+pub(crate) mod retry;
+pub(crate) mod s3;
 
 use http::Response;
 
-pub use self::request::{
-    BackendError, ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query, path_style_path,
-};
+pub(crate) use self::request::{BackendError, ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
 use crate::body::Body;
 
 /// The configured backend.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub(crate) enum Backend {
     S3(Box<s3::S3Backend>),
     Fs(fs::FsBackend),
 }
@@ -28,7 +26,7 @@ impl Backend {
     ///
     /// # Errors
     /// When no response could be obtained (see [`BackendError`]).
-    pub async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+    pub(crate) async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         match self {
             Self::S3(b) => b.send(req).await,
             Self::Fs(b) => b.send(req).await,
@@ -39,7 +37,7 @@ impl Backend {
     /// them and checks the trailing checksum: `backend.trailing_checksums`); otherwise the gateway
     /// decodes them and checks the checksum itself (ADR 0007).
     #[must_use]
-    pub fn passes_trailing_checksums(&self) -> bool {
+    pub(crate) fn passes_trailing_checksums(&self) -> bool {
         match self {
             Self::S3(b) => b.trailing_checksums(),
             Self::Fs(_) => false,
@@ -48,7 +46,7 @@ impl Backend {
 
     /// Whether the store checks a signed payload hash itself (`backend.checks_payload_hash`).
     #[must_use]
-    pub fn checks_payload_hash(&self) -> bool {
+    pub(crate) fn checks_payload_hash(&self) -> bool {
         match self {
             Self::S3(b) => b.checks_payload_hash(),
             Self::Fs(_) => false,
@@ -58,7 +56,7 @@ impl Backend {
     /// Whether client credentials have store keys of their own (`[[credentials]]`
     /// `store_access_key`): the store then tells callers apart, so it is asked for each one.
     #[must_use]
-    pub fn has_tenant_keys(&self) -> bool {
+    pub(crate) fn has_tenant_keys(&self) -> bool {
         match self {
             Self::S3(b) => b.has_tenant_keys(),
             Self::Fs(_) => false,
@@ -67,7 +65,7 @@ impl Backend {
 
     /// Short name for logs.
     #[must_use]
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::S3(_) => "s3",
             Self::Fs(_) => "fs",

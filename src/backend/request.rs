@@ -12,28 +12,28 @@ use crate::s3::sigv4::{uri_decode, uri_encode};
 /// A request ready for the backend: authenticated, with the client's auth and hop-by-hop headers
 /// removed and the body already wrapped in its checks.
 #[derive(Debug)]
-pub struct ForwardRequest {
-    pub op: S3Op,
-    pub method: Method,
-    pub target: Target,
+pub(crate) struct ForwardRequest {
+    pub(crate) op: S3Op,
+    pub(crate) method: Method,
+    pub(crate) target: Target,
     /// The query, re-encoded, without presigned-URL parameters.
-    pub query: Option<String>,
-    pub headers: HeaderMap,
-    pub body: Body,
-    pub payload: ForwardPayload,
+    pub(crate) query: Option<String>,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Body,
+    pub(crate) payload: ForwardPayload,
     /// What the request carries to the store: the store's key only for a caller the gateway
     /// authenticated; unsigned for an anonymous one; the caller's own signature in transparent
     /// mode (`crate::s3::authority`).
-    pub authority: Authority,
+    pub(crate) authority: Authority,
     /// The client sent `Expect: 100-continue`: the store is asked the same, and the body is held
     /// until it answers `100 Continue` (so a store that refuses the request answers before the
     /// client sends its body, as it would without the gateway).
-    pub expect_continue: bool,
+    pub(crate) expect_continue: bool,
 }
 
 /// What the forwarded body is, for the backend signature.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForwardPayload {
+pub(crate) enum ForwardPayload {
     /// No body at all: the request can be replayed, so idempotent ones are retried.
     Empty,
     /// A body whose SHA-256 the client signed (hex); the backend checks it again.
@@ -47,7 +47,7 @@ pub enum ForwardPayload {
 
 /// Why the gateway could not get a response from the backend.
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub(crate) enum BackendError {
     #[error("backend unreachable")]
     Unreachable {
         #[source]
@@ -77,7 +77,7 @@ pub enum BackendError {
 impl BackendError {
     /// The request-body failure that caused this error, if any (e.g. a bad chunk signature).
     #[must_use]
-    pub fn body_error(&self) -> Option<&BodyError> {
+    pub(crate) fn body_error(&self) -> Option<&BodyError> {
         match self {
             Self::SendBody { source } | Self::Internal(source) | Self::Unreachable { source } => {
                 find_body_error(source.as_ref())
@@ -89,7 +89,7 @@ impl BackendError {
 
 /// Rebuilds a path-style request path `/bucket/key` in SigV4's canonical encoding.
 #[must_use]
-pub fn path_style_path(target: &Target) -> String {
+pub(crate) fn path_style_path(target: &Target) -> String {
     use crate::s3::sigv4::uri_encode_path;
     match (&target.bucket, &target.key) {
         (Some(b), Some(k)) => format!("/{}/{}", uri_encode_path(b), uri_encode_path(k)),
@@ -101,7 +101,7 @@ pub fn path_style_path(target: &Target) -> String {
 /// Request headers for the backend: everything but hop-by-hop headers, `host` and the client's
 /// authentication (replaced by the backend signature). Unknown headers are kept.
 #[must_use]
-pub fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
+pub(crate) fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
     let mut out = h.clone();
     out.remove(http::header::HOST);
     for name in HOP_BY_HOP.iter().chain(CLIENT_AUTH) {
@@ -113,7 +113,7 @@ pub fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
 /// The query for the backend: presigned-URL parameters removed, every parameter re-encoded in
 /// SigV4's canonical form (so the backend's canonicalization and ours agree), order kept.
 #[must_use]
-pub fn forwarded_query(q: Option<&str>) -> Option<String> {
+pub(crate) fn forwarded_query(q: Option<&str>) -> Option<String> {
     let q = q?;
     let parts: Vec<String> = q
         .split('&')

@@ -8,16 +8,16 @@ use rand::Rng;
 
 /// Retry settings.
 #[derive(Debug, Clone)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// Attempts after the first one.
-    pub max_retries: u32,
+    pub(crate) max_retries: u32,
     /// First backoff; doubles each retry.
-    pub base: Duration,
+    pub(crate) base: Duration,
     /// Largest single backoff.
-    pub cap: Duration,
+    pub(crate) cap: Duration,
     /// No retry starts after this much time since the first attempt. Keeps a client waiting at most
     /// about this long on a dead backend before it gets its `503`.
-    pub budget: Duration,
+    pub(crate) budget: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -34,7 +34,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The backoff before retry number `retry` (1-based), or `None` when retries are exhausted.
     #[must_use]
-    pub fn backoff(&self, retry: u32, started: Instant) -> Option<Duration> {
+    pub(crate) fn backoff(&self, retry: u32, started: Instant) -> Option<Duration> {
         if retry > self.max_retries {
             return None;
         }

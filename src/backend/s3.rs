@@ -30,39 +30,39 @@ use crate::s3::sigv4::EMPTY_SHA256;
 
 /// Settings of the `s3` backend.
 #[derive(Debug, Clone)]
-pub struct S3BackendConfig {
+pub(crate) struct S3BackendConfig {
     /// `http://host:port[/prefix]`.
-    pub endpoint: Uri,
-    pub region: String,
+    pub(crate) endpoint: Uri,
+    pub(crate) region: String,
     /// The store's key, which signs requests the gateway authenticated (terminating mode) unless
     /// their client credential has its own. `None` in transparent mode without one, or when every
     /// client credential has its own store key.
-    pub key: Option<(String, SecretKey)>,
+    pub(crate) key: Option<(String, SecretKey)>,
     /// Per client access key, the store key its requests are signed with (`[[credentials]]`
     /// `store_access_key`): tenants stay distinct at the store.
-    pub tenant_keys: std::collections::HashMap<String, (String, SecretKey)>,
-    pub connect_timeout: Duration,
+    pub(crate) tenant_keys: std::collections::HashMap<String, (String, SecretKey)>,
+    pub(crate) connect_timeout: Duration,
     /// Time to response headers for body-less requests. Requests with a body have none: the
     /// backend answers only after the whole upload, which may legitimately take minutes.
-    pub response_timeout: Duration,
-    pub max_concurrency: usize,
+    pub(crate) response_timeout: Duration,
+    pub(crate) max_concurrency: usize,
     /// Longest wait for one of the `max_concurrency` slots before `503 SlowDown`.
-    pub permit_timeout: Duration,
-    pub retry: RetryPolicy,
+    pub(crate) permit_timeout: Duration,
+    pub(crate) retry: RetryPolicy,
     /// Extra PEM CA certificates trusted for an `https` endpoint (besides the system store).
-    pub ca_file: Option<std::path::PathBuf>,
+    pub(crate) ca_file: Option<std::path::PathBuf>,
     /// The store decodes `STREAMING-UNSIGNED-PAYLOAD-TRAILER` bodies and checks their trailing
     /// checksum (SeaweedFS, MinIO, AWS; not Ceph RGW 16 or Swift 2.30). See ADR 0007.
-    pub trailing_checksums: bool,
+    pub(crate) trailing_checksums: bool,
     /// The store checks a signed payload's `x-amz-content-sha256` itself (Ceph RGW, Swift's
     /// s3api, MinIO, AWS; not SeaweedFS): in transparent identity mode the gateway then streams
     /// such bodies without hashing them. See ADR 0013.
-    pub checks_payload_hash: bool,
+    pub(crate) checks_payload_hash: bool,
 }
 
 /// Forwarding client for an S3-compatible endpoint.
 #[derive(Debug, Clone)]
-pub struct S3Backend {
+pub(crate) struct S3Backend {
     cfg: Arc<S3BackendConfig>,
     client: Client<HttpsConnector<HttpConnector>, Body>,
     limit: Arc<Semaphore>,
@@ -74,7 +74,7 @@ impl S3Backend {
     ///
     /// # Errors
     /// An unreadable or invalid `ca_file`, or no usable TLS configuration.
-    pub fn new(cfg: S3BackendConfig, metrics: UpstreamMetrics) -> Result<Self, TlsSetupError> {
+    pub(crate) fn new(cfg: S3BackendConfig, metrics: UpstreamMetrics) -> Result<Self, TlsSetupError> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -88,17 +88,17 @@ impl S3Backend {
     }
 
     #[must_use]
-    pub fn has_tenant_keys(&self) -> bool {
+    pub(crate) fn has_tenant_keys(&self) -> bool {
         !self.cfg.tenant_keys.is_empty()
     }
 
     #[must_use]
-    pub fn trailing_checksums(&self) -> bool {
+    pub(crate) fn trailing_checksums(&self) -> bool {
         self.cfg.trailing_checksums
     }
 
     #[must_use]
-    pub fn checks_payload_hash(&self) -> bool {
+    pub(crate) fn checks_payload_hash(&self) -> bool {
         self.cfg.checks_payload_hash
     }
 
@@ -202,7 +202,7 @@ impl S3Backend {
     }
 
     /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
-    pub async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
+    pub(crate) async fn send(&self, mut req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         // Waiting for a slot is bounded: past the deadline the client hears `503 SlowDown` at once
         // instead of joining an ever longer queue. A free slot is taken without arming the timer
         // (tokio hands released slots to queued waiters first, so this never overtakes one).
@@ -295,7 +295,7 @@ impl S3Backend {
 
 /// How long a body waits for the store's `100 Continue` before it is sent anyway (curl's default;
 /// RFC 9110 lets a client proceed when the interim response does not come).
-pub const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// Where an `Expect: 100-continue` body stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,7 +351,7 @@ fn after_continue(body: Body, mut gate: tokio::sync::watch::Receiver<Continue>) 
 
 /// Why TLS for the backend could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsSetupError {
+pub(crate) enum TlsSetupError {
     #[error("cannot read CA file {path}: {message}")]
     CaFile { path: String, message: String },
     #[error("TLS configuration: {0}")]

@@ -48,7 +48,7 @@ struct Slot {
 type Index = BTreeMap<CacheKey, Slot>;
 
 #[derive(Debug)]
-pub struct DiskTier {
+pub(crate) struct DiskTier {
     dir: PathBuf,
     max_bytes: u64,
     used: Arc<AtomicU64>,
@@ -70,7 +70,7 @@ impl DiskTier {
     ///
     /// # Errors
     /// The directory cannot be created or listed.
-    pub fn open(dir: &Path, max_bytes: u64, metrics: Metrics) -> std::io::Result<Self> {
+    pub(crate) fn open(dir: &Path, max_bytes: u64, metrics: Metrics) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut index = Index::new();
         let mut used = 0u64;
@@ -112,7 +112,7 @@ impl DiskTier {
     }
 
     /// Reads an entry (on a blocking thread), checking its integrity.
-    pub async fn get(&self, key: &CacheKey) -> Option<(Arc<Cached>, Option<u64>)> {
+    pub(crate) async fn get(&self, key: &CacheKey) -> Option<(Arc<Cached>, Option<u64>)> {
         let slot = lock(&self.index).get(key).cloned()?;
         let path = slot.path.clone();
         let read = tokio::task::spawn_blocking(move || read_entry(&path)).await.ok();
@@ -130,7 +130,7 @@ impl DiskTier {
     }
 
     /// Writes an entry in the background if it fits (first come, first kept).
-    pub fn put(&self, key: CacheKey, data: Arc<Cached>, generation: u64) {
+    pub(crate) fn put(&self, key: CacheKey, data: Arc<Cached>, generation: u64) {
         let bytes = data.body.len() as u64 + 4096;
         let reserved = self
             .used
@@ -161,7 +161,7 @@ impl DiskTier {
     }
 
     /// Deletes one entry.
-    pub fn remove(&self, key: &CacheKey) {
+    pub(crate) fn remove(&self, key: &CacheKey) {
         let slot = lock(&self.index).remove(key);
         if let Some(slot) = slot {
             self.discard(vec![slot]);
@@ -169,7 +169,7 @@ impl DiskTier {
     }
 
     /// Deletes every entry of an object (`Some(key)`) or of a whole bucket (`None`).
-    pub fn remove_object(&self, bucket: &str, key: Option<&str>) {
+    pub(crate) fn remove_object(&self, bucket: &str, key: Option<&str>) {
         let slots: Vec<Slot> = {
             let mut index = lock(&self.index);
             let from = CacheKey {

@@ -15,7 +15,7 @@
 //! themselves. Concurrent misses on one key compute once.
 
 pub mod disk;
-pub mod key;
+pub(crate) mod key;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -71,8 +71,8 @@ pub struct CacheConfig {
 /// The optional disk tier.
 #[derive(Debug, Clone)]
 pub struct DiskConfig {
-    pub dir: PathBuf,
-    pub max_bytes: u64,
+    pub(crate) dir: PathBuf,
+    pub(crate) max_bytes: u64,
 }
 
 /// When an entry was last known to match its source.
@@ -85,7 +85,7 @@ struct Stamp {
 /// A cache entry: the output and its validation stamp.
 #[derive(Debug)]
 pub struct Entry {
-    pub data: Arc<Cached>,
+    pub(crate) data: Arc<Cached>,
     stamp: Mutex<Stamp>,
 }
 
@@ -120,7 +120,7 @@ pub enum Tier {
 
 impl Tier {
     #[must_use]
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Memory => "memory",
             Self::Disk => "disk",
@@ -214,7 +214,7 @@ pub struct TensorCache {
 
 /// Held while one request computes a key; others wanting the key wait, then find it cached.
 #[derive(Debug)]
-pub struct Flight<'a> {
+pub(crate) struct Flight<'a> {
     cache: &'a TensorCache,
     key: CacheKey,
     lock: Option<tokio::sync::OwnedMutexGuard<()>>,
@@ -329,7 +329,7 @@ impl TensorCache {
     }
 
     /// A write through the gateway changed (or may have changed) `bucket/key`.
-    pub fn object_written(&self, bucket: &str, key: &str) {
+    pub(crate) fn object_written(&self, bucket: &str, key: &str) {
         self.generations.object_slot(bucket, key).fetch_add(1, Ordering::AcqRel);
         let (b, k) = (bucket.to_owned(), key.to_owned());
         // Frees the memory now; correctness already holds through the generation.
@@ -340,7 +340,7 @@ impl TensorCache {
     }
 
     /// A write changed an unknown set of objects in `bucket` (multi-object delete, bucket delete).
-    pub fn bucket_written(&self, bucket: &str) {
+    pub(crate) fn bucket_written(&self, bucket: &str) {
         self.generations.bucket_slot(bucket).fetch_add(1, Ordering::AcqRel);
         let b = bucket.to_owned();
         let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b);
@@ -415,7 +415,7 @@ impl TensorCache {
     ///
     /// # Errors
     /// What `fetch` or `compute` fail with.
-    pub async fn uncached<S, R, X, E>(
+    pub(crate) async fn uncached<S, R, X, E>(
         fetch: impl AsyncFnOnce(Option<&str>) -> Result<Fetched<S, R>, E>,
         compute: impl AsyncFnOnce(S) -> Result<(Arc<Cached>, X), E>,
     ) -> Result<ReadThrough<R, X>, E> {
@@ -457,7 +457,8 @@ impl TensorCache {
 
     /// Bytes held in memory (after [`Self::settle`], exact).
     #[must_use]
-    pub fn memory_resident(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn memory_resident(&self) -> u64 {
         self.memory.weighted_size()
     }
 }

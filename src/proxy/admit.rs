@@ -14,28 +14,28 @@ use crate::metrics::Metrics;
 
 /// Admission state shared by all requests.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     permits: Arc<Semaphore>,
     draining: AtomicBool,
 }
 
 /// An admitted request's place; dropping it admits another.
 #[derive(Debug)]
-pub struct Admitted(#[allow(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
+pub(crate) struct Admitted(#[allow(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
 
 impl Admission {
     #[must_use]
-    pub fn new(max_in_flight: usize) -> Self {
+    pub(crate) fn new(max_in_flight: usize) -> Self {
         Self { permits: Arc::new(Semaphore::new(max_in_flight)), draining: AtomicBool::new(false) }
     }
 
     /// From now on every request is refused.
-    pub fn begin_shutdown(&self) {
+    pub(crate) fn begin_shutdown(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
 
     #[must_use]
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
 
@@ -43,7 +43,7 @@ impl Admission {
     ///
     /// # Errors
     /// `ShuttingDown` while draining, `Overloaded` when `max_in_flight` requests hold places.
-    pub fn admit(&self, metrics: &Metrics) -> Result<Admitted, GatewayError> {
+    pub(crate) fn admit(&self, metrics: &Metrics) -> Result<Admitted, GatewayError> {
         if self.is_draining() {
             return Err(GatewayError::ShuttingDown);
         }

@@ -3,9 +3,9 @@
 //! respond. Errors of any phase become S3 XML in `crate::error`, and each request is logged once,
 //! here.
 
-pub mod admit;
+pub(crate) mod admit;
 mod alias;
-pub mod owner;
+pub(crate) mod owner;
 mod passthrough;
 mod post_object;
 mod pushdown;
@@ -38,37 +38,37 @@ use crate::s3::sigv4::verify::{self, Verified};
 /// configuration) that the gateway reads whole to verify before forwarding. S3 caps these XML
 /// documents well below this (a 1000-key DeleteObjects is about 100 KiB; a 10000-part completion
 /// about 1 MiB).
-pub const MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
+pub(crate) const MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
 
 /// Object bodies up to this size are verified whole before the store sees the request (one SDK
 /// chunk; 1024 in flight hold at most 64 MiB); larger ones stream with their tail withheld.
-pub const VERIFY_WHOLE_BELOW: u64 = 64 * 1024;
+pub(crate) const VERIFY_WHOLE_BELOW: u64 = 64 * 1024;
 
 /// Front-end settings the request path needs.
 #[derive(Debug, Clone)]
-pub struct FrontConfig {
-    pub domains: Vec<String>,
-    pub allow_anonymous: bool,
-    pub max_body_bytes: u64,
-    pub max_in_flight: usize,
+pub(crate) struct FrontConfig {
+    pub(crate) domains: Vec<String>,
+    pub(crate) allow_anonymous: bool,
+    pub(crate) max_body_bytes: u64,
+    pub(crate) max_in_flight: usize,
     /// A request body frame that does not arrive within this ends the request (`RequestTimeout`).
-    pub stall_timeout: Duration,
+    pub(crate) stall_timeout: Duration,
     /// A body-less request without a response head after this gets `503`.
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// Alias buckets: reading `bucket/key` from one is a pushdown GET of `target/key`.
-    pub aliases: HashMap<String, AliasBucket>,
+    pub(crate) aliases: HashMap<String, AliasBucket>,
     /// Transparent identity mode: the store authenticates every request, forwarded as signed
     /// (`transparent.rs`; ADR 0013).
-    pub transparent: bool,
+    pub(crate) transparent: bool,
 }
 
 /// A bucket name that stands for (real bucket, model, split, format, dtype), for loaders that
 /// cannot add headers or query parameters. Read-only: object reads become pushdown GETs, listings
 /// and bucket HEADs go to the real bucket, anything else is refused.
 #[derive(Debug, Clone)]
-pub struct AliasBucket {
-    pub target: String,
-    pub spec: PushdownSpec,
+pub(crate) struct AliasBucket {
+    pub(crate) target: String,
+    pub(crate) spec: PushdownSpec,
 }
 
 /// Shared state of the S3 front end.
@@ -119,7 +119,7 @@ impl std::fmt::Display for RequestId {
 
 impl Gateway {
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         cfg: FrontConfig,
         creds: CredentialStore,
         backend: Backend,
@@ -133,7 +133,7 @@ impl Gateway {
 
     /// Makes this gateway a cluster member that routes pushdowns to their owners.
     #[must_use]
-    pub fn with_routing(mut self, routing: owner::Routing) -> Self {
+    pub(crate) fn with_routing(mut self, routing: owner::Routing) -> Self {
         self.routing = Some(routing);
         self
     }
@@ -143,25 +143,20 @@ impl Gateway {
         self.admission.begin_shutdown();
     }
 
-    #[must_use]
-    pub fn is_shutting_down(&self) -> bool {
-        self.admission.is_draining()
-    }
-
     /// Admission state (shared with the admin API's `/readyz`).
     #[must_use]
-    pub fn admission(&self) -> &Arc<admit::Admission> {
+    pub(crate) fn admission(&self) -> &Arc<admit::Admission> {
         &self.admission
     }
 
     #[must_use]
-    pub fn backend(&self) -> &Backend {
+    pub(crate) fn backend(&self) -> &Backend {
         &self.backend
     }
 
     /// The tensor cache, when enabled.
     #[must_use]
-    pub fn cache(&self) -> Option<&Arc<TensorCache>> {
+    pub(crate) fn cache(&self) -> Option<&Arc<TensorCache>> {
         self.cache.as_ref()
     }
 
@@ -172,7 +167,7 @@ impl Gateway {
     }
 
     /// Handles one S3 request. Never fails: errors become S3 XML responses.
-    pub async fn handle(self: Arc<Self>, req: Request<Body>) -> Response<Body> {
+    pub(crate) async fn handle(self: Arc<Self>, req: Request<Body>) -> Response<Body> {
         let started = Instant::now();
         let request_id = self.request_ids.next();
         let head = req.method() == Method::HEAD;

@@ -33,15 +33,15 @@ use crate::s3::route::Target;
 use crate::s3::sigv4::verify::Identity;
 
 /// The header a hop names its tenant in (outside `x-tensorgate-*`, which are pushdown fields).
-pub const PEER_TENANT: HeaderName = HeaderName::from_static("tensorgate-peer-tenant");
+pub(crate) const PEER_TENANT: HeaderName = HeaderName::from_static("tensorgate-peer-tenant");
 /// Transparent mode: the member a caller's request was forwarded from (unsigned; a client that
 /// sets it only makes the member it asked compute).
-pub const HOP: HeaderName = HeaderName::from_static("tensorgate-hop");
+pub(crate) const HOP: HeaderName = HeaderName::from_static("tensorgate-hop");
 /// Transparent mode: the split the forwarding member resolved `split=auto` to (unsigned; a client
 /// that sets it only chooses a split it could have asked for).
-pub const HOP_SPLIT: HeaderName = HeaderName::from_static("tensorgate-hop-split");
+pub(crate) const HOP_SPLIT: HeaderName = HeaderName::from_static("tensorgate-hop-split");
 /// Who computed a pushdown response (a member id).
-pub const COMPUTED_BY: HeaderName = HeaderName::from_static("x-tensorgate-computed-by");
+pub(crate) const COMPUTED_BY: HeaderName = HeaderName::from_static("x-tensorgate-computed-by");
 /// A peer that accepts no connection within this is treated as down for the request (the
 /// membership refresh takes it out of the order within `cluster.refresh_secs`).
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -50,7 +50,7 @@ const PEER_MAX_CONCURRENCY: usize = 256;
 
 /// Routes pushdowns to their owners.
 #[derive(Debug)]
-pub struct Routing {
+pub(crate) struct Routing {
     cluster: Arc<Cluster>,
     region: String,
     access_key: String,
@@ -64,7 +64,7 @@ pub struct Routing {
 impl Routing {
     /// `secret: None`: membership only (no hop; every member computes what it is asked).
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         cluster: Arc<Cluster>,
         region: String,
         (access_key, secret): (String, Option<SecretKey>),
@@ -75,7 +75,7 @@ impl Routing {
     }
 
     #[must_use]
-    pub fn node_id(&self) -> &str {
+    pub(crate) fn node_id(&self) -> &str {
         self.cluster.node_id()
     }
 
@@ -83,7 +83,7 @@ impl Routing {
     /// credential acts for the tenant it names; any other request for whoever signed it (a
     /// client's `tensorgate-peer-*` headers mean nothing).
     #[must_use]
-    pub fn acting_identity(
+    pub(crate) fn acting_identity(
         &self,
         identity: Identity,
         authority: Authority,
@@ -108,7 +108,7 @@ impl Routing {
     /// The route phase of a pushdown: to the object's owner when that is another member, the
     /// way the request's authority allows ([`Self::forward`] for a caller the gateway
     /// authenticated, [`Self::forward_as_sent`] in transparent mode). `None`: serve it here.
-    pub async fn route(
+    pub(crate) async fn route(
         &self,
         parts: &Parts,
         target: &Target,

@@ -23,7 +23,7 @@ use crate::s3::sigv4::uri_encode_path;
 /// Most bytes of a form read before its file part. S3 limits the policy to 20 KiB; the other
 /// fields (key, metadata, signature) are small, and this bounds what a client can make the
 /// gateway buffer before anything is authenticated.
-pub const MAX_FORM_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_FORM_HEAD: usize = 64 * 1024;
 
 impl Gateway {
     /// Handles a `POST` to a bucket with a `multipart/form-data` body.

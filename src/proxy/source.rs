@@ -31,12 +31,12 @@ pub(super) enum SourceRange {
 /// every store accepts them.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SourceRead<'a> {
-    pub range: SourceRange,
+    pub(crate) range: SourceRange,
     /// Only this version (`If-Match`): a span must come from the version its footer came from.
-    pub if_match: Option<&'a str>,
+    pub(crate) if_match: Option<&'a str>,
     /// Not this version (`If-None-Match`): a cached output's source, revalidated. Left out when
     /// the caller sent its own, which refers to the output.
-    pub if_none_match: Option<&'a str>,
+    pub(crate) if_none_match: Option<&'a str>,
 }
 
 impl SourceRead<'_> {
@@ -76,20 +76,20 @@ impl SourceRead<'_> {
 /// The conditions a read added itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Asked {
-    pub matching: bool,
-    pub unchanged: bool,
+    pub(crate) matching: bool,
+    pub(crate) unchanged: bool,
 }
 
 /// The source's bytes as the store answered a read.
 #[derive(Debug)]
 pub(super) struct SourceBody {
-    pub resp: Response<Body>,
+    pub(crate) resp: Response<Body>,
     /// The version read (empty when the store named none).
-    pub etag: String,
+    pub(crate) etag: String,
     /// When the read was sent (the request's fetch time starts here).
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// `Content-Range` of a partial answer: (first, last, length).
-    pub content_range: Option<(u64, u64, u64)>,
+    pub(crate) content_range: Option<(u64, u64, u64)>,
 }
 
 impl SourceBody {
@@ -137,14 +137,14 @@ impl SourceOutcome {
 /// Reads one request's source: the same target, query, method and authority for every read.
 #[derive(Debug)]
 pub(super) struct SourceReader<'g> {
-    pub backend: &'g Backend,
+    pub(crate) backend: &'g Backend,
     /// The caller's own in transparent mode (it signed it), else `GET`.
-    pub method: Method,
-    pub target: Target,
-    pub query: Option<String>,
+    pub(crate) method: Method,
+    pub(crate) target: Target,
+    pub(crate) query: Option<String>,
     /// What every read starts from ([`SourceRead::headers`] adds its range and conditions).
-    pub headers: HeaderMap,
-    pub authority: Authority,
+    pub(crate) headers: HeaderMap,
+    pub(crate) authority: Authority,
 }
 
 impl SourceReader<'_> {

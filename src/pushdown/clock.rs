@@ -9,7 +9,7 @@ fn thread_cpu_nanos() -> Option<u64> {
 
 /// Runs `f` and returns its result with the CPU time this thread spent on it: the cost free of
 /// contention from other work on the core (wall time where there is no per-thread CPU clock).
-pub fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+pub(crate) fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let (started, cpu) = (Instant::now(), thread_cpu_nanos());
     let out = f();
     let spent = match (cpu, thread_cpu_nanos()) {

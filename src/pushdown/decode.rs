@@ -23,31 +23,31 @@ use super::error::{PushdownError, guarded};
 
 /// The image formats pushdown decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Jpeg,
     Png,
 }
 
 /// What the header says, before any pixel is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Header {
-    pub format: Format,
-    pub width: u32,
-    pub height: u32,
+pub(crate) struct Header {
+    pub(crate) format: Format,
+    pub(crate) width: u32,
+    pub(crate) height: u32,
     /// Bytes of the decoder's output before conversion to RGB: 0 when the decoder writes RGB
     /// itself (most JPEGs), else an upper bound (e.g. 8 per pixel for 16-bit RGBA PNGs).
-    pub native_bytes: u64,
+    pub(crate) native_bytes: u64,
 }
 
 impl Header {
     #[must_use]
-    pub fn pixels(&self) -> u64 {
+    pub(crate) fn pixels(&self) -> u64 {
         u64::from(self.width) * u64::from(self.height)
     }
 
     /// Every byte decoding holds at its peak: the native buffer and the RGB image.
     #[must_use]
-    pub fn decode_bytes(&self) -> u64 {
+    pub(crate) fn decode_bytes(&self) -> u64 {
         self.native_bytes + 3 * self.pixels()
     }
 }
@@ -57,7 +57,7 @@ const JPEG_MAGIC: &[u8] = &[0xFF, 0xD8, 0xFF];
 
 /// The format the bytes start like, if any.
 #[must_use]
-pub fn sniff(bytes: &[u8]) -> Option<Format> {
+pub(crate) fn sniff(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(JPEG_MAGIC) {
         Some(Format::Jpeg)
     } else if bytes.starts_with(PNG_MAGIC) {
@@ -73,11 +73,11 @@ fn bad(msg: impl Into<String>) -> PushdownError {
 
 /// PNG colour types (the IHDR byte).
 mod png_color {
-    pub const GRAY: u8 = 0;
-    pub const RGB: u8 = 2;
-    pub const PALETTE: u8 = 3;
-    pub const GRAY_ALPHA: u8 = 4;
-    pub const RGBA: u8 = 6;
+    pub(crate) const GRAY: u8 = 0;
+    pub(crate) const RGB: u8 = 2;
+    pub(crate) const PALETTE: u8 = 3;
+    pub(crate) const GRAY_ALPHA: u8 = 4;
+    pub(crate) const RGBA: u8 = 6;
 }
 
 /// Bit depth and colour type from a PNG's IHDR, which the format requires to be the first chunk.
@@ -113,13 +113,13 @@ fn png_chunks_check(bytes: &[u8]) -> Result<(), PushdownError> {
 /// coefficients, and libjpeg only warns about a progression that repeats itself: a few bytes per
 /// repeated scan would buy unbounded CPU (minutes for a small file). Encoders write 1 (baseline) to
 /// about 10 (libjpeg's default progression; `jpegtran -optimize` variants stay under 20).
-pub const MAX_JPEG_SCANS: usize = 64;
+pub(crate) const MAX_JPEG_SCANS: usize = 64;
 
 /// Counts the start-of-scan markers of a JPEG, walking its marker segments and skipping each scan's
 /// entropy-coded data (in which `0xFF` is always followed by a stuffed `0x00` or a restart marker).
 /// Stops counting past `limit`. Linear in the bytes and allocation-free.
 #[must_use]
-pub fn jpeg_scans(bytes: &[u8], limit: usize) -> usize {
+pub(crate) fn jpeg_scans(bytes: &[u8], limit: usize) -> usize {
     let mut scans = 0;
     let mut i = 2; // after SOI
     while scans <= limit {
@@ -159,7 +159,7 @@ fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
 ///
 /// # Errors
 /// Not a JPEG or PNG, or an unreadable header.
-pub fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
+pub(crate) fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
     match sniff(bytes) {
         Some(Format::Jpeg) => guarded("cannot decode image", || {
             let scans = jpeg_scans(bytes, MAX_JPEG_SCANS);
@@ -215,7 +215,8 @@ fn dim(v: usize) -> Result<u32, PushdownError> {
 ///
 /// # Errors
 /// Corrupt, truncated or undecodable images.
-pub fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
+#[cfg(test)]
+pub(crate) fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError> {
     let mut out = Vec::new();
     decode_rgb_into(bytes, head, &mut out)?;
     Ok(out)
@@ -227,7 +228,7 @@ pub fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, PushdownError>
 ///
 /// # Errors
 /// As [`decode_rgb`].
-pub fn decode_rgb_into(bytes: &[u8], head: &Header, out: &mut Vec<u8>) -> Result<(), PushdownError> {
+pub(crate) fn decode_rgb_into(bytes: &[u8], head: &Header, out: &mut Vec<u8>) -> Result<(), PushdownError> {
     match head.format {
         Format::Jpeg => decode_jpeg(bytes, out),
         Format::Png => decode_png(bytes, head).map(|v| *out = v),

@@ -91,7 +91,7 @@ impl<'de> Deserialize<'de> for OrtArena {
 /// node decodes every sample of every open request first, on the same cores, and delays the first
 /// request's inference by all of that decoding (and holds every decoded input meanwhile): the
 /// oldest request's answer came after all requests' decoding.
-pub const LOOKAHEAD_BATCHES: usize = 2;
+pub(crate) const LOOKAHEAD_BATCHES: usize = 2;
 
 /// How many times [`LOOKAHEAD_BATCHES`] an engine lends beyond it to a tenant's earlier requests
 /// whose later requests' samples took the places first ([`super::fair`], ADR 0021): a client's
@@ -99,40 +99,40 @@ pub const LOOKAHEAD_BATCHES: usize = 2;
 /// three after the first may have taken places before the first's source came back. Memory is
 /// not what this bounds (every sample is admitted by the budget before it asks for a place), but
 /// how far decoding may run ahead of inference while they catch up.
-pub const LOOKAHEAD_LOANS: usize = 3;
+pub(crate) const LOOKAHEAD_LOANS: usize = 3;
 
 /// Settings of one engine.
 #[derive(Debug, Clone, Copy)]
-pub struct EngineConfig {
+pub(crate) struct EngineConfig {
     /// Samples waiting before new ones are refused.
-    pub queue_capacity: usize,
+    pub(crate) queue_capacity: usize,
     /// Most samples per inference run.
-    pub max_batch: usize,
+    pub(crate) max_batch: usize,
     /// ONNX Runtime intra-op threads per session (1 is fastest per core on small machines; scale
     /// with `workers` instead).
-    pub intra_threads: usize,
+    pub(crate) intra_threads: usize,
     /// Worker threads (each owning a session) per (model, split), sharing one queue.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// How sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`).
-    pub ort_arena: OrtArena,
+    pub(crate) ort_arena: OrtArena,
 }
 
 /// What every engine of a node shares.
 #[derive(Debug, Clone)]
-pub struct Node {
-    pub governor: Arc<Governor>,
+pub(crate) struct Node {
+    pub(crate) governor: Arc<Governor>,
     /// Serializes memory probes: the resident peak they read is process-wide.
-    pub probe_lock: Arc<Mutex<()>>,
+    pub(crate) probe_lock: Arc<Mutex<()>>,
     /// Every engine's inference threads still running.
-    pub threads: Arc<Threads>,
+    pub(crate) threads: Arc<Threads>,
     /// The inference slots (`pushdown.inference_runs`): a batch runs when they come to its
     /// earliest sample, whichever engine it is on ([`super::fair`]).
-    pub runs: Arc<FairSlots>,
+    pub(crate) runs: Arc<FairSlots>,
     /// Buffers kept between batches and images: a batch's buffer comes from there and goes back
     /// after its run, with its samples' inputs.
-    pub scratch: Arc<super::preprocess::ScratchPool>,
+    pub(crate) scratch: Arc<super::preprocess::ScratchPool>,
     /// What first sessions measured and checked, for the engines that start again later.
-    pub measured: Arc<Measured>,
+    pub(crate) measured: Arc<Measured>,
 }
 
 /// The memory model and the prefix check's verdict an engine's first session found for a model
@@ -143,7 +143,7 @@ pub struct Node {
 /// Runtime, none of which changes within a process. Bounded by the registry: one entry per split
 /// of a loaded model that ever started.
 #[derive(Debug, Default)]
-pub struct Measured(Mutex<HashMap<MeasuredKey, Found>>);
+pub(crate) struct Measured(Mutex<HashMap<MeasuredKey, Found>>);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct MeasuredKey {
@@ -199,7 +199,7 @@ type Verdict = Option<Result<(MemoryModel, usize), PushdownError>>;
 
 /// A running worker for one (model, split).
 #[derive(Debug)]
-pub struct Engine {
+pub(crate) struct Engine {
     queue: Arc<Queue<Job>>,
     /// Places for samples between their decoding and the end of their inference
     /// ([`LOOKAHEAD_BATCHES`]), handed out as the preprocessing slots are (tenants in turn, each
@@ -223,7 +223,7 @@ pub struct Engine {
 
 /// A sample's place ahead of its engine's inference ([`Engine::ahead`]), given back on drop.
 #[derive(Debug)]
-pub struct Ahead {
+pub(crate) struct Ahead {
     _slot: Slot,
     _pending: Pending,
 }
@@ -393,7 +393,7 @@ impl Engine {
     ///
     /// # Errors
     /// The prefix is unusable or does not fit the memory budget.
-    pub async fn memory_model(&self) -> Result<(MemoryModel, usize), PushdownError> {
+    pub(crate) async fn memory_model(&self) -> Result<(MemoryModel, usize), PushdownError> {
         let mut rx = self.verdict.clone();
         let v = rx
             .wait_for(Option::is_some)
@@ -408,13 +408,13 @@ impl Engine {
 
     /// The memory model if measured yet (for the admin API).
     #[must_use]
-    pub fn memory_model_now(&self) -> Option<(MemoryModel, usize)> {
+    pub(crate) fn memory_model_now(&self) -> Option<(MemoryModel, usize)> {
         self.verdict.borrow().as_ref().and_then(|v| v.as_ref().ok().cloned())
     }
 
     /// Worker threads (each holds a session: the fixed memory counts once per worker).
     #[must_use]
-    pub fn workers(&self) -> usize {
+    pub(crate) fn workers(&self) -> usize {
         self.workers
     }
 
@@ -425,7 +425,7 @@ impl Engine {
     ///
     /// # Errors
     /// `Overloaded` when `queue_capacity` samples already wait for this engine.
-    pub async fn ahead(&self, tenant: &str, place: Place) -> Result<Ahead, PushdownError> {
+    pub(crate) async fn ahead(&self, tenant: &str, place: Place) -> Result<Ahead, PushdownError> {
         let pending = Pending::new(&self.pending);
         if pending.count > self.queue_capacity {
             return Err(PushdownError::Overloaded);
@@ -441,7 +441,7 @@ impl Engine {
     ///
     /// # Errors
     /// Queue full (`Overloaded`), wrong input size, or an inference failure.
-    pub async fn infer(
+    pub(crate) async fn infer(
         &self,
         tenant: &str,
         place: Place,
@@ -474,32 +474,26 @@ impl Engine {
     /// Mean inference CPU seconds per sample over the batches served so far (one intra-op thread's
     /// worth when `intra_threads` is 1); `None` until [`MIN_OBSERVED_SAMPLES`] have run.
     #[must_use]
-    pub fn observed_secs_per_sample(&self) -> Option<f64> {
+    pub(crate) fn observed_secs_per_sample(&self) -> Option<f64> {
         let n = self.observed.samples.load(Ordering::Relaxed);
         (n >= MIN_OBSERVED_SAMPLES).then(|| self.observed.nanos.load(Ordering::Relaxed) as f64 / 1e9 / n as f64)
     }
 
-    /// Samples waiting or running.
-    #[must_use]
-    pub fn queue_depth(&self) -> usize {
-        self.depth.load(Ordering::Relaxed)
-    }
-
     /// Whether any worker still runs (an engine whose workers all died is replaced).
     #[must_use]
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst) > 0
     }
 
     /// Whether the first worker found the prefix unusable or the engine too large for the budget.
     #[must_use]
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         matches!(self.verdict.borrow().as_ref(), Some(Err(_)))
     }
 
     /// Fault injection for the supervision tests: the next inference run panics.
     #[doc(hidden)]
-    pub fn inject_panic(&self) {
+    pub(crate) fn inject_panic(&self) {
         self.panic_next.store(true, Ordering::SeqCst);
     }
 }
@@ -524,7 +518,7 @@ impl Drop for Running {
 /// session after its queue closed) aborts, because the exit destroys the library's static objects
 /// under the thread ("pure virtual method called", SIGABRT instead of a clean exit).
 #[derive(Debug, Default)]
-pub struct Threads {
+pub(crate) struct Threads {
     running: Mutex<usize>,
     ended: Condvar,
 }
@@ -532,12 +526,12 @@ pub struct Threads {
 impl Threads {
     /// Inference threads that still hold anything of ONNX Runtime.
     #[must_use]
-    pub fn running(&self) -> usize {
+    pub(crate) fn running(&self) -> usize {
         *self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Blocks until no inference thread runs, at most `within`; returns whether none does.
-    pub fn wait_ended(&self, within: Duration) -> bool {
+    pub(crate) fn wait_ended(&self, within: Duration) -> bool {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let (running, _) =
             self.ended.wait_timeout_while(running, within, |n| *n > 0).unwrap_or_else(PoisonError::into_inner);

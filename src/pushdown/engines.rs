@@ -22,7 +22,7 @@ use super::error::PushdownError;
 use crate::metrics::{Metrics, ReasonLabel};
 
 /// (model, split).
-pub type EngineKey = (String, String);
+pub(crate) type EngineKey = (String, String);
 
 /// How long an engine that failed to start (its prefix unusable, or too large for what the budget
 /// had left) keeps answering with that error before a request may start it again: long enough that
@@ -57,7 +57,7 @@ impl Cell {
 
 /// The supervised engines of one pushdown service.
 #[derive(Debug)]
-pub struct EngineTable {
+pub(crate) struct EngineTable {
     cells: Mutex<HashMap<EngineKey, Arc<Cell>>>,
     /// Engines unused this long are evicted.
     idle: Duration,
@@ -70,7 +70,7 @@ pub struct EngineTable {
 
 impl EngineTable {
     #[must_use]
-    pub fn new(idle: Duration, metrics: &Metrics) -> Self {
+    pub(crate) fn new(idle: Duration, metrics: &Metrics) -> Self {
         Self {
             cells: Mutex::default(),
             idle,
@@ -112,7 +112,7 @@ impl EngineTable {
     ///
     /// # Errors
     /// What `prepare` or `start` failed with.
-    pub async fn get_or_start<P, R, F>(
+    pub(crate) async fn get_or_start<P, R, F>(
         &self,
         key: &EngineKey,
         prepare: P,
@@ -139,26 +139,26 @@ impl EngineTable {
 
     /// The engine for `key` if it runs (no start, no touch).
     #[must_use]
-    pub fn running(&self, key: &EngineKey) -> Option<Arc<Engine>> {
+    pub(crate) fn running(&self, key: &EngineKey) -> Option<Arc<Engine>> {
         self.cells.lock().unwrap_or_else(PoisonError::into_inner).get(key).and_then(|c| c.engine.get().cloned())
     }
 
     /// Every running engine.
     #[must_use]
-    pub fn all(&self) -> Vec<(EngineKey, Arc<Engine>)> {
+    pub(crate) fn all(&self) -> Vec<(EngineKey, Arc<Engine>)> {
         let cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
         cells.iter().filter_map(|(k, c)| Some((k.clone(), c.engine.get()?.clone()))).collect()
     }
 
     /// Drops the engines unused for the idle time that no request holds; returns their keys.
-    pub fn evict_idle(&self) -> Vec<EngineKey> {
+    pub(crate) fn evict_idle(&self) -> Vec<EngineKey> {
         let idle = u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX);
         self.evict(Some(idle), "idle")
     }
 
     /// Drops every engine that no request holds now, however recently used (their memory is
     /// needed: `super::governor::Governor`'s reclaim); returns their keys.
-    pub fn evict_unused(&self) -> Vec<EngineKey> {
+    pub(crate) fn evict_unused(&self) -> Vec<EngineKey> {
         self.evict(None, "memory")
     }
 
@@ -193,7 +193,7 @@ impl EngineTable {
     }
 
     /// Drops every engine (shutdown): each stops when its last request is done.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let cells = std::mem::take(&mut *self.cells.lock().unwrap_or_else(PoisonError::into_inner));
         drop(cells);
     }

@@ -54,7 +54,7 @@ pub enum PushdownError {
 ///
 /// # Errors
 /// What `f` returns, or `BadInput` if it panicked.
-pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, PushdownError>) -> Result<T, PushdownError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let msg = panic
             .downcast_ref::<String>()

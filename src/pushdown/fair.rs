@@ -39,7 +39,7 @@ use super::queue::Place;
 
 /// The slot pool.
 #[derive(Debug)]
-pub struct FairSlots {
+pub(crate) struct FairSlots {
     inner: Mutex<Inner>,
     /// Most slots out on loan at once (0: the pool never lends).
     lend: usize,
@@ -105,7 +105,7 @@ impl Inner {
 
 /// A held slot; dropping it hands the slot to the next waiter.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     slots: Arc<FairSlots>,
     armed: bool,
     /// Whose and where, in a pool that lends.
@@ -124,14 +124,14 @@ impl Drop for Slot {
 impl FairSlots {
     /// A pool of `slots` (at least one).
     #[must_use]
-    pub fn new(slots: usize) -> Arc<Self> {
+    pub(crate) fn new(slots: usize) -> Arc<Self> {
         Self::lending(slots, 0)
     }
 
     /// A pool of `slots` (at least one) that lends up to `lend` more to a tenant's samples that
     /// find its later samples holding slots (module docs).
     #[must_use]
-    pub fn lending(slots: usize, lend: usize) -> Arc<Self> {
+    pub(crate) fn lending(slots: usize, lend: usize) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 free: slots.max(1),
@@ -159,7 +159,7 @@ impl FairSlots {
     /// Waits for a slot for the sample at `place` of `tenant`. Cancel-safe: a waiter dropped
     /// before its turn leaves the queue when the turn comes, and a slot handed to a waiter that is
     /// gone passes on.
-    pub async fn acquire(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
+    pub(crate) async fn acquire(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
         loop {
             let rx = match self.take_or_queue(tenant, place) {
                 Ok(slot) => return slot,
@@ -174,7 +174,7 @@ impl FairSlots {
 
     /// [`Self::acquire`] for a thread outside the async runtime (an inference worker): parks
     /// the thread until its turn.
-    pub fn acquire_blocking(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
+    pub(crate) fn acquire_blocking(self: &Arc<Self>, tenant: &str, place: Place) -> Slot {
         loop {
             let rx = match self.take_or_queue(tenant, place) {
                 Ok(slot) => return slot,
@@ -214,7 +214,8 @@ impl FairSlots {
 
     /// Slots free now.
     #[must_use]
-    pub fn free(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn free(&self) -> usize {
         self.lock().free
     }
 

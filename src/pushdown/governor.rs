@@ -30,11 +30,11 @@ use crate::metrics::Metrics;
 
 /// What the allocator knows about one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Demand {
-    pub tenant: String,
-    pub per_sample: u64,
+pub(crate) struct Demand {
+    pub(crate) tenant: String,
+    pub(crate) per_sample: u64,
     /// Most samples in flight it wants (its requested storage batch, at most its sample count).
-    pub cap: usize,
+    pub(crate) cap: usize,
 }
 
 /// Water-filling: splits `free` bytes equally between tenants, then between each tenant's streams,
@@ -42,7 +42,7 @@ pub struct Demand {
 /// others. Every stream whose one sample fits in `free` gets at least 1, so nobody starves (the
 /// global check in [`Stream::admit`] keeps the sum within the budget meanwhile).
 #[must_use]
-pub fn allot(free: u64, demands: &[Demand]) -> Vec<usize> {
+pub(crate) fn allot(free: u64, demands: &[Demand]) -> Vec<usize> {
     let mut by_tenant: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, d) in demands.iter().enumerate() {
         by_tenant.entry(d.tenant.as_str()).or_default().push(i);
@@ -155,15 +155,15 @@ enum Purpose {
 
 /// Governor settings.
 #[derive(Debug, Clone, Copy)]
-pub struct GovernorConfig {
-    pub budget: u64,
-    pub adaptive: bool,
-    pub max_wait: Duration,
+pub(crate) struct GovernorConfig {
+    pub(crate) budget: u64,
+    pub(crate) adaptive: bool,
+    pub(crate) max_wait: Duration,
 }
 
 /// The process-wide memory governor (one per pushdown service).
 #[derive(Debug)]
-pub struct Governor {
+pub(crate) struct Governor {
     cfg: GovernorConfig,
     state: Mutex<State>,
     changed: Notify,
@@ -175,7 +175,7 @@ pub struct Governor {
 /// stops the engines that no request holds now and says how many (each gives its reservation
 /// back once its workers have exited, which wakes the waiters). Set by the pushdown service
 /// ([`Governor::set_reclaim`]); without it, such a request is refused (`BudgetBusy`).
-pub struct Reclaim(pub Box<dyn Fn() -> usize + Send + Sync>);
+pub(crate) struct Reclaim(pub Box<dyn Fn() -> usize + Send + Sync>);
 
 impl std::fmt::Debug for Reclaim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -191,7 +191,7 @@ const RECLAIM_POLL: Duration = Duration::from_millis(5);
 
 /// One request's admission state; closing it (drop) returns its share to the others.
 #[derive(Debug)]
-pub struct Stream {
+pub(crate) struct Stream {
     governor: Arc<Governor>,
     id: u64,
     per_sample: u64,
@@ -201,7 +201,7 @@ pub struct Stream {
 
 /// One admitted sample's reservation, released on drop.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     governor: Arc<Governor>,
     stream: u64,
     bytes: u64,
@@ -209,13 +209,13 @@ pub struct Slot {
 
 impl Governor {
     #[must_use]
-    pub fn new(cfg: GovernorConfig, metrics: Metrics) -> Self {
+    pub(crate) fn new(cfg: GovernorConfig, metrics: Metrics) -> Self {
         metrics.memory_budget.set(i64::try_from(cfg.budget).unwrap_or(i64::MAX));
         Self { cfg, state: Mutex::new(State::default()), changed: Notify::new(), metrics, reclaim: OnceLock::new() }
     }
 
     /// Sets how room is made ([`Reclaim`]); once.
-    pub fn set_reclaim(&self, reclaim: Reclaim) {
+    pub(crate) fn set_reclaim(&self, reclaim: Reclaim) {
         let _ = self.reclaim.set(reclaim);
     }
 
@@ -250,19 +250,19 @@ impl Governor {
     }
 
     #[must_use]
-    pub fn config(&self) -> GovernorConfig {
+    pub(crate) fn config(&self) -> GovernorConfig {
         self.cfg
     }
 
     /// Tenants with a pushdown request open now (the storage node's CPU is shared between them).
     #[must_use]
-    pub fn active_tenants(&self) -> std::collections::BTreeSet<String> {
+    pub(crate) fn active_tenants(&self) -> std::collections::BTreeSet<String> {
         self.lock().streams.values().map(|o| o.demand.tenant.clone()).collect()
     }
 
     /// Bytes reserved now: engines' fixed memory plus admitted samples.
     #[must_use]
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.lock().total()
     }
 
@@ -288,7 +288,7 @@ impl Governor {
     /// # Errors
     /// With adaptation, when not even batches of one fit in what the budget has left after that
     /// ([`Self::refusal`] says whether they ever could).
-    pub fn reserve_engine(
+    pub(crate) fn reserve_engine(
         self: &Arc<Self>,
         model: &super::memory::MemoryModel,
         workers: usize,
@@ -333,7 +333,7 @@ impl Governor {
     /// # Errors
     /// `Overloaded` after waiting longer than `max_wait`; at once `ExceedsBudget` if `bytes` is
     /// more than the budget can ever hold, `BudgetBusy` if engines hold what it would need.
-    pub async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
+    pub(crate) async fn hold(self: &Arc<Self>, bytes: u64) -> Result<Held, PushdownError> {
         self.hold_for(bytes, Purpose::Plain).await
     }
 
@@ -342,7 +342,7 @@ impl Governor {
     ///
     /// # Errors
     /// `ExceedsBudget` when `bytes` is more than the whole budget (with adaptation).
-    pub fn could_ever_hold(&self, bytes: u64) -> Result<(), PushdownError> {
+    pub(crate) fn could_ever_hold(&self, bytes: u64) -> Result<(), PushdownError> {
         if self.cfg.adaptive && bytes > self.cfg.budget {
             return Err(PushdownError::ExceedsBudget { needed: bytes, budget: self.cfg.budget });
         }
@@ -358,7 +358,7 @@ impl Governor {
     ///
     /// # Errors
     /// As [`Self::hold`].
-    pub async fn hold_source(self: &Arc<Self>, bytes: u64, floor: u64) -> Result<Held, PushdownError> {
+    pub(crate) async fn hold_source(self: &Arc<Self>, bytes: u64, floor: u64) -> Result<Held, PushdownError> {
         self.hold_for(bytes, Purpose::Source { floor }).await
     }
 
@@ -435,7 +435,7 @@ impl Governor {
     /// # Errors
     /// As [`Self::hold`]; `Overloaded` at once when only other pending requests' sources stand in
     /// the way and an older one waits too ([`State::should_yield`]).
-    pub async fn open(
+    pub(crate) async fn open(
         self: &Arc<Self>,
         tenant: &str,
         (per_sample, held): (u64, u64),
@@ -486,7 +486,7 @@ impl Governor {
 impl Stream {
     /// The stream's current allotment (its storage batch).
     #[must_use]
-    pub fn allotment(&self) -> usize {
+    pub(crate) fn allotment(&self) -> usize {
         self.governor.lock().streams.get(&self.id).map_or(0, |o| o.allotment)
     }
 
@@ -497,7 +497,7 @@ impl Stream {
     /// `Overloaded` (503 SlowDown) after waiting longer than `max_wait`; `ExceedsBudget` when one
     /// sample beside the request's outputs is more than the budget can ever hold, `BudgetBusy`
     /// when it does not fit beside the engines.
-    pub async fn admit(&self, extra: u64) -> Result<Slot, PushdownError> {
+    pub(crate) async fn admit(&self, extra: u64) -> Result<Slot, PushdownError> {
         let g = &self.governor;
         let bytes = self.per_sample + extra;
         let started = Instant::now();
@@ -571,7 +571,7 @@ impl Drop for Stream {
 
 /// A request-level reservation (a source object, a request's outputs), released on drop.
 #[derive(Debug)]
-pub struct Held {
+pub(crate) struct Held {
     governor: Arc<Governor>,
     bytes: u64,
     /// A source hold whose request has not opened its stream yet ([`Governor::hold_source`]).
@@ -581,7 +581,7 @@ pub struct Held {
 /// An engine's fixed memory, returned to the budget when the engine has stopped (evicted, or
 /// every worker gone).
 #[derive(Debug)]
-pub struct EngineHold {
+pub(crate) struct EngineHold {
     governor: Arc<Governor>,
     bytes: u64,
 }
@@ -598,7 +598,7 @@ impl Drop for EngineHold {
 impl Held {
     /// Gives back what this hold reserved beyond `bytes` (a source held at its bound while it was
     /// read, now that its size is known).
-    pub fn shrink_to(&mut self, bytes: u64) {
+    pub(crate) fn shrink_to(&mut self, bytes: u64) {
         if bytes >= self.bytes {
             return;
         }

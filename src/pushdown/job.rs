@@ -21,7 +21,7 @@ use super::{governor, memory, table, tensor};
 /// engine, and every memory hold the request takes (its source, its samples' outputs), released
 /// together when the response has been sent ([`Output::reservation`]).
 #[derive(Debug)]
-pub struct Job<'a> {
+pub(crate) struct Job<'a> {
     pub(super) service: &'a Pushdown,
     /// The request's fields, `split=auto` resolved.
     pub(super) spec: PushdownSpec,
@@ -45,13 +45,13 @@ pub struct Job<'a> {
 impl Job<'_> {
     /// The request's fields with the split resolved.
     #[must_use]
-    pub fn spec(&self) -> &PushdownSpec {
+    pub(crate) fn spec(&self) -> &PushdownSpec {
         &self.spec
     }
 
     /// `x-tensorgate-plan`: what `split=auto` predicted per candidate, when it chose.
     #[must_use]
-    pub fn plan(&self) -> Option<&str> {
+    pub(crate) fn plan(&self) -> Option<&str> {
         self.plan.as_deref()
     }
 
@@ -59,7 +59,7 @@ impl Job<'_> {
     /// its preprocessing), the split, the format, the dtype and a Parquet input column (the cache
     /// key's variant).
     #[must_use]
-    pub fn variant(&self) -> String {
+    pub(crate) fn variant(&self) -> String {
         let mut v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
         if let Some(c) = &self.spec.column {
             v.push_str(&format!("|column={c}"));
@@ -73,7 +73,7 @@ impl Job<'_> {
     /// How long reading the source waited for the split's engine to start (a fetch's time
     /// without it is the store's).
     #[must_use]
-    pub fn engine_wait(&self) -> Duration {
+    pub(crate) fn engine_wait(&self) -> Duration {
         self.engine_wait
     }
 
@@ -98,7 +98,7 @@ impl Job<'_> {
     /// # Errors
     /// The budget's refusal, a source past `max_object_bytes`, a read that failed or ran past
     /// `pushdown.source_timeout_secs`.
-    pub async fn read_source(
+    pub(crate) async fn read_source(
         &mut self,
         body: crate::body::Body,
         declared: Option<u64>,
@@ -130,7 +130,7 @@ impl Job<'_> {
 
     /// Whether the request reads its source by ranges: a Parquet file's row groups.
     #[must_use]
-    pub fn ranged(&self) -> bool {
+    pub(crate) fn ranged(&self) -> bool {
         self.spec.row_groups.is_some()
     }
 
@@ -142,7 +142,7 @@ impl Job<'_> {
     ///
     /// # Errors
     /// What [`table::Footer::read`] refuses.
-    pub async fn read_footer(
+    pub(crate) async fn read_footer(
         &mut self,
         (len, offset, tail): (u64, u64, Bytes),
     ) -> Result<(table::Footer, (u64, u64)), PushdownError> {
@@ -164,7 +164,11 @@ impl Job<'_> {
     ///
     /// # Errors
     /// As [`Self::run`].
-    pub async fn run_table(mut self, source: table::Source, footer: table::Footer) -> Result<Output, PushdownError> {
+    pub(crate) async fn run_table(
+        mut self,
+        source: table::Source,
+        footer: table::Footer,
+    ) -> Result<Output, PushdownError> {
         let mut out = self.service.compute(&self, Input::Table(source, Box::new(footer))).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
@@ -205,7 +209,7 @@ impl Pushdown {
     ///
     /// # Errors
     /// Pushdown unavailable, unknown model or split (naming what exists).
-    pub fn prepare(&self, mut spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, PushdownError> {
+    pub(crate) fn prepare(&self, mut spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, PushdownError> {
         let mut plan = None;
         if spec.split == crate::planner::AUTO {
             let (split, chosen) = self.auto_split(tenant, &spec.model).ok_or_else(|| PushdownError::UnknownModel {
@@ -278,7 +282,6 @@ impl Pushdown {
             content_type,
             shape,
             split: job.split.clone(),
-            model_digest: job.model.digest.clone(),
             decode: parse_time + groups_time,
             infer: infer_time,
             encode: t2.elapsed(),

@@ -18,44 +18,44 @@ pub enum Layout {
 /// One split point.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SplitDef {
-    pub name: String,
-    pub tensor: String,
+pub(crate) struct SplitDef {
+    pub(crate) name: String,
+    pub(crate) tensor: String,
 }
 
 /// `manifest.toml`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Manifest {
-    pub name: String,
-    pub file: String,
-    pub sha256: String,
-    pub input: String,
+pub(crate) struct Manifest {
+    pub(crate) name: String,
+    pub(crate) file: String,
+    pub(crate) sha256: String,
+    pub(crate) input: String,
     /// Per-sample input shape (no batch dimension). A text model's is `[2, L]`: the token ids and
     /// the attention mask of `L` tokens, which the engine feeds as two int64 inputs.
-    pub input_shape: Vec<usize>,
+    pub(crate) input_shape: Vec<usize>,
     #[serde(default)]
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// The default freeze split: the deepest split the model's users keep frozen.
-    pub freeze: String,
-    pub license: String,
-    pub origin: String,
+    pub(crate) freeze: String,
+    pub(crate) license: String,
+    pub(crate) origin: String,
     /// How images become input tensors; without it the model takes `.npy` inputs only.
-    pub preprocess: Option<Preprocess>,
+    pub(crate) preprocess: Option<Preprocess>,
     /// How texts become input tensors: the model is a text encoder.
-    pub text: Option<TextInput>,
-    pub splits: Vec<SplitDef>,
+    pub(crate) text: Option<TextInput>,
+    pub(crate) splits: Vec<SplitDef>,
 }
 
 /// `[text]` in a manifest: a text encoder's tokenizer and second input. Texts are truncated and
 /// padded to the `L` of `input_shape = [2, L]`; `input` names the token ids.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TextInput {
+pub(crate) struct TextInput {
     /// Hugging Face `tokenizer.json`, beside the manifest.
-    pub tokenizer: String,
+    pub(crate) tokenizer: String,
     /// The attention mask input.
-    pub mask: String,
+    pub(crate) mask: String,
 }
 
 /// Channel order the model expects.

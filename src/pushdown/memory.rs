@@ -38,10 +38,10 @@ use serde::Serialize;
 ///   (`MADV_HUGEPAGE`) to be backed by transparent huge pages where the kernel's setting is
 ///   `madvise` or `always`, so they fault in 2 MiB at a time instead of 4 KiB: most of that
 ///   page-fault cost goes, and the measured memory model does not change (ADR 0012).
-pub const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072:glibc.malloc.hugetlb=1";
+pub(crate) const MALLOC_TUNABLE: &str = "glibc.malloc.mmap_threshold=131072:glibc.malloc.hugetlb=1";
 
 /// Batch sizes of the two probe runs.
-pub const PROBE_BATCHES: (usize, usize) = (1, 8);
+pub(crate) const PROBE_BATCHES: (usize, usize) = (1, 8);
 
 /// A (model, split)'s memory model, as the admin API reports it. Three kinds of bytes, reserved
 /// by the governor at different times:
@@ -52,34 +52,34 @@ pub const PROBE_BATCHES: (usize, usize) = (1, 8);
 /// - per request, from its start until its response is sent: every sample's output, its stacked
 ///   copy and the encoded response (`held_bytes_per_sample` x samples).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct MemoryModel {
+pub(crate) struct MemoryModel {
     /// Session (weights, pre-packed kernels) plus the run's batch-independent workspace.
-    pub fixed_bytes: u64,
+    pub(crate) fixed_bytes: u64,
     /// Activation bytes per sample of a running batch (the probes' slope).
-    pub activation_bytes_per_sample: u64,
-    pub input_bytes_per_sample: u64,
-    pub output_bytes_per_sample: u64,
-    pub queued_bytes_per_sample: u64,
-    pub held_bytes_per_sample: u64,
+    pub(crate) activation_bytes_per_sample: u64,
+    pub(crate) input_bytes_per_sample: u64,
+    pub(crate) output_bytes_per_sample: u64,
+    pub(crate) queued_bytes_per_sample: u64,
+    pub(crate) held_bytes_per_sample: u64,
     /// Measured: session bytes and the two probe peaks above the pre-run resident size (with an
     /// arena: what stayed after the runs at batch 1 and at `max_batch`).
-    pub session_bytes: u64,
-    pub probe_peaks: [u64; 2],
+    pub(crate) session_bytes: u64,
+    pub(crate) probe_peaks: [u64; 2],
     /// The cut prefix's ONNX bytes, which the engine keeps for its lifetime to build sessions
     /// (its workers', and replacements): once per engine, resident before any session exists,
     /// so no probe sees it.
-    pub prefix_bytes: u64,
+    pub(crate) prefix_bytes: u64,
     /// False when `/proc` could not be read: the model is then a conservative estimate.
-    pub measured: bool,
+    pub(crate) measured: bool,
     /// How it was measured: `peaks` (probe runs at two batch sizes, sessions without an arena),
     /// `retention` (a sweep over every batch size, sessions that keep an arena) or `estimate`.
-    pub method: &'static str,
+    pub(crate) method: &'static str,
 }
 
 impl MemoryModel {
     /// Combines the probe measurements (all in bytes).
     #[must_use]
-    pub fn from_probes(session_bytes: u64, peaks: [u64; 2], input: u64, output: u64) -> Self {
+    pub(crate) fn from_probes(session_bytes: u64, peaks: [u64; 2], input: u64, output: u64) -> Self {
         let (b0, b1) = (PROBE_BATCHES.0 as u64, PROBE_BATCHES.1 as u64);
         let slope = peaks[1].saturating_sub(peaks[0]) / (b1 - b0);
         // A run holds at least its input and output per sample, whatever the allocator did.
@@ -94,7 +94,7 @@ impl MemoryModel {
     /// (at least input + output per sample, as in [`Self::from_probes`]), so
     /// `fixed + slope * b >= session + retained[b - 1]` for every `b`.
     #[must_use]
-    pub fn from_retention(session_bytes: u64, retained: &[u64], input: u64, output: u64) -> Self {
+    pub(crate) fn from_retention(session_bytes: u64, retained: &[u64], input: u64, output: u64) -> Self {
         let first = retained.first().copied().unwrap_or(0);
         let steepest = (2..=retained.len() as u64)
             .map(|b| retained[b as usize - 1].saturating_sub(first).div_ceil(b - 1))
@@ -109,7 +109,7 @@ impl MemoryModel {
     /// Without `/proc`: weights twice over as fixed, and 16 x (input + output) per sample of a
     /// batch, a ceiling that held for every bundled model's measured activations.
     #[must_use]
-    pub fn estimate(weights: u64, input: u64, output: u64) -> Self {
+    pub(crate) fn estimate(weights: u64, input: u64, output: u64) -> Self {
         Self::new(2 * weights, 16 * (input + output), input, output, (0, [0, 0], false), "estimate")
     }
 
@@ -138,14 +138,14 @@ impl MemoryModel {
 
     /// The model of an engine that keeps a prefix of `bytes` ([`Self::prefix_bytes`]).
     #[must_use]
-    pub fn with_prefix(mut self, bytes: u64) -> Self {
+    pub(crate) fn with_prefix(mut self, bytes: u64) -> Self {
         self.prefix_bytes = bytes;
         self
     }
 
     /// What an engine of `workers` sessions running batches of up to `batch` holds.
     #[must_use]
-    pub fn engine_bytes(&self, workers: usize, batch: usize) -> u64 {
+    pub(crate) fn engine_bytes(&self, workers: usize, batch: usize) -> u64 {
         (workers as u64).saturating_mul(self.fixed_bytes + self.activation_bytes_per_sample * batch as u64)
             + self.prefix_bytes
     }
@@ -159,19 +159,19 @@ fn status_kib(field: &str) -> Option<u64> {
 
 /// Resident bytes of this process now.
 #[must_use]
-pub fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     status_kib("VmRSS:").map(|k| k * 1024)
 }
 
 /// Peak resident bytes since start or since the last [`reset_peak`].
 #[must_use]
-pub fn peak_resident_bytes() -> Option<u64> {
+pub(crate) fn peak_resident_bytes() -> Option<u64> {
     status_kib("VmHWM:").map(|k| k * 1024)
 }
 
 /// Resets the peak to the current resident size. `false` if the kernel refused.
 #[must_use]
-pub fn reset_peak() -> bool {
+pub(crate) fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 

@@ -12,26 +12,26 @@
 //! a split, [`runtime`] loads ONNX Runtime and makes its sessions. The proxy's pushdown phase (`crate::proxy::pushdown`)
 //! answers a job over HTTP through the tensor cache.
 
-pub mod clock;
-pub mod decode;
+pub(crate) mod clock;
+pub(crate) mod decode;
 mod encode;
 pub mod engine;
-pub mod engines;
-pub mod error;
-pub mod fair;
-pub mod governor;
+pub(crate) mod engines;
+pub(crate) mod error;
+pub(crate) mod fair;
+pub(crate) mod governor;
 mod inference;
 mod job;
 pub mod manifest;
-pub mod memory;
-pub mod order;
+pub(crate) mod memory;
+pub(crate) mod order;
 mod parse;
 pub mod planning;
 pub mod prefix;
 pub mod preprocess;
-pub mod queue;
-pub mod registry;
-pub mod runtime;
+pub(crate) mod queue;
+pub(crate) mod registry;
+pub(crate) mod runtime;
 mod service;
 pub mod shard;
 pub mod spec;
@@ -40,10 +40,9 @@ pub mod tensor;
 pub mod text;
 
 pub use self::error::PushdownError;
-pub use self::job::Job;
-pub use self::service::{
-    DEFAULT_MAX_OBJECT_BYTES, EngineMemory, Output, Pushdown, PushdownConfig, SplitCost, SplitCosts,
-};
+pub(crate) use self::job::Job;
+pub use self::service::DEFAULT_MAX_OBJECT_BYTES;
+pub(crate) use self::service::{Pushdown, PushdownConfig};
 
 #[cfg(test)]
 mod tests;

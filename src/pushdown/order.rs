@@ -27,31 +27,31 @@ use std::sync::{Mutex, PoisonError};
 /// Streams remembered at once; the least recently used is forgotten first. A loader names one
 /// per epoch and rank, so a node sees far fewer at once; a forgotten stream's requests are
 /// numbered as they arrive.
-pub const MAX_STREAMS: usize = 1024;
+pub(crate) const MAX_STREAMS: usize = 1024;
 /// How recent a held number must be to be given: at most this many numbers taken after it. A
 /// loader's skipped requests arrive milliseconds after the request that skipped them (a few
 /// other requests' numbers apart on a busy node); a request whose held number is older takes a
 /// new one. So a request goes ahead of at most this many that arrived before it.
-pub const HOLD_WINDOW: u64 = 256;
+pub(crate) const HOLD_WINDOW: u64 = 256;
 /// Numbers a stream may hold for requests it has not sent yet: a loader has its prefetch depth
 /// (a few requests) in flight. Past it, a request that skips ahead takes no numbers for those it
 /// skipped, and the oldest held numbers are given up.
-pub const MAX_RESERVED: u64 = 64;
+pub(crate) const MAX_RESERVED: u64 = 64;
 /// Longest stream name (a loader sends 16 hex digits).
-pub const MAX_STREAM_NAME: usize = 64;
+pub(crate) const MAX_STREAM_NAME: usize = 64;
 
 /// Where a request stands in its client's order: the `n`th request of `stream`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Seq {
-    pub stream: String,
-    pub n: u64,
+pub(crate) struct Seq {
+    pub(crate) stream: String,
+    pub(crate) n: u64,
 }
 
 impl Seq {
     /// `<stream>.<n>`: a stream name of ASCII letters, digits, `-` and `_` (at most
     /// [`MAX_STREAM_NAME`]), and a whole number.
     #[must_use]
-    pub fn parse(value: &str) -> Option<Self> {
+    pub(crate) fn parse(value: &str) -> Option<Self> {
         let (stream, n) = value.rsplit_once('.')?;
         let name_ok = !stream.is_empty()
             && stream.len() <= MAX_STREAM_NAME
@@ -69,7 +69,7 @@ impl std::fmt::Display for Seq {
 
 /// Hands out arrival numbers.
 #[derive(Debug, Default)]
-pub struct Arrivals {
+pub(crate) struct Arrivals {
     inner: Mutex<Inner>,
 }
 
@@ -92,7 +92,7 @@ struct Stream {
 impl Arrivals {
     /// The arrival number of a request that arrives now, at `seq` in its client's order if it
     /// names one.
-    pub fn number(&self, seq: Option<&Seq>) -> u64 {
+    pub(crate) fn number(&self, seq: Option<&Seq>) -> u64 {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(seq) = seq else { return take(&mut g.next) };
         if !g.streams.contains_key(&seq.stream) && g.streams.len() >= MAX_STREAMS {

@@ -13,7 +13,7 @@ use super::{engine, prefix, text};
 use crate::planner::{self, ClientProfile, Plan, StorageProfile, StorageSplit};
 
 /// `from` value of [`Pushdown::suffix`] meaning the model's input (the whole frozen prefix).
-pub const INPUT: &str = "input";
+pub(crate) const INPUT: &str = "input";
 /// Samples per timing run when measuring a split (after one warm-up run of the same size).
 const MEASURE_BATCH: usize = 4;
 
@@ -46,7 +46,7 @@ impl Pushdown {
     ///
     /// # Errors
     /// Unknown model.
-    pub fn candidate_splits(&self, model: &str) -> Result<Vec<String>, PushdownError> {
+    pub(crate) fn candidate_splits(&self, model: &str) -> Result<Vec<String>, PushdownError> {
         let m = self.model(model)?;
         let mut out = Vec::new();
         for s in &m.manifest.splits {
@@ -99,7 +99,7 @@ impl Pushdown {
 
     /// Mean seconds this node spent preprocessing an image sample so far (0 before the first).
     #[must_use]
-    pub fn preprocess_secs_per_sample(&self) -> f64 {
+    pub(crate) fn preprocess_secs_per_sample(&self) -> f64 {
         let n = self.preprocessed.1.load(Ordering::Relaxed);
         if n == 0 { 0.0 } else { self.preprocessed.0.load(Ordering::Relaxed) as f64 / 1e9 / n as f64 }
     }
@@ -115,7 +115,7 @@ impl Pushdown {
     ///
     /// # Errors
     /// Unknown model, ONNX Runtime unavailable, or a split that cannot be measured.
-    pub async fn storage_profile(
+    pub(crate) async fn storage_profile(
         &self,
         model: &str,
         tenant: Option<&str>,
@@ -185,7 +185,7 @@ impl Pushdown {
     /// else the freeze split. Also returns that plan's per-candidate predictions, if any. One
     /// tenant's plan never changes what `split=auto` means for another.
     #[must_use]
-    pub fn auto_split(&self, tenant: &str, model: &str) -> Option<(String, Option<Plan>)> {
+    pub(crate) fn auto_split(&self, tenant: &str, model: &str) -> Option<(String, Option<Plan>)> {
         let m = self.registry.models.get(model)?;
         let plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let plan = [tenant, ""].into_iter().find_map(|t| plans.get(&(t.to_owned(), model.to_owned()))).cloned();
@@ -199,7 +199,7 @@ impl Pushdown {
     ///
     /// # Errors
     /// Unknown model or split, `from` after `to`, or a model whose weights live in external files.
-    pub fn suffix(&self, model: &str, from: &str, to: Option<&str>) -> Result<Vec<u8>, PushdownError> {
+    pub(crate) fn suffix(&self, model: &str, from: &str, to: Option<&str>) -> Result<Vec<u8>, PushdownError> {
         let m = self.model(model)?;
         let to = to.unwrap_or(&m.manifest.freeze);
         if prefix::has_external_data(&m.bytes).map_err(|e| PushdownError::Model(e.to_string()))? {
@@ -227,7 +227,7 @@ impl Pushdown {
     ///
     /// # Errors
     /// An unknown model, or one without `[text]`.
-    pub fn tokenizer_json(&self, model: &str) -> Result<String, PushdownError> {
+    pub(crate) fn tokenizer_json(&self, model: &str) -> Result<String, PushdownError> {
         let m = self.model(model)?;
         let encoder = m.tokenizer.as_ref().ok_or_else(|| PushdownError::InvalidArgument {
             field: "model".into(),

@@ -28,17 +28,17 @@ use super::manifest::{Channels, Layout, Preprocess};
 
 /// Largest image (in pixels, from its header) decoded by default: 40 MP covers the largest
 /// camera images in common datasets while keeping one decode under ~160 MiB of RGBA.
-pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
+pub(crate) const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
 
 /// Most pixels one request decodes and resamples, all its images together: 4 G pixels is a
 /// 10,000-sample shard of ImageNet-size photos (500 x 375, resized to 341 x 256) with room to
 /// spare, and about half a minute of one core; a shard of tiny files that each claim 40 M pixels
 /// would otherwise buy minutes of CPU with a 64 MiB object.
-pub const DEFAULT_MAX_REQUEST_PIXELS: u64 = 4 << 30;
+pub(crate) const DEFAULT_MAX_REQUEST_PIXELS: u64 = 4 << 30;
 
 /// Whether the bytes start like a JPEG or PNG file.
 #[must_use]
-pub fn is_image(bytes: &[u8]) -> bool {
+pub(crate) fn is_image(bytes: &[u8]) -> bool {
     decode::sniff(bytes).is_some()
 }
 
@@ -50,7 +50,7 @@ fn bad(msg: impl Into<String>) -> PushdownError {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cost {
     /// Pixels decoded and resized (the image and its resized copy): the CPU it buys.
-    pub pixels: u64,
+    pub(crate) pixels: u64,
     /// Transient bytes held at the peak (the decoder's buffer, the RGB image, the resampler's
     /// horizontal pass and the resized copy): what the memory governor reserves per image sample.
     pub scratch_bytes: u64,
@@ -118,7 +118,7 @@ pub fn resized_size(width: u32, height: u32, shorter: u32) -> (u32, u32) {
 /// decoded input and batch copy, or its image's decode scratch) but of the process's fixed
 /// overhead (the chart's `memoryOverheadBytes`); a buffer that would take the pool past it is
 /// freed instead.
-pub const SCRATCH_POOL_BYTES: usize = 32 << 20;
+pub(crate) const SCRATCH_POOL_BYTES: usize = 32 << 20;
 
 /// One image's decode and resize buffers and its input's, reused by the next image that takes
 /// them.
@@ -190,7 +190,7 @@ impl ScratchPool {
 
     /// An empty buffer for at least `len` values: a kept one that holds them, or a new one.
     #[must_use]
-    pub fn take_floats(&self, len: usize) -> Vec<f32> {
+    pub(crate) fn take_floats(&self, len: usize) -> Vec<f32> {
         let mut kept = self.lock();
         match kept.floats.iter().position(|v| v.capacity() >= len) {
             Some(i) => {
@@ -214,7 +214,7 @@ impl ScratchPool {
 
     /// Bytes kept now.
     #[must_use]
-    pub fn kept_bytes(&self) -> usize {
+    pub(crate) fn kept_bytes(&self) -> usize {
         self.lock().bytes
     }
 }

@@ -15,18 +15,18 @@ use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 /// Where an item stands: its request's arrival number and its position in the request.
-pub type Place = (u64, u64);
+pub(crate) type Place = (u64, u64);
 
 /// Why [`Queue::push`] gave the item back.
 #[derive(Debug)]
-pub enum Refused<T> {
+pub(crate) enum Refused<T> {
     /// The queue holds its capacity.
     Full(T),
     /// The queue was closed: its engine is gone.
     Closed(T),
 }
 
-pub struct Queue<T> {
+pub(crate) struct Queue<T> {
     state: Mutex<State<T>>,
     ready: Condvar,
     capacity: usize,
@@ -53,7 +53,7 @@ impl<T> std::fmt::Debug for Queue<T> {
 impl<T> Queue<T> {
     /// A queue of at most `capacity` items (at least one).
     #[must_use]
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             state: Mutex::new(State { items: BTreeMap::new(), pushed: 0, closed: false }),
             ready: Condvar::new(),
@@ -70,7 +70,7 @@ impl<T> Queue<T> {
     ///
     /// # Errors
     /// [`Refused`], with the item.
-    pub fn push(&self, (arrival, position): Place, item: T) -> Result<(), Refused<T>> {
+    pub(crate) fn push(&self, (arrival, position): Place, item: T) -> Result<(), Refused<T>> {
         let mut s = self.lock();
         if s.closed {
             return Err(Refused::Closed(item));
@@ -89,7 +89,7 @@ impl<T> Queue<T> {
     /// Waits for an item, then takes it and the items after it by place while the batch is
     /// smaller than every taken item's cap (`cap`; a cap below the batch taken so far ends it).
     /// `None` once the queue is closed and empty.
-    pub fn next_batch(&self, cap: impl Fn(&T) -> usize) -> Option<Vec<T>> {
+    pub(crate) fn next_batch(&self, cap: impl Fn(&T) -> usize) -> Option<Vec<T>> {
         let mut s = self.lock();
         loop {
             if let Some((_, first)) = s.items.pop_first() {
@@ -111,7 +111,7 @@ impl<T> Queue<T> {
 
     /// Refuses new items and, once what is queued has been taken, ends every
     /// [`Self::next_batch`].
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.lock().closed = true;
         self.ready.notify_all();
     }

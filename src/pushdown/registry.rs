@@ -12,21 +12,21 @@ use sha2::{Digest, Sha256};
 
 /// A model whose file matched its manifest.
 #[derive(Debug)]
-pub struct Model {
-    pub manifest: Manifest,
+pub(crate) struct Model {
+    pub(crate) manifest: Manifest,
     /// The ONNX file's bytes.
-    pub bytes: Arc<Vec<u8>>,
+    pub(crate) bytes: Arc<Vec<u8>>,
     /// Its sha256 (hex), part of every cache key and ETag.
-    pub digest: String,
-    pub dir: PathBuf,
+    pub(crate) digest: String,
+    pub(crate) dir: PathBuf,
     /// A text model's tokenizer (`[text]`), with the manifest's length.
-    pub tokenizer: Option<Arc<super::text::Encoder>>,
+    pub(crate) tokenizer: Option<Arc<super::text::Encoder>>,
 }
 
 impl Model {
     /// The split definition called `name` (or with that index).
     #[must_use]
-    pub fn split(&self, name: &str) -> Option<&SplitDef> {
+    pub(crate) fn split(&self, name: &str) -> Option<&SplitDef> {
         self.manifest
             .splits
             .iter()
@@ -35,22 +35,22 @@ impl Model {
     }
 
     #[must_use]
-    pub fn split_names(&self) -> Vec<&str> {
+    pub(crate) fn split_names(&self) -> Vec<&str> {
         self.manifest.splits.iter().map(|s| s.name.as_str()).collect()
     }
 }
 
 /// All models, by name, plus the manifests that could not be loaded (and why).
 #[derive(Debug, Default)]
-pub struct Registry {
-    pub models: BTreeMap<String, Arc<Model>>,
-    pub failed: Vec<(PathBuf, String)>,
+pub(crate) struct Registry {
+    pub(crate) models: BTreeMap<String, Arc<Model>>,
+    pub(crate) failed: Vec<(PathBuf, String)>,
 }
 
 impl Registry {
     /// Loads every `*/manifest.toml` under `dir`. A missing directory gives an empty registry.
     #[must_use]
-    pub fn load(dir: &Path) -> Self {
+    pub(crate) fn load(dir: &Path) -> Self {
         let mut reg = Self::default();
         let Ok(entries) = std::fs::read_dir(dir) else { return reg };
         let mut dirs: Vec<PathBuf> =
@@ -68,7 +68,7 @@ impl Registry {
     }
 
     #[must_use]
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         self.models.keys().map(String::as_str).collect()
     }
 }

@@ -24,7 +24,7 @@ static RUNTIME: Mutex<Option<ort::environment::Environment>> = Mutex::new(None);
 ///
 /// # Errors
 /// A message naming where it looked.
-pub fn locate(configured: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn locate(configured: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = configured {
         return if p.is_file() {
             Ok(p.to_path_buf())
@@ -55,7 +55,7 @@ pub fn locate(configured: Option<&Path>) -> Result<PathBuf, String> {
 ///
 /// # Errors
 /// Why pushdown is unavailable.
-pub fn environment(configured: Option<&Path>) -> Result<ort::environment::Environment, String> {
+pub(crate) fn environment(configured: Option<&Path>) -> Result<ort::environment::Environment, String> {
     let mut runtime = RUNTIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(env) = runtime.as_ref() {
         return Ok(env.clone());

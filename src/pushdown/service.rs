@@ -39,54 +39,53 @@ pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Settings of the pushdown service.
 #[derive(Debug, Clone)]
-pub struct PushdownConfig {
-    pub models_dir: PathBuf,
-    pub ort_library: Option<PathBuf>,
-    pub engine: EngineConfig,
+pub(crate) struct PushdownConfig {
+    pub(crate) models_dir: PathBuf,
+    pub(crate) ort_library: Option<PathBuf>,
+    pub(crate) engine: EngineConfig,
     /// Engines unused this long are evicted ([`engines`]).
-    pub engine_idle: Duration,
-    pub max_object_bytes: u64,
+    pub(crate) engine_idle: Duration,
+    pub(crate) max_object_bytes: u64,
     /// Longest read of a source object's body.
-    pub source_timeout: Duration,
-    pub max_image_pixels: u64,
-    pub max_request_pixels: u64,
+    pub(crate) source_timeout: Duration,
+    pub(crate) max_image_pixels: u64,
+    pub(crate) max_request_pixels: u64,
     /// Images preprocessed at once ([`fair`]); 0: one per core this process may use.
-    pub preprocess_threads: usize,
+    pub(crate) preprocess_threads: usize,
     /// Inference runs at once across every engine ([`fair`]); 0: one per core this process may
     /// use, divided by the sessions' intra-op threads.
-    pub inference_runs: usize,
-    pub governor: GovernorConfig,
-    pub metrics: crate::metrics::Metrics,
+    pub(crate) inference_runs: usize,
+    pub(crate) governor: GovernorConfig,
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 /// A split's measured prefix cost.
 #[derive(Debug, Clone)]
-pub struct SplitCost {
-    pub secs_per_sample: f64,
-    pub bytes_per_sample: f64,
-    pub shape: Vec<usize>,
+pub(crate) struct SplitCost {
+    pub(crate) secs_per_sample: f64,
+    pub(crate) bytes_per_sample: f64,
+    pub(crate) shape: Vec<usize>,
     /// A text model's: the length its batches ran at.
-    pub text_length: Option<usize>,
+    pub(crate) text_length: Option<usize>,
 }
 
 /// Per-(model, split, text length) measured costs: a text model's at a length its batches may be
 /// cut to ([`super::planning`]), a multiple of [`super::text::LENGTH_STEP`] up to the model's (so at most
 /// `L / LENGTH_STEP` per split); other models' at their input (length 0).
-pub type SplitCosts = HashMap<(String, String, usize), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
+pub(crate) type SplitCosts = HashMap<(String, String, usize), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
 
 /// A computed output, ready to send.
 #[derive(Debug)]
-pub struct Output {
-    pub body: Bytes,
-    pub content_type: &'static str,
-    pub shape: Vec<usize>,
-    pub split: String,
-    pub model_digest: String,
-    pub decode: Duration,
-    pub infer: Duration,
-    pub encode: Duration,
+pub(crate) struct Output {
+    pub(crate) body: Bytes,
+    pub(crate) content_type: &'static str,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) split: String,
+    pub(crate) decode: Duration,
+    pub(crate) infer: Duration,
+    pub(crate) encode: Duration,
     /// Memory reserved for the outputs; release it when the response has been sent.
-    pub reservation: Vec<governor::Held>,
+    pub(crate) reservation: Vec<governor::Held>,
 }
 
 /// The pushdown service: registry, ONNX Runtime, and one engine per (model, split) in use.
@@ -116,16 +115,16 @@ pub struct Pushdown {
 
 /// One engine's memory, for the admin API.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct EngineMemory {
-    pub model: String,
-    pub split: String,
-    pub workers: usize,
+pub(crate) struct EngineMemory {
+    pub(crate) model: String,
+    pub(crate) split: String,
+    pub(crate) workers: usize,
     /// `None` until the first worker has measured it.
-    pub memory: Option<memory::MemoryModel>,
+    pub(crate) memory: Option<memory::MemoryModel>,
     /// Largest inference batch (`pushdown.max_batch`, or less where the budget could not hold it).
-    pub batch_cap: Option<usize>,
+    pub(crate) batch_cap: Option<usize>,
     /// Bytes reserved for the engine (all workers).
-    pub reserved_bytes: Option<u64>,
+    pub(crate) reserved_bytes: Option<u64>,
 }
 
 /// Whatever way the service ends (a graceful shutdown did this already), the process does not go
@@ -140,7 +139,7 @@ impl Drop for Pushdown {
 impl Pushdown {
     /// Loads the registry and ONNX Runtime; failures leave pushdown unavailable, never fatal.
     #[must_use]
-    pub fn new(cfg: PushdownConfig) -> Self {
+    pub(crate) fn new(cfg: PushdownConfig) -> Self {
         let ort = runtime::environment(cfg.ort_library.as_deref())
             .map(|env| Arc::new(runtime::OrtInference { env }) as Arc<dyn Inference>);
         Self::with_inference(cfg, ort)
@@ -191,20 +190,20 @@ impl Pushdown {
     }
 
     #[must_use]
-    pub fn governor(&self) -> &Arc<Governor> {
+    pub(crate) fn governor(&self) -> &Arc<Governor> {
         &self.node.governor
     }
 
     /// Bytes the preprocessing and batch buffers kept between uses hold now (at most
     /// [`preprocess::SCRATCH_POOL_BYTES`]; outside the budget).
     #[must_use]
-    pub fn scratch_kept_bytes(&self) -> usize {
+    pub(crate) fn scratch_kept_bytes(&self) -> usize {
         self.scratch.kept_bytes()
     }
 
     /// Every started engine's memory model.
     #[must_use]
-    pub fn engine_memory(&self) -> Vec<EngineMemory> {
+    pub(crate) fn engine_memory(&self) -> Vec<EngineMemory> {
         let mut out: Vec<EngineMemory> = self
             .engines
             .all()
@@ -232,12 +231,12 @@ impl Pushdown {
     ///
     /// # Errors
     /// Why ONNX Runtime is missing.
-    pub fn available(&self) -> Result<(), &str> {
+    pub(crate) fn available(&self) -> Result<(), &str> {
         self.inference.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     #[must_use]
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         &self.registry
     }
 
@@ -272,7 +271,7 @@ impl Pushdown {
 
     /// Evicts idle engines every quarter of the idle time (at most every 30 s) for as long as the
     /// service exists.
-    pub fn spawn_reaper(self: &Arc<Self>) {
+    pub(crate) fn spawn_reaper(self: &Arc<Self>) {
         let period = (self.cfg.engine_idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
         let service = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -287,7 +286,7 @@ impl Pushdown {
     /// Stops every engine (each when its last request is done) and waits, at most
     /// [`ENGINE_STOP_WAIT`], for their inference threads to end ([`engine::Threads`]); returns
     /// whether they all did.
-    pub async fn shutdown(&self) -> bool {
+    pub(crate) async fn shutdown(&self) -> bool {
         self.engines.clear();
         let threads = self.node.threads.clone();
         let ended = tokio::task::spawn_blocking(move || threads.wait_ended(ENGINE_STOP_WAIT)).await.unwrap_or(false);

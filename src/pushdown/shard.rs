@@ -22,7 +22,7 @@ pub const MAX_SAMPLES: usize = 10_000;
 
 /// A sample's model input, still encoded.
 #[derive(Debug, Clone)]
-pub enum SampleInput {
+pub(crate) enum SampleInput {
     Image(Bytes),
     Npy(Bytes),
 }
@@ -31,7 +31,7 @@ pub enum SampleInput {
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub key: String,
-    pub input: SampleInput,
+    pub(crate) input: SampleInput,
     pub label: Option<i64>,
     /// The sample's members other than its input, in archive order: the extension as spelled in
     /// the member name (after the first `.` of the file name) and the bytes.
@@ -40,7 +40,7 @@ pub struct Sample {
 
 /// Whether the bytes look like a tar archive (POSIX ustar or GNU magic at offset 257).
 #[must_use]
-pub fn is_tar(bytes: &[u8]) -> bool {
+pub(crate) fn is_tar(bytes: &[u8]) -> bool {
     bytes.len() >= 512 && &bytes[257..262] == b"ustar"
 }
 
@@ -134,7 +134,7 @@ pub fn read(archive: &Bytes) -> Result<Vec<Sample>, PushdownError> {
 /// 511 bytes of padding per member, a GNU long-name record (header + one block, or more for names
 /// over 512 bytes) when the name is over 100 bytes, and the two zero blocks at the end.
 #[must_use]
-pub fn framing_bytes(members: usize, longest_name: usize) -> usize {
+pub(crate) fn framing_bytes(members: usize, longest_name: usize) -> usize {
     let long_name = if longest_name > 100 { 512 + (longest_name + 1).div_ceil(512) * 512 } else { 0 };
     members * (1024 + long_name) + 1024
 }

@@ -7,19 +7,19 @@ use http::HeaderMap;
 use super::error::PushdownError;
 use super::order::Seq;
 
-pub const HEADER_PREFIX: &str = "x-tensorgate-";
-pub const QUERY_PREFIX: &str = "tensorgate-";
+pub(crate) const HEADER_PREFIX: &str = "x-tensorgate-";
+pub(crate) const QUERY_PREFIX: &str = "tensorgate-";
 /// Largest storage batch a request may ask for (HAPI's logged training batches reach 8,000).
-pub const MAX_STORAGE_BATCH: usize = 65_536;
+pub(crate) const MAX_STORAGE_BATCH: usize = 65_536;
 /// Longest Parquet column name a request may name (names of datasets' columns are words).
-pub const MAX_COLUMN_NAME: usize = 256;
+pub(crate) const MAX_COLUMN_NAME: usize = 256;
 /// Highest row-group index a request may name: Parquet stores a file's row-group count as an
 /// `i32`, and a footer of [`super::table::MAX_FOOTER_BYTES`] describes far fewer groups.
-pub const MAX_ROW_GROUP: usize = i32::MAX as usize;
+pub(crate) const MAX_ROW_GROUP: usize = i32::MAX as usize;
 
 /// Output container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Format {
+pub(crate) enum Format {
     Npy,
     Safetensors,
     /// A WebDataset shard (tar) of per-sample `.npy` features beside the shard's other members:
@@ -44,12 +44,12 @@ pub enum Dtype {
 impl Dtype {
     /// Bytes per element.
     #[must_use]
-    pub fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         if self == Self::F32 { 4 } else { 2 }
     }
 
     #[must_use]
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
@@ -61,27 +61,27 @@ impl Dtype {
 /// What a pushdown GET asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PushdownSpec {
-    pub model: String,
+    pub(crate) model: String,
     /// A split name from the manifest, or `none` for the raw object.
-    pub split: String,
+    pub(crate) split: String,
     /// `None`: `.npy` for one sample or a batch (safetensors if `bf16`), safetensors for shards.
-    pub format: Option<Format>,
-    pub dtype: Dtype,
+    pub(crate) format: Option<Format>,
+    pub(crate) dtype: Dtype,
     /// Most samples of this request in flight at once on the storage node (HAPI's storage-side
     /// batch): an upper bound the memory governor may lower, never raise. Does not change the
     /// output.
-    pub batch: Option<usize>,
+    pub(crate) batch: Option<usize>,
     /// The input column of a Parquet source (default `image`, as Hugging Face `datasets` names
     /// it); refused for other sources.
-    pub column: Option<String>,
+    pub(crate) column: Option<String>,
     /// Some row groups of a Parquet source instead of the whole file: the gateway reads the
     /// footer and those groups' bytes with ranged reads, so a file of any size is pushed down a
     /// few row groups at a time (each its own cached output). Refused for other sources.
-    pub row_groups: Option<RowGroups>,
+    pub(crate) row_groups: Option<RowGroups>,
     /// Where the request stands in its client's order (`seq=<stream>.<n>`): its samples are
     /// computed in that order among the stream's requests (`super::order`). Does not change the
     /// output.
-    pub seq: Option<Seq>,
+    pub(crate) seq: Option<Seq>,
 }
 
 /// Row groups `first..=last` of a Parquet file (`row-groups=3` or `row-groups=3-5`).
@@ -94,7 +94,7 @@ pub struct RowGroups {
 impl RowGroups {
     /// The indices, in file order.
     #[must_use]
-    pub fn indices(self) -> std::ops::RangeInclusive<usize> {
+    pub(crate) fn indices(self) -> std::ops::RangeInclusive<usize> {
         self.first..=self.last
     }
 
@@ -117,7 +117,7 @@ impl std::fmt::Display for RowGroups {
 /// `query` without its trigger parameters, their names read as [`parse`] reads them (percent-
 /// decoded); `None` when nothing is left. What a pushdown forwards to the store or a peer.
 #[must_use]
-pub fn without_trigger_params(query: &str) -> Option<String> {
+pub(crate) fn without_trigger_params(query: &str) -> Option<String> {
     let kept: Vec<&str> = query
         .split('&')
         .filter(|p| {
@@ -129,7 +129,7 @@ pub fn without_trigger_params(query: &str) -> Option<String> {
 }
 
 /// Removes the trigger headers (`x-tensorgate-*`), which name the output, not the source object.
-pub fn remove_trigger_headers(headers: &mut HeaderMap) {
+pub(crate) fn remove_trigger_headers(headers: &mut HeaderMap) {
     let names: Vec<http::HeaderName> =
         headers.keys().filter(|n| n.as_str().starts_with(HEADER_PREFIX)).cloned().collect();
     for name in names {
@@ -239,7 +239,7 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
 impl PushdownSpec {
     /// The spec as request fields (name without prefix, value), as `parse` reads them back.
     #[must_use]
-    pub fn fields(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn fields(&self) -> Vec<(&'static str, String)> {
         let mut out =
             vec![("model", self.model.clone()), ("split", self.split.clone()), ("dtype", self.dtype.name().into())];
         if let Some(f) = self.format {
@@ -263,7 +263,7 @@ impl PushdownSpec {
 
 impl Format {
     #[must_use]
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Npy => "npy",
             Self::Safetensors => "safetensors",

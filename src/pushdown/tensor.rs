@@ -90,7 +90,7 @@ pub fn read_npy(bytes: &[u8]) -> Result<Tensor, PushdownError> {
 
 /// Little-endian bytes of `data` in `dtype`.
 #[must_use]
-pub fn encode_values(data: &[f32], dtype: Dtype) -> Vec<u8> {
+pub(crate) fn encode_values(data: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
         Dtype::F16 => data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),

@@ -14,7 +14,8 @@ use super::inference::Inference;
 use super::inference::fake::{FEATURES, FakeInference, features};
 use super::spec::{Dtype, Format, PushdownSpec};
 use super::tensor::{Tensor, read_npy, write_npy};
-use super::{Output, Pushdown, PushdownError};
+use super::service::Output;
+use super::{Pushdown, PushdownError};
 
 /// The model the tests name: the repository's tiny CNN (its ONNX bytes are cut at the split as
 /// in the gateway; the fake runs the cut prefix).

@@ -12,10 +12,10 @@ use super::shard::MAX_SAMPLES;
 /// Longest text encoded: tokenizing is linear in the text, and a text encoder reads at most a
 /// few hundred tokens of it (a token is a few bytes); longer rows are refused, not cut, so that
 /// what is encoded is what the caller's own tokenizer would see.
-pub const MAX_TEXT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_TEXT_BYTES: usize = 1024 * 1024;
 
 /// The JSON Lines field (and Parquet column) of the texts when the request names none.
-pub const DEFAULT_FIELD: &str = "text";
+pub(crate) const DEFAULT_FIELD: &str = "text";
 
 /// Ids from this on are not exact in `f32`.
 const MAX_EXACT_ID: u32 = 1 << 24;
@@ -23,12 +23,12 @@ const MAX_EXACT_ID: u32 = 1 << 24;
 /// A batch of texts runs at its longest text's length rounded up to a multiple of this (where
 /// the prefix allows: `engine`): the matrix kernels work in blocks of 4 to 16 rows, and few
 /// distinct lengths keep runs alike; a text is never padded by more than 7 tokens for it.
-pub const LENGTH_STEP: usize = 8;
+pub(crate) const LENGTH_STEP: usize = 8;
 
 /// The attended tokens of a text row (`[ids; L] ++ [mask; L]`): up to its last attended one, so
 /// a right-padded row's length without its padding (a left-padded row counts whole).
 #[must_use]
-pub fn attended(row: &[f32]) -> usize {
+pub(crate) fn attended(row: &[f32]) -> usize {
     let mask = &row[row.len() / 2..];
     mask.iter().rposition(|&m| m != 0.0).map_or(0, |last| last + 1)
 }
@@ -36,7 +36,7 @@ pub fn attended(row: &[f32]) -> usize {
 /// The length a batch of text rows of `len` tokens runs at when its padding may be cut: its
 /// longest row's [`attended`] tokens rounded up to [`LENGTH_STEP`], at most `len`, at least 1.
 #[must_use]
-pub fn batch_length(data: &[f32], len: usize) -> usize {
+pub(crate) fn batch_length(data: &[f32], len: usize) -> usize {
     let longest = data.chunks_exact(2 * len).map(attended).max().unwrap_or(0);
     longest.max(1).next_multiple_of(LENGTH_STEP).min(len)
 }
@@ -59,7 +59,7 @@ impl Encoder {
     ///
     /// # Errors
     /// An unreadable file or a tokenizer that cannot truncate to `len`.
-    pub fn from_file(path: &std::path::Path, len: usize) -> Result<Self, String> {
+    pub(crate) fn from_file(path: &std::path::Path, len: usize) -> Result<Self, String> {
         Self::new(Tokenizer::from_file(path).map_err(|e| e.to_string())?, len)
     }
 
@@ -86,19 +86,8 @@ impl Encoder {
     ///
     /// # Errors
     /// A tokenizer that does not serialize (not one read from a file).
-    pub fn to_json(&self) -> Result<String, String> {
+    pub(crate) fn to_json(&self) -> Result<String, String> {
         self.tokenizer.to_string(false).map_err(|e| e.to_string())
-    }
-
-    /// Tokens per text.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// One text as a model input row (`2 x L` values: ids, then the attention mask).
@@ -128,9 +117,9 @@ impl Encoder {
 /// One text of a source, with its key and label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextRow {
-    pub key: String,
+    pub(crate) key: String,
     pub text: String,
-    pub label: Option<i64>,
+    pub(crate) label: Option<i64>,
 }
 
 /// Whether a text model's source is JSON Lines (its first non-blank byte opens an object).
@@ -233,7 +222,7 @@ mod tests {
     #[test]
     fn texts_become_ids_and_a_mask_truncated_and_padded_to_the_length() {
         let encoder = Encoder::from_json(&tiny_wordpiece_json(), 6).expect("tokenizer");
-        assert_eq!(encoder.len(), 6);
+        assert_eq!(encoder.len, 6);
         // [CLS] the cat ##s [SEP] [PAD]: ids, then the mask.
         let row = encoder.encode("The cats").expect("encoded");
         assert_eq!(row, [2.0, 4.0, 8.0, 6.0, 3.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);

@@ -11,7 +11,7 @@
 /// signed with that credential's own store key when it has one (`[[credentials]]`
 /// `store_access_key`), else with the gateway's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Authenticated {
+pub(crate) struct Authenticated {
     access_key: String,
 }
 
@@ -23,21 +23,22 @@ impl Authenticated {
 
     /// The verified access key.
     #[must_use]
-    pub fn access_key(&self) -> &str {
+    pub(crate) fn access_key(&self) -> &str {
         &self.access_key
     }
 
     /// A cluster hop, authenticated by the cluster credential, acts for the tenant it names (the
     /// member that forwarded it verified that tenant): the proof moves to that tenant.
     #[must_use]
-    pub fn acting_for(self, tenant: &str) -> Self {
+    #[expect(clippy::unused_self, reason = "consumes the hop's proof: only an authenticated hop acts for a tenant")]
+    pub(crate) fn acting_for(self, tenant: &str) -> Self {
         Self { access_key: tenant.to_owned() }
     }
 }
 
 /// What a store request may carry as its credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Authority {
+pub(crate) enum Authority {
     /// The gateway verified the caller (terminating mode): the store's key signs.
     Gateway(Authenticated),
     /// No signature at all: forwarded unsigned, so the store's ACLs and policies decide.
@@ -50,7 +51,7 @@ pub enum Authority {
 impl Authority {
     /// The caller's own request, forwarded as sent.
     #[must_use]
-    pub fn caller(parts: &http::request::Parts) -> Self {
+    pub(crate) fn caller(parts: &http::request::Parts) -> Self {
         let path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         Self::Caller(CallerRequest { path_and_query })
     }
@@ -58,20 +59,20 @@ impl Authority {
     /// Whether the store, not the gateway, decides who this is (anonymous or transparent): a
     /// cached output is then never served without asking the store on this request.
     #[must_use]
-    pub fn store_decides(&self) -> bool {
+    pub(crate) fn store_decides(&self) -> bool {
         !matches!(self, Self::Gateway(_))
     }
 }
 
 /// The request target exactly as the client sent (and signed) it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallerRequest {
+pub(crate) struct CallerRequest {
     path_and_query: String,
 }
 
 impl CallerRequest {
     #[must_use]
-    pub fn path_and_query(&self) -> &str {
+    pub(crate) fn path_and_query(&self) -> &str {
         &self.path_and_query
     }
 }
@@ -79,7 +80,7 @@ impl CallerRequest {
 /// The access key a request names, read without checking its signature (transparent mode): a
 /// claim until the store accepts the request. SigV4 and SigV2, in headers or the query.
 #[must_use]
-pub fn claimed_access_key(headers: &http::HeaderMap, query: Option<&str>) -> Option<String> {
+pub(crate) fn claimed_access_key(headers: &http::HeaderMap, query: Option<&str>) -> Option<String> {
     if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         if let Some(rest) = auth.strip_prefix("AWS4-HMAC-SHA256") {
             let cred = rest.split(',').find_map(|p| p.trim().strip_prefix("Credential="))?;
@@ -108,7 +109,7 @@ pub fn claimed_access_key(headers: &http::HeaderMap, query: Option<&str>) -> Opt
 /// `Content-Type`, `Date` and `x-amz-*` headers. Unknown forms count as signed, so that a header
 /// is dropped only where the store cannot have checked it.
 #[must_use]
-pub fn signs_header(headers: &http::HeaderMap, query: Option<&str>, name: &str) -> bool {
+pub(crate) fn signs_header(headers: &http::HeaderMap, query: Option<&str>, name: &str) -> bool {
     let listed = |list: &str| list.split(';').any(|h| h.trim().eq_ignore_ascii_case(name));
     if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         if let Some(rest) = auth.strip_prefix("AWS4-HMAC-SHA256") {

@@ -33,7 +33,7 @@ impl Algorithm {
 
     /// The header (and trailer) name.
     #[must_use]
-    pub fn header_name(self) -> &'static str {
+    pub(crate) fn header_name(self) -> &'static str {
         match self {
             Self::Crc32 => "x-amz-checksum-crc32",
             Self::Crc32c => "x-amz-checksum-crc32c",
@@ -44,7 +44,7 @@ impl Algorithm {
     }
 
     #[must_use]
-    pub fn hasher(self) -> Hasher {
+    pub(crate) fn hasher(self) -> Hasher {
         match self {
             Self::Crc32 => Hasher::Crc32(crc32fast::Hasher::new()),
             Self::Crc32c => Hasher::Crc(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi), 4),
@@ -57,7 +57,7 @@ impl Algorithm {
 
 /// A running checksum.
 #[derive(Clone)]
-pub enum Hasher {
+pub(crate) enum Hasher {
     Crc32(crc32fast::Hasher),
     /// A `crc-fast` digest and its width in bytes.
     Crc(crc_fast::Digest, usize),
@@ -72,7 +72,7 @@ impl std::fmt::Debug for Hasher {
 }
 
 impl Hasher {
-    pub fn update(&mut self, data: &[u8]) {
+    pub(crate) fn update(&mut self, data: &[u8]) {
         match self {
             Self::Crc32(h) => h.update(data),
             Self::Crc(h, _) => h.update(data),
@@ -83,7 +83,7 @@ impl Hasher {
 
     /// The value as S3 writes it: base64 of the big-endian digest.
     #[must_use]
-    pub fn finalize_base64(self) -> String {
+    pub(crate) fn finalize_base64(self) -> String {
         let bytes = match self {
             Self::Crc32(h) => h.finalize().to_be_bytes().to_vec(),
             Self::Crc(h, width) => h.finalize().to_be_bytes()[8 - width..].to_vec(),

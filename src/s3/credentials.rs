@@ -19,7 +19,7 @@ impl SecretKey {
 
     /// The secret, for key derivation only.
     #[must_use]
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -54,17 +54,12 @@ impl CredentialStore {
     }
 
     #[must_use]
-    pub fn get(&self, access_key: &str) -> Option<&SecretKey> {
+    pub(crate) fn get(&self, access_key: &str) -> Option<&SecretKey> {
         self.keys.get(access_key)
     }
 
     #[must_use]
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 }

@@ -44,7 +44,7 @@ pub fn boundary(content_type: &str) -> Option<String> {
 
 /// What ends the body after the file part: `CRLF--boundary--CRLF`.
 #[must_use]
-pub fn closing_delimiter(boundary: &str) -> Vec<u8> {
+pub(crate) fn closing_delimiter(boundary: &str) -> Vec<u8> {
     format!("\r\n--{boundary}--\r\n").into_bytes()
 }
 

@@ -145,7 +145,7 @@ fn replaced(
 /// listing may cost a pushdown, so a page is bounded; clients follow `IsTruncated` as for any
 /// store's page limit.
 #[must_use]
-pub fn capped_page(query: Option<&str>, cap: usize) -> String {
+pub(crate) fn capped_page(query: Option<&str>, cap: usize) -> String {
     let mut seen = false;
     let mut pairs: Vec<String> = query
         .unwrap_or_default()

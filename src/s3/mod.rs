@@ -1,13 +1,13 @@
 //! The S3 protocol: routing, SigV4, credentials, header names and XML error bodies. Pure: no IO.
 
-pub mod authority;
+pub(crate) mod authority;
 pub mod checksum;
 pub mod credentials;
 pub mod form;
-pub mod headers;
+pub(crate) mod headers;
 pub mod listing;
 pub mod post_policy;
 pub mod route;
-pub mod sigv2;
+pub(crate) mod sigv2;
 pub mod sigv4;
-pub mod xml;
+pub(crate) mod xml;

@@ -50,13 +50,13 @@ use super::sigv4::{ALGORITHM, signature, signing_key, uri_encode};
 /// in memory, so it is bounded on its own (the caller bounds each field). Real policies are a few
 /// hundred bytes to a few KiB; 20 KiB is also the size S3 allows for all the form fields before the
 /// file, so no policy S3 would take is refused.
-pub const MAX_POLICY_BYTES: usize = 20 * 1024;
+pub(crate) const MAX_POLICY_BYTES: usize = 20 * 1024;
 /// Most conditions in one policy. Each is checked against the form; real policies have a dozen.
-pub const MAX_CONDITIONS: usize = 256;
+pub(crate) const MAX_CONDITIONS: usize = 256;
 /// Most form fields before the `file` part (each becomes at most one header).
-pub const MAX_FORM_FIELDS: usize = 256;
+pub(crate) const MAX_FORM_FIELDS: usize = 256;
 /// Longest object key S3 accepts, in bytes of UTF-8.
-pub const MAX_KEY_BYTES: usize = 1024;
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
 
 /// The placeholder in `key` replaced by the uploaded file's name.
 const FILENAME_VAR: &str = "${filename}";
@@ -150,19 +150,19 @@ impl PostForm {
 
     /// The value of field `name`, in any case.
     #[must_use]
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
     /// `(lowercased name, value)` pairs in the order sent.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.fields.iter().map(|(n, v)| (n.as_str(), v.as_str()))
     }
 }
 
 /// What to answer after the object is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SuccessAction {
+pub(crate) enum SuccessAction {
     /// `success_action_redirect` (or the legacy `redirect`): `303 See Other` to
     /// [`redirect_location`] of this URL. Only absolute `http`/`https` URLs are taken; anything
     /// else is ignored, as S3 does, and the status applies.
@@ -176,15 +176,15 @@ pub enum SuccessAction {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authorized {
     /// Who signed the policy, or [`Identity::Anonymous`] for an unsigned form.
-    pub identity: Identity,
+    pub(crate) identity: Identity,
     /// What the store request may carry: the store's key only for a verified signer.
-    pub authority: Authority,
+    pub(crate) authority: Authority,
     /// The object key, with `${filename}` replaced by the file part's name.
-    pub key: String,
+    pub(crate) key: String,
     /// `(min, max)` bytes from the policy's `content-length-range`; check with [`check_length`].
     pub content_length_range: Option<(u64, u64)>,
     /// The response once the object is stored.
-    pub success: SuccessAction,
+    pub(crate) success: SuccessAction,
 }
 
 /// Checks a POST upload's form: its signature (SigV4 or SigV2) and policy, or, for a form with
@@ -287,7 +287,7 @@ pub fn object_headers(form: &PostForm) -> Result<Vec<(String, String)>, PostErro
 /// The `<PostResponse>` body of a `201` answer. `etag` as in the `ETag` header (quoted);
 /// `location` the object's URL.
 #[must_use]
-pub fn success_xml(location: &str, bucket: &str, key: &str, etag: &str) -> String {
+pub(crate) fn success_xml(location: &str, bucket: &str, key: &str, etag: &str) -> String {
     let mut out = String::from(r#"<?xml version="1.0" encoding="UTF-8"?><PostResponse>"#);
     for (tag, value) in [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag)] {
         out.push('<');
@@ -305,7 +305,7 @@ pub fn success_xml(location: &str, bucket: &str, key: &str, etag: &str) -> Strin
 /// The `Location` of a `303` answer: `base` with `bucket`, `key` and `etag` (as in the `ETag`
 /// header, quoted) appended to its query, each URI-encoded, before any `#fragment`.
 #[must_use]
-pub fn redirect_location(base: &str, bucket: &str, key: &str, etag: &str) -> String {
+pub(crate) fn redirect_location(base: &str, bucket: &str, key: &str, etag: &str) -> String {
     let (head, fragment) = base.find('#').map_or((base, ""), |i| base.split_at(i));
     let sep = if !head.contains('?') {
         "?"

@@ -9,18 +9,18 @@ use super::headers::X_AMZ_COPY_SOURCE;
 use super::sigv4::uri_decode;
 
 /// Longest bucket name (S3 allows 63; legacy us-east-1 names up to 255).
-pub const MAX_BUCKET_NAME: usize = 255;
+pub(crate) const MAX_BUCKET_NAME: usize = 255;
 /// Longest object key S3 accepts, in bytes.
-pub const MAX_KEY_BYTES: usize = 1024;
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
 
 /// The bucket and key a request addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Target {
-    pub bucket: Option<String>,
+    pub(crate) bucket: Option<String>,
     /// Decoded key; `None` for bucket- and service-level requests.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// The bucket came from the `Host` header (virtual-host style).
-    pub virtual_host: bool,
+    pub(crate) virtual_host: bool,
 }
 
 impl Target {
@@ -115,7 +115,7 @@ macro_rules! ops {
         impl S3Op {
             /// Stable name, used as a metrics label and in logs.
             #[must_use]
-            pub fn name(self) -> &'static str {
+            pub(crate) fn name(self) -> &'static str {
                 match self { $(Self::$op => stringify!($op),)* Self::Other => "Other" }
             }
         }
@@ -157,7 +157,7 @@ impl S3Op {
     /// leaves the same state. Only body-less requests are ever retried (a streamed body cannot be
     /// replayed), so this is checked together with the method.
     #[must_use]
-    pub fn is_idempotent(self) -> bool {
+    pub(crate) fn is_idempotent(self) -> bool {
         matches!(
             self,
             Self::ListBuckets

@@ -52,7 +52,7 @@ const SUBRESOURCES: &[&str] = &[
 /// `CanonicalizedResource`: `/bucket` for virtual-host requests, the path as sent, then the
 /// sub-resources sorted by name.
 #[must_use]
-pub fn canonical_resource(vhost_bucket: Option<&str>, raw_path: &str, raw_query: Option<&str>) -> String {
+pub(crate) fn canonical_resource(vhost_bucket: Option<&str>, raw_path: &str, raw_query: Option<&str>) -> String {
     let mut out = String::new();
     if let Some(b) = vhost_bucket {
         out.push('/');
@@ -84,7 +84,7 @@ pub fn canonical_resource(vhost_bucket: Option<&str>, raw_path: &str, raw_query:
 
 /// `CanonicalizedAmzHeaders`: `x-amz-*` headers, lowercased, sorted, values comma-joined.
 #[must_use]
-pub fn canonical_amz_headers(headers: &HeaderMap) -> String {
+pub(crate) fn canonical_amz_headers(headers: &HeaderMap) -> String {
     let mut names: Vec<&str> =
         headers.keys().map(http::HeaderName::as_str).filter(|n| n.starts_with("x-amz-")).collect();
     names.sort_unstable();
@@ -104,7 +104,7 @@ pub fn canonical_amz_headers(headers: &HeaderMap) -> String {
 /// The string to sign. `date` is the `Date` header (empty when `x-amz-date` is sent) or, for a
 /// presigned URL, the `Expires` value.
 #[must_use]
-pub fn string_to_sign(method: &Method, headers: &HeaderMap, date: &str, resource: &str) -> String {
+pub(crate) fn string_to_sign(method: &Method, headers: &HeaderMap, date: &str, resource: &str) -> String {
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().trim().to_owned();
     format!(
         "{}\n{}\n{}\n{date}\n{}{resource}",
@@ -117,7 +117,7 @@ pub fn string_to_sign(method: &Method, headers: &HeaderMap, date: &str, resource
 
 /// Base64 HMAC-SHA1 signature.
 #[must_use]
-pub fn signature(secret: &[u8], string_to_sign: &str) -> String {
+pub(crate) fn signature(secret: &[u8], string_to_sign: &str) -> String {
     let mut mac = Hmac::<Sha1>::new_from_slice(secret).expect("HMAC accepts keys of any length");
     mac.update(string_to_sign.as_bytes());
     base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())

@@ -15,7 +15,7 @@ struct ErrorXml<'a> {
 
 /// Renders an S3 `<Error>` document.
 #[must_use]
-pub fn error_body(code: &str, message: &str, resource: &str, request_id: &str) -> String {
+pub(crate) fn error_body(code: &str, message: &str, resource: &str, request_id: &str) -> String {
     let doc = ErrorXml { code, message, resource, request_id };
     let mut out = String::from(r#"<?xml version="1.0" encoding="UTF-8"?>"#);
     // Serializing a struct of strings into a String cannot fail.

@@ -232,7 +232,7 @@ impl Footer {
     /// Row groups read: the parts a request decodes and runs one after the other
     /// ([`Self::group_rows`]).
     #[must_use]
-    pub fn group_count(&self) -> usize {
+    pub(crate) fn group_count(&self) -> usize {
         self.groups.len()
     }
 
@@ -240,21 +240,21 @@ impl Footer {
     /// request runs; each group reuses it): the largest group's as the footer states it, with
     /// room for the values' handles ([`DECODE_FACTOR`], [`DECODE_SLACK`]).
     #[must_use]
-    pub fn decoded_bytes(&self) -> u64 {
+    pub(crate) fn decoded_bytes(&self) -> u64 {
         self.decoded.iter().copied().max().unwrap_or(0).saturating_mul(DECODE_FACTOR).saturating_add(DECODE_SLACK)
     }
 
     /// What a Parquet output's body holds beside the features: the kept columns' chunks, as
     /// they are, and its footer.
     #[must_use]
-    pub fn output_bytes(&self) -> u64 {
+    pub(crate) fn output_bytes(&self) -> u64 {
         if self.keep { self.kept_bytes.saturating_add(OUTPUT_FOOTER_BYTES) } else { 0 }
     }
 
     /// The other columns, for a Parquet output, with no row groups yet ([`Self::group_rows`]
     /// adds each group's); `None` unless the footer was read to keep them.
     #[must_use]
-    pub fn kept(&self) -> Option<Kept> {
+    pub(crate) fn kept(&self) -> Option<Kept> {
         let meta = self.metadata.file_metadata();
         let roots = meta.schema_descr().root_schema();
         self.keep.then(|| Kept {
@@ -292,7 +292,12 @@ impl Footer {
     /// # Errors
     /// `BadInput` for a damaged page, a null input, a text or key that is not UTF-8, or pages
     /// that decode to more bytes or rows than the footer states.
-    pub fn group_rows(&self, object: &Source, part: usize, kept: Option<&mut Kept>) -> Result<Vec<Row>, PushdownError> {
+    pub(crate) fn group_rows(
+        &self,
+        object: &Source,
+        part: usize,
+        kept: Option<&mut Kept>,
+    ) -> Result<Vec<Row>, PushdownError> {
         guarded(UNREADABLE, || self.decode(object, part, kept))
     }
 

@@ -102,9 +102,9 @@ pub struct Reading<'a> {
 /// One row: its key, its input (an encoded image, or a text's UTF-8), its label.
 #[derive(Debug, Clone)]
 pub struct Row {
-    pub key: String,
-    pub input: Bytes,
-    pub label: Option<i64>,
+    pub(crate) key: String,
+    pub(crate) input: Bytes,
+    pub(crate) label: Option<i64>,
 }
 
 /// A Parquet reader's error: what the reader does not implement is unsupported (`415`), the rest

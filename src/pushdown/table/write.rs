@@ -43,13 +43,13 @@ pub struct Kept {
 /// What the output's `tensorgate` metadata entry says of its features.
 #[derive(Debug, serde::Serialize)]
 pub struct Provenance<'a> {
-    pub model: &'a str,
-    pub split: &'a str,
+    pub(crate) model: &'a str,
+    pub(crate) split: &'a str,
     /// One row's feature shape (the column holds it flattened, row-major).
-    pub shape: &'a [usize],
-    pub dtype: &'a str,
+    pub(crate) shape: &'a [usize],
+    pub(crate) dtype: &'a str,
     /// The input column.
-    pub column: &'a str,
+    pub(crate) column: &'a str,
 }
 
 /// A Parquet output: `kept`'s columns, copied as they are encoded, then the features (`rows x

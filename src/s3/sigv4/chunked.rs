@@ -28,7 +28,7 @@ use crate::s3::checksum::{Algorithm, Hasher};
 /// Largest chunk accepted. AWS SDKs send 64 KiB chunks; S3 itself documents no upper bound, but a
 /// chunk is held in memory until its signature is checked, so an unbounded one would let a client
 /// make the gateway buffer gigabytes. 16 MiB is 256x what SDKs send.
-pub const MAX_CHUNK_SIZE: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_CHUNK_SIZE: usize = 16 * 1024 * 1024;
 /// Longest chunk-header or trailer line (`hex;chunk-signature=<64 hex>` is under 100 bytes).
 const MAX_LINE: usize = 4096;
 /// Largest trailer section (S3 trailers carry one checksum header, tens of bytes).

@@ -17,7 +17,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_perc
 use sha2::{Digest, Sha256};
 
 /// The only algorithm accepted (SigV4a, `AWS4-ECDSA-P256-SHA256`, is refused as not implemented).
-pub const ALGORITHM: &str = "AWS4-HMAC-SHA256";
+pub(crate) const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 /// Hex SHA-256 of the empty string, used in chunk string-to-sign.
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -30,33 +30,33 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// SigV4 `UriEncode(s, encodeSlash=true)`.
 #[must_use]
-pub fn uri_encode(s: &str) -> String {
+pub(crate) fn uri_encode(s: &str) -> String {
     utf8_percent_encode(s, URI_ENCODE_SET).to_string()
 }
 
 /// SigV4 `UriEncode(s, encodeSlash=false)`: the canonical form of an S3 path.
 #[must_use]
-pub fn uri_encode_path(s: &str) -> String {
+pub(crate) fn uri_encode_path(s: &str) -> String {
     utf8_percent_encode(s, PATH_ENCODE_SET).to_string()
 }
 
 /// Percent-decodes a URI component (`+` stays literal, as S3 treats it in paths and SigV4 in queries).
 /// Invalid UTF-8 after decoding is replaced, which can only make a signature fail, never pass.
 #[must_use]
-pub fn uri_decode(s: &str) -> String {
+pub(crate) fn uri_decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// The decoded value of query parameter `name`.
 #[must_use]
-pub fn query_param(query: &str, name: &str) -> Option<String> {
+pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|p| p.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| uri_decode(v)))
 }
 
 /// Canonical URI of an S3 request: the path decoded once and re-encoded with the spec's rules, so
 /// clients that escape more or fewer characters than the spec requires still verify.
 #[must_use]
-pub fn canonical_uri(raw_path: &str) -> String {
+pub(crate) fn canonical_uri(raw_path: &str) -> String {
     if raw_path.is_empty() {
         return "/".to_owned();
     }
@@ -66,7 +66,7 @@ pub fn canonical_uri(raw_path: &str) -> String {
 /// Canonical query string: every parameter (except `skip`, the presigned signature) decoded,
 /// re-encoded and sorted by name then value.
 #[must_use]
-pub fn canonical_query(raw_query: Option<&str>, skip: Option<&str>) -> String {
+pub(crate) fn canonical_query(raw_query: Option<&str>, skip: Option<&str>) -> String {
     let Some(q) = raw_query else { return String::new() };
     let mut pairs: Vec<(String, String)> = q
         .split('&')
@@ -92,7 +92,7 @@ pub fn canonical_query(raw_query: Option<&str>, skip: Option<&str>) -> String {
 
 /// Canonical header value: trimmed, inner runs of spaces collapsed to one.
 #[must_use]
-pub fn canonical_header_value(v: &[u8]) -> String {
+pub(crate) fn canonical_header_value(v: &[u8]) -> String {
     let s = String::from_utf8_lossy(v);
     let mut out = String::with_capacity(s.len());
     for (i, word) in s.split_whitespace().enumerate() {
@@ -106,23 +106,23 @@ pub fn canonical_header_value(v: &[u8]) -> String {
 
 /// The parts of a canonical request, borrowed from the request being checked.
 #[derive(Debug)]
-pub struct CanonicalRequest<'a> {
-    pub method: &'a str,
+pub(crate) struct CanonicalRequest<'a> {
+    pub(crate) method: &'a str,
     /// Already canonical (see [`canonical_uri`]).
-    pub uri: &'a str,
+    pub(crate) uri: &'a str,
     /// Already canonical (see [`canonical_query`]).
-    pub query: &'a str,
+    pub(crate) query: &'a str,
     /// `(lowercase name, canonical value)` in the order of `signed_headers`.
-    pub headers: &'a [(String, String)],
+    pub(crate) headers: &'a [(String, String)],
     /// The `SignedHeaders` list as the client sent it (`;`-joined, sorted).
-    pub signed_headers: &'a str,
-    pub payload_hash: &'a str,
+    pub(crate) signed_headers: &'a str,
+    pub(crate) payload_hash: &'a str,
 }
 
 impl CanonicalRequest<'_> {
     /// The canonical request text, exactly as hashed into the string to sign.
     #[must_use]
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut s = String::with_capacity(256);
         s.push_str(self.method);
         s.push('\n');
@@ -152,7 +152,7 @@ pub fn scope(date: &str, region: &str, service: &str) -> String {
 
 /// String to sign for a request.
 #[must_use]
-pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
+pub(crate) fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
     format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", sha256_hex(canonical_request.as_bytes()))
 }
 
@@ -164,7 +164,12 @@ pub fn chunk_string_to_sign(amz_date: &str, scope: &str, previous_signature: &st
 
 /// String to sign for the trailer of a `STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER` body.
 #[must_use]
-pub fn trailer_string_to_sign(amz_date: &str, scope: &str, previous_signature: &str, trailer_sha256: &str) -> String {
+pub(crate) fn trailer_string_to_sign(
+    amz_date: &str,
+    scope: &str,
+    previous_signature: &str,
+    trailer_sha256: &str,
+) -> String {
     format!("{ALGORITHM}-TRAILER\n{amz_date}\n{scope}\n{previous_signature}\n{trailer_sha256}")
 }
 

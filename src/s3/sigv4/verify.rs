@@ -19,15 +19,15 @@ use crate::s3::credentials::CredentialStore;
 use crate::s3::{headers, sigv2};
 
 /// How far a request's `x-amz-date` may be from the gateway's clock: S3's own tolerance.
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(15 * 60);
+pub(crate) const MAX_CLOCK_SKEW: Duration = Duration::from_secs(15 * 60);
 /// Longest presigned-URL lifetime S3 accepts (7 days).
-pub const MAX_PRESIGN_EXPIRES: u64 = 7 * 24 * 3600;
+pub(crate) const MAX_PRESIGN_EXPIRES: u64 = 7 * 24 * 3600;
 
 const AMZ_DATE_FORMAT: &[FormatItem<'static>] = format_description!("[year][month][day]T[hour][minute][second]Z");
 
 /// Who made the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identity {
+pub(crate) enum Identity {
     /// No signature; only when the operator allows anonymous access.
     Anonymous,
     /// A verified access key.
@@ -40,7 +40,7 @@ pub enum Identity {
 impl Identity {
     /// Label for logs and metrics: the access key (never the secret) or `anonymous`.
     #[must_use]
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Self::Anonymous => "anonymous",
             Self::AccessKey(k) | Self::Claimed(k) => k,
@@ -50,7 +50,7 @@ impl Identity {
 
 /// What the body is and how it must be checked.
 #[derive(Debug, Clone)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// The client signed the body's SHA-256; the body is checked against it while it streams.
     Sha256([u8; 32]),
     /// `UNSIGNED-PAYLOAD`: the body is not covered by the signature.
@@ -62,12 +62,12 @@ pub enum Payload {
 /// The outcome of authentication.
 #[derive(Debug, Clone)]
 pub struct Verified {
-    pub identity: Identity,
+    pub(crate) identity: Identity,
     /// What the store request may carry: the store's key only for an authenticated caller.
-    pub authority: Authority,
-    pub payload: Payload,
+    pub(crate) authority: Authority,
+    pub(crate) payload: Payload,
     /// Whether the credentials came in the query (presigned URL).
-    pub presigned: bool,
+    pub(crate) presigned: bool,
 }
 
 /// Why authentication failed. Mapped to S3 codes in `crate::error`.
