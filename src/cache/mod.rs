@@ -234,6 +234,32 @@ impl Drop for Flight<'_> {
     }
 }
 
+/// What the store said of a cached entry's source when asked again
+/// (`tensorgate_cache_revalidations_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Revalidation {
+    /// The source's ETag is the entry's: the entry is served.
+    Unchanged,
+    /// The source changed: the entry goes and the output is computed again.
+    Changed,
+    /// The store refused this caller the source (transparent mode asks it per caller): the
+    /// caller gets the store's answer and the entry stays.
+    Refused,
+    /// The source is gone (or answered otherwise): the entry goes.
+    Gone,
+}
+
+impl Revalidation {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Unchanged => "unchanged",
+            Self::Changed => "changed",
+            Self::Refused => "refused",
+            Self::Gone => "gone",
+        }
+    }
+}
+
 impl TensorCache {
     /// Builds the tiers; the disk tier's surviving entries are indexed (not yet read).
     ///
@@ -384,20 +410,22 @@ impl TensorCache {
         let fetched = fetch(cached.as_ref().map(|(e, _)| e.data.source_etag.as_str())).await?;
         if let Some((entry, tier)) = cached {
             let outcome = match &fetched {
-                Fetched::NotModified(_) => "unchanged",
-                Fetched::Source { etag, .. } if *etag == entry.data.source_etag => "unchanged",
-                Fetched::Source { .. } => "changed",
-                Fetched::Answer(_) if ask_store => "refused",
-                Fetched::Answer(_) => "gone",
+                Fetched::NotModified(_) => Revalidation::Unchanged,
+                Fetched::Source { etag, .. } if *etag == entry.data.source_etag => Revalidation::Unchanged,
+                Fetched::Source { .. } => Revalidation::Changed,
+                Fetched::Answer(_) if ask_store => Revalidation::Refused,
+                Fetched::Answer(_) => Revalidation::Gone,
             };
-            self.metrics.cache_revalidations.get_or_create(&crate::metrics::OutcomeLabel { outcome }).inc();
+            let label = crate::metrics::OutcomeLabel { outcome: outcome.label() };
+            self.metrics.cache_revalidations.get_or_create(&label).inc();
             match outcome {
-                "unchanged" => {
+                Revalidation::Unchanged => {
                     entry.validated(generation);
                     return Ok(self.hit(entry, tier, true));
                 }
-                "refused" => {}
-                _ => self.remove(key).await,
+                // The caller may not read the source; the entry stays for those who may.
+                Revalidation::Refused => {}
+                Revalidation::Changed | Revalidation::Gone => self.remove(key).await,
             }
         }
         let source = match fetched {

@@ -10,11 +10,10 @@ use futures_util::{StreamExt, TryStreamExt};
 use http::{HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
 
-use super::{AliasBucket, Gateway};
+use super::{AliasBucket, Caller, Gateway};
 use crate::body::Body;
 use crate::error::GatewayError;
 use crate::pushdown::PushdownError;
-use crate::s3::authority::Authority;
 use crate::s3::listing::{self, Output};
 use crate::s3::route::Target;
 
@@ -46,7 +45,7 @@ impl Gateway {
         &self,
         resp: Response<Body>,
         alias: &AliasBucket,
-        (tenant, authority): (&str, &Authority),
+        caller: Caller<'_>,
     ) -> Result<Response<Body>, GatewayError> {
         if !resp.status().is_success() {
             return Ok(resp);
@@ -61,7 +60,7 @@ impl Gateway {
         let keys = listing::keys(&xml).map_err(|e| unreadable(&e))?;
         let outputs: HashMap<String, Output> = futures_util::stream::iter(keys)
             .map(|(listed, key)| async move {
-                Ok::<_, GatewayError>(self.output_of(alias, key, (tenant, authority)).await?.map(|o| (listed, o)))
+                Ok::<_, GatewayError>(self.output_of(alias, key, caller).await?.map(|o| (listed, o)))
             })
             .buffer_unordered(ALIAS_LISTING_CONCURRENCY)
             .try_filter_map(|o| async move { Ok(o) })
@@ -80,9 +79,9 @@ impl Gateway {
         &self,
         alias: &AliasBucket,
         key: String,
-        (tenant, authority): (&str, &Authority),
+        caller: Caller<'_>,
     ) -> Result<Option<Output>, GatewayError> {
-        let Some(job) = self.prepare(alias.spec.clone(), tenant)? else { return Ok(None) };
+        let Some(job) = self.prepare(alias.spec.clone(), caller.tenant)? else { return Ok(None) };
         let (parts, ()) = Request::builder()
             .method(Method::HEAD)
             .uri("/")
@@ -90,7 +89,7 @@ impl Gateway {
             .map_err(|e| PushdownError::Internal(e.to_string()))?
             .into_parts();
         let target = Target { bucket: Some(alias.target.clone()), key: Some(key.clone()), virtual_host: false };
-        let resp = match self.pushdown_phase(&parts, target, job, (tenant, authority), false).await {
+        let resp = match self.pushdown_phase(&parts, target, job, caller, false).await {
             Ok(resp) => resp,
             Err(e) if e.spec().status.is_client_error() => return Ok(None),
             Err(e) => return Err(e),

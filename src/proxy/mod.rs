@@ -44,6 +44,14 @@ pub(crate) const MAX_BUFFERED_BODY: u64 = 8 * 1024 * 1024;
 /// chunk; 1024 in flight hold at most 64 MiB); larger ones stream with their tail withheld.
 pub(crate) const VERIFY_WHOLE_BELOW: u64 = 64 * 1024;
 
+/// Who a request acts for: the tenant it is accounted to (the verified access key, or
+/// `anonymous`) and the authority its store requests carry ([`crate::s3::authority::Authority`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) authority: &'a crate::s3::authority::Authority,
+}
+
 /// Front-end settings the request path needs.
 #[derive(Debug, Clone)]
 pub(crate) struct FrontConfig {
@@ -313,7 +321,15 @@ impl Gateway {
             return Err(GatewayError::PeerOnlyPushdown);
         }
         if let Some(job) = job {
-            let resp = self.pushdown_phase(&parts, target, job, (identity.name(), &authority), via_peer).await?;
+            let resp = self
+                .pushdown_phase(
+                    &parts,
+                    target,
+                    job,
+                    Caller { tenant: identity.name(), authority: &authority },
+                    via_peer,
+                )
+                .await?;
             return Ok((resp, identity.name().to_owned()));
         }
         // An alias listing's entries each may cost a pushdown: its pages are bounded.
@@ -325,7 +341,7 @@ impl Gateway {
         let plain = Plain { op, target, query, authority: authority.clone(), planned_none };
         let mut resp = self.passthrough(parts, body, payload, plain).await?;
         if let Some(alias) = &listing {
-            resp = self.alias_listing(resp, alias, (identity.name(), &authority)).await?;
+            resp = self.alias_listing(resp, alias, Caller { tenant: identity.name(), authority: &authority }).await?;
         }
         Ok((resp, identity.name().to_owned()))
     }

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
 use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
-use super::{Gateway, owner};
+use super::{Caller, Gateway, owner};
 use crate::backend::{forwarded_headers, forwarded_query};
 use crate::body::{Body, Holding};
 use crate::cache::{CacheKey, Cached, Fetched, ObjectId, ReadThrough, TensorCache, Tier};
@@ -41,9 +41,10 @@ impl Gateway {
         parts: &Parts,
         target: Target,
         job: Job<'_>,
-        (tenant, authority): (&str, &Authority),
+        caller: Caller<'_>,
         hop: bool,
     ) -> Result<Response<Body>, GatewayError> {
+        let Caller { tenant, authority } = caller;
         let plan = job.plan().and_then(|p| HeaderValue::from_str(p).ok());
         let routed = match self.routing.as_ref().filter(|_| !hop) {
             Some(r) => r.route(parts, &target, job.spec(), tenant, authority).await,

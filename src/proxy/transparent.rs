@@ -7,7 +7,7 @@
 
 use http::{Request, Response};
 
-use super::{Gateway, check_declared, content_length, expects_continue, owner};
+use super::{Caller, Gateway, check_declared, content_length, expects_continue, owner};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;
@@ -43,7 +43,15 @@ impl Gateway {
             }
             match self.prepare(spec, identity.name())? {
                 Some(job) => {
-                    let resp = self.pushdown_phase(&parts, target, job, (identity.name(), &authority), hop).await?;
+                    let resp = self
+                        .pushdown_phase(
+                            &parts,
+                            target,
+                            job,
+                            Caller { tenant: identity.name(), authority: &authority },
+                            hop,
+                        )
+                        .await?;
                     return Ok((resp, identity.name().to_owned()));
                 }
                 None => planned_none = true,

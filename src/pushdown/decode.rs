@@ -23,7 +23,7 @@ use super::error::{PushdownError, guarded};
 
 /// The image formats pushdown decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
+pub(crate) enum ImageFormat {
     Jpeg,
     Png,
 }
@@ -31,7 +31,7 @@ pub(crate) enum Format {
 /// What the header says, before any pixel is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
-    pub(crate) format: Format,
+    pub(crate) format: ImageFormat,
     pub(crate) width: u32,
     pub(crate) height: u32,
     /// Bytes of the decoder's output before conversion to RGB: 0 when the decoder writes RGB
@@ -57,11 +57,11 @@ const JPEG_MAGIC: &[u8] = &[0xFF, 0xD8, 0xFF];
 
 /// The format the bytes start like, if any.
 #[must_use]
-pub(crate) fn sniff(bytes: &[u8]) -> Option<Format> {
+pub(crate) fn sniff(bytes: &[u8]) -> Option<ImageFormat> {
     if bytes.starts_with(JPEG_MAGIC) {
-        Some(Format::Jpeg)
+        Some(ImageFormat::Jpeg)
     } else if bytes.starts_with(PNG_MAGIC) {
-        Some(Format::Png)
+        Some(ImageFormat::Png)
     } else {
         None
     }
@@ -161,7 +161,7 @@ fn is_cmyk(space: mozjpeg::ColorSpace) -> bool {
 /// Not a JPEG or PNG, or an unreadable header.
 pub(crate) fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
     match sniff(bytes) {
-        Some(Format::Jpeg) => guarded("cannot decode image", || {
+        Some(ImageFormat::Jpeg) => guarded("cannot decode image", || {
             let scans = jpeg_scans(bytes, MAX_JPEG_SCANS);
             if scans > MAX_JPEG_SCANS {
                 return Err(bad(format!(
@@ -174,9 +174,9 @@ pub(crate) fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
             let (width, height) = (dim(w)?, dim(h)?);
             let px = u64::from(width) * u64::from(height);
             let native_bytes = if is_cmyk(d.color_space()) { 4 * px } else { 0 };
-            Ok(Header { format: Format::Jpeg, width, height, native_bytes })
+            Ok(Header { format: ImageFormat::Jpeg, width, height, native_bytes })
         }),
-        Some(Format::Png) => {
+        Some(ImageFormat::Png) => {
             let (depth, color) = png_ihdr(bytes)?;
             png_chunks_check(bytes)?;
             let (width, height) = guarded("cannot read image header", || {
@@ -198,7 +198,7 @@ pub(crate) fn header(bytes: &[u8]) -> Result<Header, PushdownError> {
             }
             let sample = if depth == 16 { 2 } else { 1 };
             let native_bytes = u64::from(width) * u64::from(height) * channels * sample;
-            Ok(Header { format: Format::Png, width, height, native_bytes })
+            Ok(Header { format: ImageFormat::Png, width, height, native_bytes })
         }
         None => Err(bad("not a JPEG or PNG image")),
     }
@@ -230,8 +230,8 @@ pub(crate) fn decode_rgb(bytes: &[u8], head: &Header) -> Result<Vec<u8>, Pushdow
 /// As [`decode_rgb`].
 pub(crate) fn decode_rgb_into(bytes: &[u8], head: &Header, out: &mut Vec<u8>) -> Result<(), PushdownError> {
     match head.format {
-        Format::Jpeg => decode_jpeg(bytes, out),
-        Format::Png => decode_png(bytes, head).map(|v| *out = v),
+        ImageFormat::Jpeg => decode_jpeg(bytes, out),
+        ImageFormat::Png => decode_png(bytes, head).map(|v| *out = v),
     }
 }
 
@@ -398,7 +398,7 @@ mod tests {
             out
         };
         let h = header(&rgba16).expect("header");
-        assert_eq!((h.format, h.width, h.height, h.native_bytes), (Format::Png, 10, 4, 10 * 4 * 8));
+        assert_eq!((h.format, h.width, h.height, h.native_bytes), (ImageFormat::Png, 10, 4, 10 * 4 * 8));
         let rgb = decode_rgb(&rgba16, &h).expect("decode");
         assert_eq!(&rgb[..3], &[0, 0, 0], "high bytes of 1, 2, 3");
         assert!(header(b"GIF89a").is_err());

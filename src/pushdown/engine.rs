@@ -22,13 +22,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Deserializer};
 use tokio::sync::oneshot;
 
+use super::clock::CpuTally;
 use super::error::PushdownError;
 use super::fair::{FairSlots, Slot};
 use super::governor::{EngineHold, Governor, Held};
@@ -181,7 +182,7 @@ impl Measured {
     }
 }
 
-struct Job {
+struct QueuedSample {
     input: Vec<f32>,
     /// Largest batch this sample may run in.
     cap: usize,
@@ -200,7 +201,7 @@ type Verdict = Option<Result<(MemoryModel, usize), PushdownError>>;
 /// A running worker for one (model, split).
 #[derive(Debug)]
 pub(crate) struct Engine {
-    queue: Arc<Queue<Job>>,
+    queue: Arc<Queue<QueuedSample>>,
     /// Places for samples between their decoding and the end of their inference
     /// ([`LOOKAHEAD_BATCHES`]), handed out as the preprocessing slots are (tenants in turn, each
     /// tenant's requests by arrival).
@@ -214,7 +215,9 @@ pub(crate) struct Engine {
     gauges: Gauges,
     verdict: tokio::sync::watch::Receiver<Verdict>,
     workers: usize,
-    observed: Arc<Observed>,
+    /// Inference CPU time its workers spent on real batches, and the samples in them: the
+    /// measured per-sample prefix cost the split planner prefers over a one-off probe.
+    observed: Arc<CpuTally>,
     /// Workers still running.
     alive: Arc<AtomicUsize>,
     /// Fault injection for the supervision tests: the next run panics.
@@ -225,25 +228,25 @@ pub(crate) struct Engine {
 #[derive(Debug)]
 pub(crate) struct Ahead {
     _slot: Slot,
-    _pending: Pending,
+    _pending: Counted,
 }
 
 /// One sample counted in [`Engine::ahead`]'s bound while it lives.
 #[derive(Debug)]
-struct Pending {
+struct Counted {
     counter: Arc<AtomicUsize>,
     /// The count with this sample.
     count: usize,
 }
 
-impl Pending {
+impl Counted {
     fn new(counter: &Arc<AtomicUsize>) -> Self {
         let count = counter.fetch_add(1, Ordering::SeqCst).saturating_add(1);
         Self { counter: counter.clone(), count }
     }
 }
 
-impl Drop for Pending {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.counter.fetch_sub(1, Ordering::SeqCst);
     }
@@ -257,16 +260,16 @@ impl Drop for Engine {
     }
 }
 
-/// Inference CPU time its workers spent on real batches, and the samples in them: the measured
-/// per-sample prefix cost the split planner prefers over a one-off probe.
-#[derive(Debug, Default)]
-struct Observed {
-    nanos: AtomicU64,
-    samples: AtomicU64,
-}
-
 /// Samples an engine must have run before its observed cost replaces the planner's probe.
 const MIN_OBSERVED_SAMPLES: u64 = 16;
+
+/// `tensorgate_pushdown_tokens_total` of one engine: the token positions its batches ran,
+/// attended and padding.
+#[derive(Debug, Clone)]
+struct TokenCounters {
+    attended: prometheus_client::metrics::counter::Counter,
+    padding: prometheus_client::metrics::counter::Counter,
+}
 
 /// The engine's metrics, labelled with its model and split.
 #[derive(Debug, Clone)]
@@ -276,8 +279,8 @@ struct Gauges {
     samples: prometheus_client::metrics::counter::Counter,
     /// Time samples wait in the queue (the `queue` stage of the stage histogram).
     queue_wait: prometheus_client::metrics::histogram::Histogram,
-    /// A text model's token positions run: attended and padding.
-    tokens: [prometheus_client::metrics::counter::Counter; 2],
+    /// A text model's token positions run.
+    tokens: TokenCounters,
 }
 
 impl Engine {
@@ -310,10 +313,13 @@ impl Engine {
                     stage: "queue",
                 })
                 .clone(),
-            tokens: ["attended", "padding"].map(|kind| {
-                let tokens = ModelSplitTokens { model: label.model.clone(), split: label.split.clone(), kind };
-                metrics.pushdown_tokens.get_or_create(&tokens).clone()
-            }),
+            tokens: {
+                let counter = |kind| {
+                    let tokens = ModelSplitTokens { model: label.model.clone(), split: label.split.clone(), kind };
+                    metrics.pushdown_tokens.get_or_create(&tokens).clone()
+                };
+                TokenCounters { attended: counter("attended"), padding: counter("padding") }
+            },
         };
         let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
@@ -323,7 +329,7 @@ impl Engine {
         let (verdict_tx, verdict) = tokio::sync::watch::channel(None);
         let verdict_tx = Arc::new(verdict_tx);
         let workers = cfg.workers.max(1);
-        let observed = Arc::new(Observed::default());
+        let observed = Arc::new(CpuTally::default());
         let (alive, panic_next, hold) =
             (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)), Arc::default());
         let start_hold = Arc::new(Mutex::new(Some(start_hold)));
@@ -426,7 +432,7 @@ impl Engine {
     /// # Errors
     /// `Overloaded` when `queue_capacity` samples already wait for this engine.
     pub(crate) async fn ahead(&self, tenant: &str, place: Place) -> Result<Ahead, PushdownError> {
-        let pending = Pending::new(&self.pending);
+        let pending = Counted::new(&self.pending);
         if pending.count > self.queue_capacity {
             return Err(PushdownError::Overloaded);
         }
@@ -459,7 +465,8 @@ impl Engine {
         // Count the sample before the worker can see it, so the worker's decrement never runs first.
         let d = self.depth.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         self.gauges.queue_depth.set(i64::try_from(d).unwrap_or(i64::MAX));
-        let job = Job { input, cap: cap.max(1), tenant: tenant.into(), place, reply, enqueued: Instant::now() };
+        let job =
+            QueuedSample { input, cap: cap.max(1), tenant: tenant.into(), place, reply, enqueued: Instant::now() };
         if let Err(e) = self.queue.push(place, job) {
             let left = self.depth.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             self.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
@@ -475,8 +482,7 @@ impl Engine {
     /// worth when `intra_threads` is 1); `None` until [`MIN_OBSERVED_SAMPLES`] have run.
     #[must_use]
     pub(crate) fn observed_secs_per_sample(&self) -> Option<f64> {
-        let n = self.observed.samples.load(Ordering::Relaxed);
-        (n >= MIN_OBSERVED_SAMPLES).then(|| self.observed.nanos.load(Ordering::Relaxed) as f64 / 1e9 / n as f64)
+        self.observed.secs_per_sample(MIN_OBSERVED_SAMPLES)
     }
 
     /// Whether any worker still runs (an engine whose workers all died is replaced).
@@ -669,7 +675,7 @@ fn measure_and_check(s: &Shared) -> Result<(Box<dyn Session>, Found), String> {
 /// Waits for a sample, then takes whatever else is queued, up to the smallest cap among the taken
 /// samples: one batch. The lock is held only while taking, so other workers run their batches
 /// meanwhile. `None`: queue closed.
-fn next_batch(queue: &Queue<Job>) -> Option<Vec<Job>> {
+fn next_batch(queue: &Queue<QueuedSample>) -> Option<Vec<QueuedSample>> {
     queue.next_batch(|j| j.cap)
 }
 
@@ -681,7 +687,7 @@ fn stopped(shared: &Shared) {
 }
 
 /// Answers every sample queued with `e`, until the queue is closed and empty.
-fn answer_until_closed(queue: &Queue<Job>, depth: &AtomicUsize, e: &PushdownError) {
+fn answer_until_closed(queue: &Queue<QueuedSample>, depth: &AtomicUsize, e: &PushdownError) {
     while let Some(jobs) = next_batch(queue) {
         depth.fetch_sub(jobs.len(), Ordering::Relaxed);
         for job in jobs {
@@ -697,7 +703,7 @@ struct Shared {
     tensor: String,
     prefix_bytes: Arc<Vec<u8>>,
     cfg: EngineConfig,
-    queue: Arc<Queue<Job>>,
+    queue: Arc<Queue<QueuedSample>>,
     depth: Arc<AtomicUsize>,
     gauges: Gauges,
     verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
@@ -711,7 +717,7 @@ struct Shared {
     starts: prometheus_client::metrics::family::Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
     /// `tensorgate_pushdown_engine_failures_total`.
     failures: prometheus_client::metrics::family::Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
-    observed: Arc<Observed>,
+    observed: Arc<CpuTally>,
     panic_next: Arc<AtomicBool>,
     /// The engine's memory reservation: released when the last worker's `Shared` goes.
     hold: Arc<Mutex<Option<EngineHold>>>,
@@ -820,8 +826,8 @@ fn worker(shared: &Shared, first: bool) {
         if let (Some(_), &[2, len]) = (&model.manifest.text, sample_shape.as_slice()) {
             let run = session.text_length(&data, len);
             let attended: usize = data.chunks_exact(2 * len).map(text::attended).sum();
-            gauges.tokens[0].inc_by(attended as u64);
-            gauges.tokens[1].inc_by((batch * run).saturating_sub(attended) as u64);
+            gauges.tokens.attended.inc_by(attended as u64);
+            gauges.tokens.padding.inc_by((batch * run).saturating_sub(attended) as u64);
         }
         // The node's cores go to the oldest requests first, whichever engine serves them.
         let core = shared.runs.acquire_blocking(&jobs[0].tenant, jobs[0].place);
@@ -859,9 +865,7 @@ fn worker(shared: &Shared, first: bool) {
             continue;
         };
         if result.is_ok() {
-            let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-            shared.observed.nanos.fetch_add(nanos, Ordering::Relaxed);
-            shared.observed.samples.fetch_add(batch as u64, Ordering::Relaxed);
+            shared.observed.add(spent, batch as u64);
         }
         let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
         gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));

@@ -95,7 +95,7 @@ struct State {
     streams: HashMap<u64, Open>,
     next_id: u64,
     /// Source holds of requests that have not reserved their outputs yet, oldest first.
-    pending: BTreeMap<u64, Pending>,
+    pending: BTreeMap<u64, WaitingRequest>,
     /// What the last request to reserve its outputs needed (its outputs and one sample): the
     /// room a new source hold leaves free ([`Governor::hold_source`]).
     last_need: u64,
@@ -103,7 +103,7 @@ struct State {
 
 /// A request holding its source and not yet its outputs.
 #[derive(Debug, Default)]
-struct Pending {
+struct WaitingRequest {
     /// Its source's bytes.
     bytes: u64,
     /// What it waits to reserve (outputs and one sample), once it has asked.
@@ -201,10 +201,23 @@ pub(crate) struct Stream {
 
 /// One admitted sample's reservation, released on drop.
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub(crate) struct SampleHold {
     governor: Arc<Governor>,
     stream: u64,
     bytes: u64,
+}
+
+/// What a request asks of the governor when it opens its stream ([`Governor::open`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamAsk {
+    /// Bytes one of its samples holds from its admission to the end of its inference.
+    pub(crate) per_sample: u64,
+    /// Bytes its outputs (and what its body copies) hold until the response is sent.
+    pub(crate) held: u64,
+    /// The client's storage batch (`batch=`): an upper bound the governor may lower.
+    pub(crate) requested: Option<usize>,
+    /// Samples it may have in flight at once (its samples, bounded by the engine's queue).
+    pub(crate) samples: usize,
 }
 
 impl Governor {
@@ -385,7 +398,7 @@ impl Governor {
                         Purpose::Source { .. } => {
                             let id = s.next_id;
                             s.next_id += 1;
-                            s.pending.insert(id, Pending { bytes, need: 0 });
+                            s.pending.insert(id, WaitingRequest { bytes, need: 0 });
                             Some(id)
                         }
                         Purpose::Outputs { .. } => {
@@ -428,8 +441,8 @@ impl Governor {
         }
     }
 
-    /// Opens a stream for a request of `samples` samples, first reserving `held` bytes (its
-    /// outputs) for as long as the returned [`Held`] lives, waiting as [`Self::hold`] does;
+    /// Opens a stream for a request of `ask.samples` samples, first reserving `ask.held` bytes
+    /// (its outputs) for as long as the returned [`Held`] lives, waiting as [`Self::hold`] does;
     /// `source` is the request's source hold ([`Self::hold_source`]), pending until then.
     ///
     /// # Errors
@@ -438,10 +451,10 @@ impl Governor {
     pub(crate) async fn open(
         self: &Arc<Self>,
         tenant: &str,
-        (per_sample, held): (u64, u64),
-        (requested, samples): (Option<usize>, usize),
+        ask: StreamAsk,
         source: Option<&Held>,
     ) -> Result<(Stream, Held), PushdownError> {
+        let StreamAsk { per_sample, held, requested, samples } = ask;
         // Room for the outputs and for one sample in flight, so an opened request can progress.
         let purpose = Purpose::Outputs { headroom: per_sample, source: source.and_then(|h| h.pending) };
         let outputs = self.hold_for(held, purpose).await?;
@@ -497,7 +510,7 @@ impl Stream {
     /// `Overloaded` (503 SlowDown) after waiting longer than `max_wait`; `ExceedsBudget` when one
     /// sample beside the request's outputs is more than the budget can ever hold, `BudgetBusy`
     /// when it does not fit beside the engines.
-    pub(crate) async fn admit(&self, extra: u64) -> Result<Slot, PushdownError> {
+    pub(crate) async fn admit(&self, extra: u64) -> Result<SampleHold, PushdownError> {
         let g = &self.governor;
         let bytes = self.per_sample + extra;
         let started = Instant::now();
@@ -531,7 +544,7 @@ impl Stream {
                     if deferred {
                         g.metrics.admission_wait.observe(started.elapsed().as_secs_f64());
                     }
-                    return Ok(Slot { governor: g.clone(), stream: self.id, bytes });
+                    return Ok(SampleHold { governor: g.clone(), stream: self.id, bytes });
                 }
             }
             let refused = {
@@ -625,7 +638,7 @@ impl Drop for Held {
     }
 }
 
-impl Drop for Slot {
+impl Drop for SampleHold {
     fn drop(&mut self) {
         let g = &self.governor;
         let mut s = g.lock();
@@ -644,6 +657,10 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+
+    fn ask(per_sample: u64, held: u64, requested: Option<usize>, samples: usize) -> StreamAsk {
+        StreamAsk { per_sample, held, requested, samples }
+    }
 
     fn d(tenant: &str, per_sample: u64, cap: usize) -> Demand {
         Demand { tenant: tenant.into(), per_sample, cap }
@@ -689,7 +706,7 @@ mod tests {
                 let (g, peak) = (g.clone(), peak.clone());
                 tokio::spawn(async move {
                     let (stream, _outputs) =
-                        g.open(&format!("tenant{}", t % 3), (50, 40), (Some(64), 40), None).await.expect("opened");
+                        g.open(&format!("tenant{}", t % 3), ask(50, 40, Some(64), 40), None).await.expect("opened");
                     let mut work = Vec::new();
                     for _ in 0..40 {
                         let slot = stream.admit(0).await.expect("admitted");
@@ -729,7 +746,7 @@ mod tests {
                 tokio::spawn(async move {
                     let source = g.hold_source(60, floor).await?;
                     all_held.wait().await;
-                    let (stream, outputs) = g.open(&format!("t{t}"), (20, 100), (None, 1), Some(&source)).await?;
+                    let (stream, outputs) = g.open(&format!("t{t}"), ask(20, 100, None, 1), Some(&source)).await?;
                     let slot = stream.admit(0).await?;
                     peak.fetch_max(g.reserved(), Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -786,8 +803,8 @@ mod tests {
         ));
         // The same for requests: 400 bytes of outputs fit the budget, not beside the engine.
         assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
-        assert!(matches!(g.open("a", (10, 400), (None, 1), None).await, Err(PushdownError::BudgetBusy { .. })));
-        assert!(matches!(g.open("a", (10, 995), (None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
+        assert!(matches!(g.open("a", ask(10, 400, None, 1), None).await, Err(PushdownError::BudgetBusy { .. })));
+        assert!(matches!(g.open("a", ask(10, 995, None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
         drop(_first);
         let (_, _second) = g.reserve_engine(&engine(400), 1, 1).expect("the first engine's memory is back");
     }
@@ -826,7 +843,7 @@ mod tests {
         let (_, third) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
         parked.lock().unwrap().push(third);
         let source = g.hold_source(200, 0).await.expect("fits beside the engine");
-        let (_s, _out) = g.open("a", (0, 150), (None, 1), Some(&source)).await.expect("room was made");
+        let (_s, _out) = g.open("a", ask(0, 150, None, 1), Some(&source)).await.expect("room was made");
         assert_eq!((g.reserved(), calls.load(std::sync::atomic::Ordering::SeqCst)), (350, 3));
         drop((_s, _out, source));
         // An engine a request holds is not stopped: refused at once, as before.
@@ -845,7 +862,7 @@ mod tests {
         let engine = |fixed| crate::pushdown::memory::MemoryModel::from_probes(fixed, [0, 0], 0, 0);
         let (_, _busy) = g.reserve_engine(&engine(700), 1, 1).expect("fits");
         assert!(matches!(g.hold(400).await, Err(PushdownError::BudgetBusy { .. })));
-        let (mut stream, _outputs) = g.open("a", (10, 100), (None, 1), None).await.expect("fits");
+        let (mut stream, _outputs) = g.open("a", ask(10, 100, None, 1), None).await.expect("fits");
         stream.per_sample = 250;
         assert!(matches!(stream.admit(0).await, Err(PushdownError::BudgetBusy { .. })));
         assert!(matches!(g.reserve_engine(&engine(400), 1, 1), Err(PushdownError::BudgetBusy { .. })));
@@ -867,7 +884,7 @@ mod tests {
     #[tokio::test]
     async fn waiting_behind_the_requests_own_samples_is_not_bounded_by_max_wait() {
         let g = governor(1000, true, 20);
-        let (a, _out) = g.open("a", (10, 0), (Some(1), 3), None).await.expect("a");
+        let (a, _out) = g.open("a", ask(10, 0, Some(1), 3), None).await.expect("a");
         let first = a.admit(0).await.expect("first");
         let second = tokio::spawn({
             let a = Arc::new(a);
@@ -883,11 +900,11 @@ mod tests {
     #[tokio::test]
     async fn waiting_past_the_bound_is_overloaded_and_no_adaptation_ignores_the_budget() {
         let g = governor(100, true, 50);
-        let (a, _a_out) = g.open("a", (60, 0), (None, 10), None).await.expect("a");
+        let (a, _a_out) = g.open("a", ask(60, 0, None, 10), None).await.expect("a");
         let _held = a.admit(0).await.expect("first fits");
         // b cannot even open: one of its samples does not fit beside a's.
-        assert!(matches!(g.open("b", (60, 0), (None, 10), None).await, Err(PushdownError::Overloaded)));
-        let (b, _b_out) = g.open("b", (30, 0), (None, 10), None).await.expect("b's samples are smaller");
+        assert!(matches!(g.open("b", ask(60, 0, None, 10), None).await, Err(PushdownError::Overloaded)));
+        let (b, _b_out) = g.open("b", ask(30, 0, None, 10), None).await.expect("b's samples are smaller");
         let _b1 = b.admit(0).await.expect("30 of the 40 free bytes");
         assert!(matches!(b.admit(0).await, Err(PushdownError::Overloaded)), "10 left");
         drop(_b1);
@@ -898,11 +915,12 @@ mod tests {
         drop(small);
         let big = crate::pushdown::memory::MemoryModel::from_probes(1000, [0, 0], 0, 0);
         assert!(g.reserve_engine(&big, 1, 1).is_err(), "an engine larger than the budget is refused");
-        assert!(matches!(g.open("c", (10, 95), (None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
+        assert!(matches!(g.open("c", ask(10, 95, None, 1), None).await, Err(PushdownError::ExceedsBudget { .. })));
 
         let fixed = governor(100, false, 50);
-        let (s, _out) = fixed.open("a", (60, 1000), (Some(4), 10), None).await.expect("not enforced");
-        let slots: Vec<Slot> = futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
+        let (s, _out) = fixed.open("a", ask(60, 1000, Some(4), 10), None).await.expect("not enforced");
+        let slots: Vec<SampleHold> =
+            futures_util::future::try_join_all((0..4).map(|_| s.admit(0))).await.expect("all four");
         assert_eq!((slots.len(), fixed.reserved()), (4, 1240), "the comparison mode overshoots by design");
     }
 

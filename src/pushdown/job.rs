@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::encode::{stack, tar_overhead, write_tar};
 use super::engine::Engine;
 use super::error::PushdownError;
-use super::parse::{Input, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
+use super::parse::{JobInput, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
 use super::registry::Model;
 use super::service::{Output, Pushdown, Run};
 use super::spec::{Dtype, Format, PushdownSpec};
@@ -169,7 +169,7 @@ impl Job<'_> {
         source: table::Source,
         footer: table::Footer,
     ) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, Input::Table(source, Box::new(footer))).await?;
+        let mut out = self.service.compute(&self, JobInput::Table(source, Box::new(footer))).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
@@ -193,7 +193,7 @@ impl Job<'_> {
     /// # Errors
     /// Unusable input, overload (queue full or memory wait too long), or inference failure.
     pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, Input::Object(object)).await?;
+        let mut out = self.service.compute(&self, JobInput::Object(object)).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
@@ -247,7 +247,7 @@ impl Pushdown {
     /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]), in phases:
     /// parse the source into samples ([`Self::parse_source`]), admit the outputs' memory
     /// ([`Self::admit_outputs`]), run the samples ([`Self::infer`]), encode ([`encode_output`]).
-    pub(super) async fn compute(&self, job: &Job<'_>, input: Input) -> Result<Output, PushdownError> {
+    pub(super) async fn compute(&self, job: &Job<'_>, input: JobInput) -> Result<Output, PushdownError> {
         let (engine, memory, batch_cap) = job.engine().await?;
         let t0 = Instant::now();
         let (parsed, scratch, table_source) = self.parse_source(job, input).await?;
@@ -295,18 +295,18 @@ impl Pushdown {
     async fn parse_source(
         &self,
         job: &Job<'_>,
-        input: Input,
+        input: JobInput,
     ) -> Result<(Parsed, Vec<u64>, Option<table::Source>), PushdownError> {
         let model = job.model.clone();
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
         let format = job.spec.format;
         let source = job.limits();
         let (object, table_source, footer) = match input {
-            Input::Object(object) => {
+            JobInput::Object(object) => {
                 let table = table::is_parquet(&object).then(|| table::Source::whole(object.clone()));
                 (object, table, None)
             }
-            Input::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
+            JobInput::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
         };
         let whole_table = table_source.clone().filter(|_| footer.is_none());
         let (parsed, scratch) = tokio::task::spawn_blocking(move || {
@@ -354,18 +354,16 @@ impl Pushdown {
         let decoded_bytes = parsed.table.as_ref().map_or(0, |t| t.decoded_bytes().saturating_add(t.output_bytes()));
         let held =
             (memory.held_bytes_per_sample * samples as u64).saturating_add(tar_bytes).saturating_add(decoded_bytes);
-        self.node
-            .governor
-            .open(
-                &job.tenant,
-                (memory.queued_bytes_per_sample, held),
-                // One request alone never fills its engine's queue (a full queue refuses samples
-                // with `503`): at most half of it in flight. Images are paced by their decoding;
-                // ready inputs (`.npy` batches, texts) would otherwise all be queued at once.
-                (job.spec.batch, samples.min((self.cfg.engine.queue_capacity / 2).max(1))),
-                job.source.as_ref(),
-            )
-            .await
+        let ask = governor::StreamAsk {
+            per_sample: memory.queued_bytes_per_sample,
+            held,
+            requested: job.spec.batch,
+            // One request alone never fills its engine's queue (a full queue refuses samples
+            // with `503`): at most half of it in flight. Images are paced by their decoding;
+            // ready inputs (`.npy` batches, texts) would otherwise all be queued at once.
+            samples: samples.min((self.cfg.engine.queue_capacity / 2).max(1)),
+        };
+        self.node.governor.open(&job.tenant, ask, job.source.as_ref()).await
     }
 
     /// Infer phase: every sample through the engine, in source order. A Parquet file's rows are

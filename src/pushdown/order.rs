@@ -76,11 +76,11 @@ pub(crate) struct Arrivals {
 #[derive(Debug, Default)]
 struct Inner {
     next: u64,
-    streams: HashMap<String, Stream>,
+    streams: HashMap<String, ClientStream>,
 }
 
 #[derive(Debug, Default)]
-struct Stream {
+struct ClientStream {
     /// One past the highest `n` seen.
     seen: u64,
     /// Numbers held for requests not yet arrived, by `n`.

@@ -9,7 +9,7 @@ use super::registry::Model;
 use super::{manifest, preprocess, shard, spec, table, tensor, text};
 
 /// What a pushdown computes from.
-pub(super) enum Input {
+pub(super) enum JobInput {
     /// The whole object.
     Object(Bytes),
     /// Row groups of a Parquet file read by ranges, and its checked footer.

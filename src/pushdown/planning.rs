@@ -1,8 +1,6 @@
 //! The storage side of split planning: what each candidate split costs this node per sample, the
 //! compute tier's suffix graphs, and the plans clients asked for (used by `split=auto`).
 
-use std::sync::atomic::Ordering;
-
 use super::error::PushdownError;
 use super::inference::SessionSettings;
 use super::parse::split_def;
@@ -100,8 +98,7 @@ impl Pushdown {
     /// Mean seconds this node spent preprocessing an image sample so far (0 before the first).
     #[must_use]
     pub(crate) fn preprocess_secs_per_sample(&self) -> f64 {
-        let n = self.preprocessed.1.load(Ordering::Relaxed);
-        if n == 0 { 0.0 } else { self.preprocessed.0.load(Ordering::Relaxed) as f64 / 1e9 / n as f64 }
+        self.preprocessed.secs_per_sample(1).unwrap_or(0.0)
     }
 
     /// The storage-side terms of the cost model for `model`, measured on this node now, for

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 
-use super::clock::cpu_timed;
+use super::clock::{CpuTally, cpu_timed};
 use super::engine::{Engine, EngineConfig};
 use super::error::PushdownError;
 use super::governor::{Governor, GovernorConfig};
@@ -102,7 +102,7 @@ pub struct Pushdown {
     /// Measured prefix costs per (model, split), for planning.
     pub(super) split_costs: Mutex<SplitCosts>,
     /// Image preprocessing so far: total nanoseconds and samples (the planner's decode term).
-    pub(super) preprocessed: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
+    pub(super) preprocessed: Arc<CpuTally>,
     /// The last plan per (tenant, model) (`split=auto`; tenant "" for plans posted without one).
     pub(super) plans: Mutex<HashMap<(String, String), crate::planner::Plan>>,
     /// CPU slots for image preprocessing, shared fairly between tenants.
@@ -363,9 +363,7 @@ impl Pushdown {
                             preprocess::image_to_input_with(&bytes, pre, m.manifest.layout, max_pixels, &mut scratch)
                         });
                         pool.give(scratch);
-                        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-                        tally.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
-                        tally.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tally.add(spent, 1);
                         out
                     })
                     .await

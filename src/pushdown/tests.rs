@@ -12,9 +12,9 @@ use bytes::Bytes;
 
 use super::inference::Inference;
 use super::inference::fake::{FEATURES, FakeInference, features};
+use super::service::Output;
 use super::spec::{Dtype, Format, PushdownSpec};
 use super::tensor::{Tensor, read_npy, write_npy};
-use super::service::Output;
 use super::{Pushdown, PushdownError};
 
 /// The model the tests name: the repository's tiny CNN (its ONNX bytes are cut at the split as

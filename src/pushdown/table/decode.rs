@@ -1,5 +1,5 @@
 //! Decoding the input columns: what a leaf column holds ([`Leaf`]), the input column found in a
-//! schema ([`Input`]), and the column readers over pages checked against their claims
+//! schema ([`InputColumns`]), and the column readers over pages checked against their claims
 //! ([`Columns`], [`CheckedPages`]).
 
 use std::sync::Arc;
@@ -97,12 +97,12 @@ pub(super) fn leaf_at(schema: &SchemaDescriptor, path: &[&str]) -> Option<usize>
 
 /// Where a row's input is: the leaf column of its bytes and, for an image struct, of its `path`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Input {
+pub(super) struct InputColumns {
     pub(super) leaf: usize,
     pub(super) path: Option<usize>,
 }
 
-impl Input {
+impl InputColumns {
     /// Encoded images: binary, or a struct (a plain group, not a list or a map) with a binary
     /// `bytes` field and, if any, a string `path`.
     pub(super) fn image(schema: &SchemaDescriptor, name: &str, t: &Type) -> Option<Self> {

@@ -11,7 +11,7 @@ use parquet::file::serialized_reader::SerializedRowGroupReader;
 
 use super::super::error::{PushdownError, guarded};
 use super::super::shard::MAX_SAMPLES;
-use super::decode::{Columns, Input, Leaf, chunk_start, describe, leaf_at, root};
+use super::decode::{Columns, InputColumns, Leaf, chunk_start, describe, leaf_at, root};
 use super::layout::{
     DECODE_FACTOR, DECODE_SLACK, DEFAULT_COLUMN, FEATURES_COLUMN, KEY_COLUMN, LABEL_COLUMN, MAGIC, MAX_FOOTER_BYTES,
     MAX_NESTING, MAX_SCHEMA_ELEMENTS, OUTPUT_FOOTER_BYTES, Reading, Row, UNREADABLE, VALUE_OVERHEAD, parquet_error,
@@ -25,7 +25,7 @@ pub struct Footer {
     pub(super) metadata: Arc<ParquetMetaData>,
     /// Root index of the input column, and where its rows' bytes and paths are.
     pub(super) image: usize,
-    pub(super) input: Input,
+    pub(super) input: InputColumns,
     /// The label and key leaf columns, if any, and their kinds.
     pub(super) label: Option<(usize, Leaf)>,
     pub(super) id: Option<(usize, Leaf)>,
@@ -88,12 +88,12 @@ impl Footer {
             }
         })?;
         let input = if text {
-            Input::text(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
+            InputColumns::text(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
                 field: "column".into(),
                 message: format!("column {name:?} is {}, not texts (strings)", describe(field)),
             })?
         } else {
-            Input::image(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
+            InputColumns::image(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
                 field: "column".into(),
                 message: format!(
                     "column {name:?} is {}, not encoded images (binary, or a struct with a binary `bytes` field)",
