@@ -781,109 +781,142 @@ fn ready_session(s: &Shared, first: bool) -> Result<Box<dyn Session>, PushdownEr
 }
 
 fn worker(shared: &Shared, first: bool) {
-    let (model, tensor, queue, depth, gauges) =
-        (&*shared.model, shared.tensor.as_str(), &*shared.queue, &*shared.depth, &shared.gauges);
-    let mut session = match ready_session(shared, first) {
-        Ok(s) => {
-            if first {
-                tracing::info!(model = %model.manifest.name, %tensor, "Prefix ready (checked against the full model).");
-            }
-            s
-        }
-        Err(e) => {
-            tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Prefix unusable.");
-            answer_until_closed(queue, depth, &e);
-            return;
-        }
-    };
-    let sample_shape = &model.manifest.input_shape;
-    while let Some(mut jobs) = next_batch(queue) {
+    let Some(mut session) = start_worker(shared, first) else { return };
+    let (model, tensor) = (&shared.model.manifest.name, shared.tensor.as_str());
+    while let Some(mut jobs) = next_batch(&shared.queue) {
         let before = jobs.len();
         jobs.retain(|j| !j.reply.is_closed());
-        depth.fetch_sub(before - jobs.len(), Ordering::Relaxed);
+        shared.depth.fetch_sub(before - jobs.len(), Ordering::Relaxed);
         if jobs.is_empty() {
             continue;
         }
-        let batch = jobs.len();
-        // Samples still queued behind this batch (`depth` counts this batch until it has run).
-        let give_back = GiveBack::after(
-            batch,
-            jobs.iter().map(|j| j.cap).min().unwrap_or(batch),
-            depth.load(Ordering::Relaxed).saturating_sub(batch),
-        );
-        let mut shape = vec![batch];
-        shape.extend(sample_shape);
-        let mut data = shared.scratch.take_floats(batch * jobs[0].input.len());
-        for j in &mut jobs {
-            data.extend_from_slice(&j.input);
-            shared.scratch.give_floats(std::mem::take(&mut j.input));
-        }
-        gauges.batch_size.observe(batch as f64);
-        for j in &jobs {
-            gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
-        }
-        gauges.samples.inc_by(batch as u64);
-        if let (Some(_), &[2, len]) = (&model.manifest.text, sample_shape.as_slice()) {
-            let run = session.text_length(&data, len);
-            let attended: usize = data.chunks_exact(2 * len).map(text::attended).sum();
-            gauges.tokens.attended.inc_by(attended as u64);
-            gauges.tokens.padding.inc_by((batch * run).saturating_sub(attended) as u64);
-        }
-        // The node's cores go to the oldest requests first, whichever engine serves them.
-        let core = shared.runs.acquire_blocking(&jobs[0].tenant, jobs[0].place);
-        // With one intra-op thread ORT runs on this thread, and its CPU time is the cost; with more,
-        // wall time is.
-        let guarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if shared.panic_next.swap(false, Ordering::SeqCst) {
-                panic!("injected inference panic");
-            }
-            if shared.cfg.intra_threads <= 1 {
-                super::clock::cpu_timed(|| session.run_then(&model.manifest, tensor, &shape, &data, give_back))
-            } else {
-                let started = Instant::now();
-                (session.run_then(&model.manifest, tensor, &shape, &data, give_back), started.elapsed())
-            }
-        }));
-        drop(core);
-        shared.scratch.give_floats(data);
-        let Ok((result, spent)) = guarded else {
+        let batch = gather(shared, &mut jobs, &*session);
+        let ran = run_batch(shared, &mut *session, &jobs, &batch);
+        shared.scratch.give_floats(batch.data);
+        let Ok((result, spent)) = ran else {
             // Counted before the batch is answered: whoever got the error sees it counted.
             shared.failures.get_or_create(&ReasonLabel { reason: "run_panicked" }).inc();
-            let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
-            gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
-            for j in jobs {
-                let _ = j.reply.send(Err(PushdownError::Internal("the inference run failed; retry".into())));
-            }
-            tracing::error!(model = %model.manifest.name, %tensor, "Inference run panicked; rebuilding the session.");
+            answer(shared, jobs, Err(PushdownError::Internal("the inference run failed; retry".into())));
+            tracing::error!(%model, %tensor, "Inference run panicked; rebuilding the session.");
             match session_for(shared) {
                 Ok(fresh) => session = fresh,
                 Err(e) => {
-                    tracing::error!(model = %model.manifest.name, %tensor, error = %e, "Cannot rebuild the session; worker stops.");
+                    tracing::error!(%model, %tensor, error = %e, "Cannot rebuild the session; worker stops.");
                     return;
                 }
             }
             continue;
         };
         if result.is_ok() {
-            shared.observed.add(spent, batch as u64);
+            shared.observed.add(spent, jobs.len() as u64);
         }
-        let left = depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
-        gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
-        match result {
-            Ok(out) => {
-                let per = out.data.len() / batch;
-                let sample_out_shape: Vec<usize> = out.shape.iter().skip(1).copied().collect();
-                for (i, j) in jobs.into_iter().enumerate() {
-                    let _ = j.reply.send(Ok(Tensor {
-                        shape: sample_out_shape.clone(),
-                        data: out.data[i * per..(i + 1) * per].to_vec(),
-                    }));
-                }
+        answer(shared, jobs, result.map_err(|e| PushdownError::Internal(format!("inference failed: {e}"))));
+    }
+}
+
+/// The worker's session once the engine's verdict is in; `None` (every queued sample answered
+/// with the error) when the prefix cannot serve.
+fn start_worker(shared: &Shared, first: bool) -> Option<Box<dyn Session>> {
+    let (model, tensor) = (&shared.model.manifest.name, shared.tensor.as_str());
+    match ready_session(shared, first) {
+        Ok(s) => {
+            if first {
+                tracing::info!(%model, %tensor, "Prefix ready (checked against the full model).");
             }
-            Err(e) => {
-                for j in jobs {
-                    let _ = j.reply.send(Err(PushdownError::Internal(format!("inference failed: {e}"))));
-                }
+            Some(s)
+        }
+        Err(e) => {
+            tracing::error!(%model, %tensor, error = %e, "Prefix unusable.");
+            answer_until_closed(&shared.queue, &shared.depth, &e);
+            None
+        }
+    }
+}
+
+/// One batch's input, as the session runs it.
+struct Batch {
+    shape: Vec<usize>,
+    /// The samples' inputs one after the other, in a buffer from [`Node::scratch`].
+    data: Vec<f32>,
+    give_back: GiveBack,
+}
+
+/// The samples' inputs as one batch (their buffers go back to the scratch pool), counted in the
+/// engine's metrics.
+fn gather(shared: &Shared, jobs: &mut [QueuedSample], session: &dyn Session) -> Batch {
+    let (sample_shape, gauges, batch) = (&shared.model.manifest.input_shape, &shared.gauges, jobs.len());
+    // Samples still queued behind this batch (`depth` counts this batch until it has run).
+    let give_back = GiveBack::after(
+        batch,
+        jobs.iter().map(|j| j.cap).min().unwrap_or(batch),
+        shared.depth.load(Ordering::Relaxed).saturating_sub(batch),
+    );
+    let mut shape = vec![batch];
+    shape.extend(sample_shape);
+    let mut data = shared.scratch.take_floats(batch * jobs[0].input.len());
+    for j in jobs.iter_mut() {
+        data.extend_from_slice(&j.input);
+        shared.scratch.give_floats(std::mem::take(&mut j.input));
+    }
+    gauges.batch_size.observe(batch as f64);
+    for j in jobs.iter() {
+        gauges.queue_wait.observe(j.enqueued.elapsed().as_secs_f64());
+    }
+    gauges.samples.inc_by(batch as u64);
+    if let (Some(_), &[2, len]) = (&shared.model.manifest.text, sample_shape.as_slice()) {
+        let run = session.text_length(&data, len);
+        let attended: usize = data.chunks_exact(2 * len).map(text::attended).sum();
+        gauges.tokens.attended.inc_by(attended as u64);
+        gauges.tokens.padding.inc_by((batch * run).saturating_sub(attended) as u64);
+    }
+    Batch { shape, data, give_back }
+}
+
+/// Runs a batch once the node's inference slots come to its earliest sample (the oldest
+/// requests first, whichever engine serves them), catching a panic. Returns the run's result
+/// and its cost: with one intra-op thread ONNX Runtime runs on this thread and its CPU time is
+/// the cost; with more, wall time is.
+fn run_batch(
+    shared: &Shared,
+    session: &mut dyn Session,
+    jobs: &[QueuedSample],
+    batch: &Batch,
+) -> std::thread::Result<(Result<Tensor, String>, Duration)> {
+    let manifest = &shared.model.manifest;
+    let _core = shared.runs.acquire_blocking(&jobs[0].tenant, jobs[0].place);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if shared.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("injected inference panic");
+        }
+        let mut run = || session.run_then(manifest, &shared.tensor, &batch.shape, &batch.data, batch.give_back);
+        if shared.cfg.intra_threads <= 1 {
+            super::clock::cpu_timed(run)
+        } else {
+            let started = Instant::now();
+            (run(), started.elapsed())
+        }
+    }))
+}
+
+/// Answers a batch's samples: each its slice of the output, or every one the error.
+fn answer(shared: &Shared, jobs: Vec<QueuedSample>, result: Result<Tensor, PushdownError>) {
+    let batch = jobs.len();
+    let left = shared.depth.fetch_sub(batch, Ordering::Relaxed).saturating_sub(batch);
+    shared.gauges.queue_depth.set(i64::try_from(left).unwrap_or(i64::MAX));
+    match result {
+        Ok(out) => {
+            let per = out.data.len() / batch;
+            let sample_out_shape: Vec<usize> = out.shape.iter().skip(1).copied().collect();
+            for (i, j) in jobs.into_iter().enumerate() {
+                let _ = j.reply.send(Ok(Tensor {
+                    shape: sample_out_shape.clone(),
+                    data: out.data[i * per..(i + 1) * per].to_vec(),
+                }));
+            }
+        }
+        Err(e) => {
+            for j in jobs {
+                let _ = j.reply.send(Err(e.clone()));
             }
         }
     }

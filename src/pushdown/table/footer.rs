@@ -59,137 +59,20 @@ impl Footer {
     /// `Unsupported` for a compression this build does not read.
     pub fn read(object: &Source, want: Reading<'_>) -> Result<Self, PushdownError> {
         let Reading { column, max_decoded, keep, text, row_groups } = want;
-        let len = object.len;
-        let tail = object
-            .slice(len.saturating_sub(8), 8)
-            .filter(|t| len >= 2 * MAGIC.len() as u64 + 4 && t.ends_with(MAGIC))
-            .ok_or_else(|| PushdownError::BadInput("not a Parquet file: no PAR1 magic at its end".into()))?;
-        let footer_len = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
-        let footer = object
-            .slice(len - 8 - u64::from(footer_len).min(len - 8), footer_len as usize)
-            .filter(|_| footer_len as usize <= MAX_FOOTER_BYTES && u64::from(footer_len) + 12 <= len)
-            .ok_or_else(|| {
-                PushdownError::BadInput(format!(
-                    "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
-                ))
-            })?;
-        check_schema_shape(&footer)?;
-        let metadata = guarded(UNREADABLE, || {
-            ParquetMetaDataReader::new().parse_and_finish(object).map_err(|e| parquet_error(&e))
-        })?;
-
-        let name = column.unwrap_or(if text { super::super::text::DEFAULT_FIELD } else { DEFAULT_COLUMN });
+        let (metadata, footer_len) = metadata(object)?;
         let schema = metadata.file_metadata().schema_descr();
-        let (image, field) = root(schema, name).ok_or_else(|| {
-            let names: Vec<&str> = schema.root_schema().get_fields().iter().map(|f| f.name()).collect();
-            PushdownError::InvalidArgument {
-                field: "column".into(),
-                message: format!("the Parquet file has no column {name:?}; its columns: {}", names.join(", ")),
-            }
-        })?;
-        let input = if text {
-            InputColumns::text(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
-                field: "column".into(),
-                message: format!("column {name:?} is {}, not texts (strings)", describe(field)),
-            })?
-        } else {
-            InputColumns::image(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
-                field: "column".into(),
-                message: format!(
-                    "column {name:?} is {}, not encoded images (binary, or a struct with a binary `bytes` field)",
-                    describe(field)
-                ),
-            })?
-        };
-        // A label or key column: a plain column beside the input, of the right kind.
-        let beside = |n: &str, ok: fn(Leaf) -> bool| {
-            root(schema, n)
-                .filter(|(i, _)| *i != image)
-                .and_then(|(_, t)| Leaf::of(t).filter(|k| ok(*k)))
-                .and_then(|k| Some((leaf_at(schema, &[n])?, k)))
-        };
-        let label = beside(LABEL_COLUMN, |k| matches!(k, Leaf::Int { .. }));
-        let id = beside(KEY_COLUMN, |k| matches!(k, Leaf::Int { .. } | Leaf::Text));
-        if keep && root(schema, FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
-            return Err(PushdownError::InvalidArgument {
-                field: "format".into(),
-                message: format!(
-                    "the Parquet file has a column {FEATURES_COLUMN:?} already, which a Parquet output adds; \
-                     use format=safetensors"
-                ),
-            });
-        }
-
-        let count = metadata.num_row_groups();
-        let groups: Vec<usize> = match row_groups {
-            None => (0..count).collect(),
-            Some(g) if g.last < count => g.indices().collect(),
-            Some(g) => {
-                return Err(PushdownError::InvalidArgument {
-                    field: "row-groups".into(),
-                    message: format!("{g}: the Parquet file has {count} row groups, numbered from 0"),
-                });
-            }
-        };
-        let group_rows = |i: usize| usize::try_from(metadata.row_group(i).num_rows()).unwrap_or(usize::MAX);
-        let first_row = (0..groups.first().copied().unwrap_or(0)).map(group_rows).fold(0, usize::saturating_add);
-        let rows = groups.iter().map(|&i| group_rows(i)).fold(0, usize::saturating_add);
-        // Each group's first row, in the file's numbering (rows without a key are keyed by it).
-        let firsts = groups
-            .iter()
-            .scan(first_row, |next, &i| {
-                let first = *next;
-                *next = next.saturating_add(group_rows(i));
-                Some(first)
-            })
-            .collect();
-        if rows == 0 || rows > MAX_SAMPLES {
-            let what = row_groups.map_or_else(|| "file has".to_owned(), |g| format!("file's row groups {g} hold"));
-            return Err(PushdownError::BadInput(format!(
-                "the Parquet {what} {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups: row-groups)"
-            )));
-        }
-        // What decoding the input columns takes: their chunks' uncompressed bytes as the footer
-        // states them, and a handle per value beside them. The other columns are copied encoded.
-        let decoded_leaves: Vec<usize> =
-            [Some(input.leaf), input.path, label.map(|l| l.0), id.map(|l| l.0)].into_iter().flatten().collect();
-        let mut kept_bytes = 0u64;
-        let mut decoded = Vec::with_capacity(groups.len());
-        for group in groups.iter().map(|&i| metadata.row_group(i)) {
-            let mut claim = VALUE_OVERHEAD.saturating_mul(u64::try_from(group.num_rows()).unwrap_or(0));
-            for (leaf, chunk) in group.columns().iter().enumerate() {
-                if keep && schema.get_column_root_idx(leaf) != image {
-                    kept_bytes = kept_bytes.saturating_add(u64::try_from(chunk.compressed_size()).unwrap_or(u64::MAX));
-                }
-                if !decoded_leaves.contains(&leaf) {
-                    continue;
-                }
-                if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
-                    return Err(PushdownError::Unsupported(format!(
-                        "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
-                         pages (pyarrow's and Hugging Face datasets' default)",
-                        chunk.column_path().string(),
-                        chunk.compression()
-                    )));
-                }
-                claim = claim.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
-            }
-            if claim > max_decoded {
-                return Err(PushdownError::BadInput(format!(
-                    "a row group's input columns decode to {claim} bytes, more than pushdown.max_object_bytes \
-                     ({max_decoded})"
-                )));
-            }
-            decoded.push(claim);
-        }
+        let name = column.unwrap_or(if text { super::super::text::DEFAULT_FIELD } else { DEFAULT_COLUMN });
+        let found = Found::columns(schema, name, text, keep)?;
+        let Groups { groups, firsts, rows } = Groups::select(&metadata, row_groups)?;
+        let (decoded, kept_bytes) = decode_claims(&metadata, &groups, &found, keep, max_decoded)?;
         Ok(Self {
-            image,
-            input,
-            id,
-            label,
+            image: found.image,
+            input: found.input,
+            id: found.id,
+            label: found.label,
             groups,
             firsts,
-            data_end: len - 8 - u64::from(footer_len),
+            data_end: object.len - 8 - u64::from(footer_len),
             column: name.to_owned(),
             text,
             rows,
@@ -462,4 +345,179 @@ pub(super) fn check_schema_shape(footer: &[u8]) -> Result<(), PushdownError> {
         }
     }
     Ok(())
+}
+
+/// The file's metadata, its footer's length checked against the file and
+/// [`MAX_FOOTER_BYTES`] and its schema's shape against [`check_schema_shape`] before the footer
+/// is decoded.
+fn metadata(object: &Source) -> Result<(ParquetMetaData, u32), PushdownError> {
+    let len = object.len;
+    let tail = object
+        .slice(len.saturating_sub(8), 8)
+        .filter(|t| len >= 2 * MAGIC.len() as u64 + 4 && t.ends_with(MAGIC))
+        .ok_or_else(|| PushdownError::BadInput("not a Parquet file: no PAR1 magic at its end".into()))?;
+    let footer_len = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
+    let footer = object
+        .slice(len - 8 - u64::from(footer_len).min(len - 8), footer_len as usize)
+        .filter(|_| footer_len as usize <= MAX_FOOTER_BYTES && u64::from(footer_len) + 12 <= len)
+        .ok_or_else(|| {
+            PushdownError::BadInput(format!(
+                "the Parquet footer claims {footer_len} bytes (at most {MAX_FOOTER_BYTES}, within the file)"
+            ))
+        })?;
+    check_schema_shape(&footer)?;
+    let metadata =
+        guarded(UNREADABLE, || ParquetMetaDataReader::new().parse_and_finish(object).map_err(|e| parquet_error(&e)))?;
+    Ok((metadata, footer_len))
+}
+
+/// The columns a pushdown reads: the input (`name`), and a label and a key column beside it.
+struct Found {
+    image: usize,
+    input: InputColumns,
+    label: Option<(usize, Leaf)>,
+    id: Option<(usize, Leaf)>,
+}
+
+impl Found {
+    fn columns(
+        schema: &parquet::schema::types::SchemaDescriptor,
+        name: &str,
+        text: bool,
+        keep: bool,
+    ) -> Result<Self, PushdownError> {
+        let (image, field) = root(schema, name).ok_or_else(|| {
+            let names: Vec<&str> = schema.root_schema().get_fields().iter().map(|f| f.name()).collect();
+            PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!("the Parquet file has no column {name:?}; its columns: {}", names.join(", ")),
+            }
+        })?;
+        let input = if text {
+            InputColumns::text(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!("column {name:?} is {}, not texts (strings)", describe(field)),
+            })?
+        } else {
+            InputColumns::image(schema, name, field).ok_or_else(|| PushdownError::InvalidArgument {
+                field: "column".into(),
+                message: format!(
+                    "column {name:?} is {}, not encoded images (binary, or a struct with a binary `bytes` field)",
+                    describe(field)
+                ),
+            })?
+        };
+        // A label or key column: a plain column beside the input, of the right kind.
+        let beside = |n: &str, ok: fn(Leaf) -> bool| {
+            root(schema, n)
+                .filter(|(i, _)| *i != image)
+                .and_then(|(_, t)| Leaf::of(t).filter(|k| ok(*k)))
+                .and_then(|k| Some((leaf_at(schema, &[n])?, k)))
+        };
+        let label = beside(LABEL_COLUMN, |k| matches!(k, Leaf::Int { .. }));
+        let id = beside(KEY_COLUMN, |k| matches!(k, Leaf::Int { .. } | Leaf::Text));
+        if keep && root(schema, FEATURES_COLUMN).is_some_and(|(i, _)| i != image) {
+            return Err(PushdownError::InvalidArgument {
+                field: "format".into(),
+                message: format!(
+                    "the Parquet file has a column {FEATURES_COLUMN:?} already, which a Parquet output adds; \
+                     use format=safetensors"
+                ),
+            });
+        }
+        Ok(Self { image, input, label, id })
+    }
+}
+
+/// The row groups a pushdown reads, each group's first row in the file's numbering (rows
+/// without a key are keyed by it), and their rows in all (1 to [`MAX_SAMPLES`]).
+struct Groups {
+    groups: Vec<usize>,
+    firsts: Vec<usize>,
+    rows: usize,
+}
+
+impl Groups {
+    fn select(
+        metadata: &ParquetMetaData,
+        row_groups: Option<super::super::spec::RowGroups>,
+    ) -> Result<Self, PushdownError> {
+        let count = metadata.num_row_groups();
+        let groups: Vec<usize> = match row_groups {
+            None => (0..count).collect(),
+            Some(g) if g.last < count => g.indices().collect(),
+            Some(g) => {
+                return Err(PushdownError::InvalidArgument {
+                    field: "row-groups".into(),
+                    message: format!("{g}: the Parquet file has {count} row groups, numbered from 0"),
+                });
+            }
+        };
+        let group_rows = |i: usize| usize::try_from(metadata.row_group(i).num_rows()).unwrap_or(usize::MAX);
+        let first_row = (0..groups.first().copied().unwrap_or(0)).map(group_rows).fold(0, usize::saturating_add);
+        let rows = groups.iter().map(|&i| group_rows(i)).fold(0, usize::saturating_add);
+        let firsts = groups
+            .iter()
+            .scan(first_row, |next, &i| {
+                let first = *next;
+                *next = next.saturating_add(group_rows(i));
+                Some(first)
+            })
+            .collect();
+        if rows == 0 || rows > MAX_SAMPLES {
+            let what = row_groups.map_or_else(|| "file has".to_owned(), |g| format!("file's row groups {g} hold"));
+            return Err(PushdownError::BadInput(format!(
+                "the Parquet {what} {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups: row-groups)"
+            )));
+        }
+        Ok(Self { groups, firsts, rows })
+    }
+}
+
+/// What decoding each group's input columns takes (their chunks' uncompressed bytes as the
+/// footer states them, and a handle per value beside them; at most `max_decoded`), and the
+/// encoded bytes of the other columns a Parquet output keeps.
+fn decode_claims(
+    metadata: &ParquetMetaData,
+    groups: &[usize],
+    found: &Found,
+    keep: bool,
+    max_decoded: u64,
+) -> Result<(Vec<u64>, u64), PushdownError> {
+    let schema = metadata.file_metadata().schema_descr();
+    let decoded_leaves: Vec<usize> =
+        [Some(found.input.leaf), found.input.path, found.label.map(|l| l.0), found.id.map(|l| l.0)]
+            .into_iter()
+            .flatten()
+            .collect();
+    let mut kept_bytes = 0u64;
+    let mut decoded = Vec::with_capacity(groups.len());
+    for group in groups.iter().map(|&i| metadata.row_group(i)) {
+        let mut claim = VALUE_OVERHEAD.saturating_mul(u64::try_from(group.num_rows()).unwrap_or(0));
+        for (leaf, chunk) in group.columns().iter().enumerate() {
+            if keep && schema.get_column_root_idx(leaf) != found.image {
+                kept_bytes = kept_bytes.saturating_add(u64::try_from(chunk.compressed_size()).unwrap_or(u64::MAX));
+            }
+            if !decoded_leaves.contains(&leaf) {
+                continue;
+            }
+            if !matches!(chunk.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
+                return Err(PushdownError::Unsupported(format!(
+                    "column {:?} is compressed with {}; this build reads uncompressed and Snappy Parquet \
+                     pages (pyarrow's and Hugging Face datasets' default)",
+                    chunk.column_path().string(),
+                    chunk.compression()
+                )));
+            }
+            claim = claim.saturating_add(u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX));
+        }
+        if claim > max_decoded {
+            return Err(PushdownError::BadInput(format!(
+                "a row group's input columns decode to {claim} bytes, more than pushdown.max_object_bytes \
+                 ({max_decoded})"
+            )));
+        }
+        decoded.push(claim);
+    }
+    Ok((decoded, kept_bytes))
 }
