@@ -58,18 +58,23 @@ pub(super) struct Parsed {
 }
 
 impl Parsed {
-    /// A Parquet file's rows: still to decode with `footer`, or none yet.
-    pub(super) fn table(footer: Option<table::Footer>) -> Self {
+    /// Unkeyed samples of `kind`.
+    fn of(kind: Kind, items: Vec<Item>) -> Self {
         Self {
-            kind: Kind::Table,
-            items: Vec::new(),
+            kind,
+            items,
             keys: Vec::new(),
             labels: None,
             others: Vec::new(),
-            table: footer,
+            table: None,
             kept: None,
             order: Vec::new(),
         }
+    }
+
+    /// A Parquet file's rows: still to decode with `footer`, or none yet.
+    pub(super) fn table(footer: Option<table::Footer>) -> Self {
+        Self { table: footer, ..Self::of(Kind::Table, Vec::new()) }
     }
 
     /// Puts the samples in the order they go to the engine: a text model's shortest first (a
@@ -147,31 +152,8 @@ pub(super) fn parse(
     source: &SourceLimits,
 ) -> Result<Parsed, PushdownError> {
     let manifest = &model.manifest;
-    let one = |kind, items| Parsed {
-        kind,
-        items,
-        keys: Vec::new(),
-        labels: None,
-        others: Vec::new(),
-        table: None,
-        kept: None,
-        order: Vec::new(),
-    };
     let lines = model.tokenizer.is_some() && text::is_jsonl(object);
-    if source.row_groups.is_some() && table.is_none() {
-        return Err(PushdownError::InvalidArgument {
-            field: "row-groups".into(),
-            message: "names row groups of a Parquet file; this object is not one".into(),
-        });
-    }
-    if source.column.is_some() && table.is_none() && !lines {
-        return Err(PushdownError::InvalidArgument {
-            field: "column".into(),
-            message: "names a Parquet file's input column (or a text model's JSON Lines field); this object is \
-                      neither"
-                .into(),
-        });
-    }
+    check_fields(source, table.is_some(), lines)?;
     if let Some(table) = table {
         if manifest.preprocess.is_none() && model.tokenizer.is_none() {
             return Err(no_preprocess(&manifest.name));
@@ -188,68 +170,89 @@ pub(super) fn parse(
                 .collect::<Result<Vec<_>, _>>()?;
             let labels = rows.iter().map(|r| r.label).collect();
             let keys = rows.into_iter().map(|r| r.key).collect();
-            return Ok(Parsed { keys, labels, others: vec![Vec::new(); items.len()], ..one(Kind::Table, items) });
+            return Ok(Parsed {
+                keys,
+                labels,
+                others: vec![Vec::new(); items.len()],
+                ..Parsed::of(Kind::Table, items)
+            });
         }
         // Token rows as `.npy` (`[2, L]` or `[N, 2, L]`) are the model's input as they are.
         if !object.starts_with(b"\x93NUMPY") {
             let row = encoder.encode(&text::plain(object)?)?;
-            return Ok(one(Kind::Single, vec![Item::Ready(row)]));
+            return Ok(Parsed::of(Kind::Single, vec![Item::Ready(row)]));
         }
     }
     if preprocess::is_image(object) {
         if manifest.preprocess.is_none() {
             return Err(no_preprocess(&manifest.name));
         }
-        return Ok(one(Kind::Single, vec![Item::Image(object.clone())]));
+        return Ok(Parsed::of(Kind::Single, vec![Item::Image(object.clone())]));
     }
     if object.starts_with(b"\x93NUMPY") {
         let (batched, samples) = npy_samples(object, &manifest.input_shape)?;
         let kind = if batched { Kind::Batch } else { Kind::Single };
-        return Ok(one(kind, samples.into_iter().map(Item::Ready).collect()));
+        return Ok(Parsed::of(kind, samples.into_iter().map(Item::Ready).collect()));
     }
     if shard::is_tar(object) {
-        let samples = shard::read(object)?;
-        let mut items = Vec::with_capacity(samples.len());
-        let mut keys = Vec::with_capacity(samples.len());
-        let mut others = Vec::with_capacity(samples.len());
-        let labels = samples.iter().map(|s| s.label).collect::<Option<Vec<i64>>>();
-        for s in samples {
-            items.push(match s.input {
-                shard::SampleInput::Image(b) => {
-                    if manifest.preprocess.is_none() {
-                        return Err(no_preprocess(&manifest.name));
-                    }
-                    Item::Image(b)
-                }
-                shard::SampleInput::Npy(b) => {
-                    let (batched, mut v) =
-                        npy_samples(&b, &manifest.input_shape).map_err(|e| name_sample(e, Some(&s.key)))?;
-                    if batched || v.len() != 1 {
-                        return Err(PushdownError::BadInput(format!(
-                            "sample {:?}: a shard's .npy must hold one sample",
-                            s.key
-                        )));
-                    }
-                    Item::Ready(v.remove(0))
-                }
-            });
-            keys.push(s.key);
-            others.push(s.others);
-        }
-        return Ok(Parsed {
-            kind: Kind::Shard,
-            items,
-            keys,
-            labels,
-            others,
-            table: None,
-            kept: None,
-            order: Vec::new(),
-        });
+        return parse_shard(object, manifest);
     }
     Err(PushdownError::Unsupported(
         "the object is not a JPEG or PNG image, a .npy tensor, a WebDataset tar shard or a Parquet file".into(),
     ))
+}
+
+/// `row-groups` and `column` name what only some sources have: refused for the others.
+fn check_fields(source: &SourceLimits, table: bool, lines: bool) -> Result<(), PushdownError> {
+    if source.row_groups.is_some() && !table {
+        return Err(PushdownError::InvalidArgument {
+            field: "row-groups".into(),
+            message: "names row groups of a Parquet file; this object is not one".into(),
+        });
+    }
+    if source.column.is_some() && !table && !lines {
+        return Err(PushdownError::InvalidArgument {
+            field: "column".into(),
+            message: "names a Parquet file's input column (or a text model's JSON Lines field); this object is \
+                      neither"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// A WebDataset shard's samples: each an image or a one-sample `.npy`, keyed, with its label and
+/// its other members.
+fn parse_shard(object: &Bytes, manifest: &manifest::Manifest) -> Result<Parsed, PushdownError> {
+    let samples = shard::read(object)?;
+    let mut items = Vec::with_capacity(samples.len());
+    let mut keys = Vec::with_capacity(samples.len());
+    let mut others = Vec::with_capacity(samples.len());
+    let labels = samples.iter().map(|s| s.label).collect::<Option<Vec<i64>>>();
+    for s in samples {
+        items.push(match s.input {
+            shard::SampleInput::Image(b) => {
+                if manifest.preprocess.is_none() {
+                    return Err(no_preprocess(&manifest.name));
+                }
+                Item::Image(b)
+            }
+            shard::SampleInput::Npy(b) => {
+                let (batched, mut v) =
+                    npy_samples(&b, &manifest.input_shape).map_err(|e| name_sample(e, Some(&s.key)))?;
+                if batched || v.len() != 1 {
+                    return Err(PushdownError::BadInput(format!(
+                        "sample {:?}: a shard's .npy must hold one sample",
+                        s.key
+                    )));
+                }
+                Item::Ready(v.remove(0))
+            }
+        });
+        keys.push(s.key);
+        others.push(s.others);
+    }
+    Ok(Parsed { keys, labels, others, ..Parsed::of(Kind::Shard, items) })
 }
 
 /// What parsing a source may take beside the source: a Parquet input column (`column`), the

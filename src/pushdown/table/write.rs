@@ -9,7 +9,7 @@ use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::{ByteArray, FixedLenByteArray, FixedLenByteArrayType, FloatType};
 use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
 use parquet::file::properties::WriterProperties;
-use parquet::file::writer::SerializedFileWriter;
+use parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
 use parquet::schema::types::{ColumnPath, Type, TypePtr};
 
 use super::super::error::PushdownError;
@@ -70,58 +70,19 @@ pub fn write(
     dtype: Dtype,
     model: (&str, &str),
 ) -> Result<Vec<u8>, PushdownError> {
-    let internal = |e: &dyn std::fmt::Display| PushdownError::Internal(format!("writing the Parquet output: {e}"));
     let rows = shape.first().copied().unwrap_or(0);
     let per = shape[1..].iter().product::<usize>();
-    let element = match dtype {
-        Dtype::F32 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FLOAT),
-        Dtype::F16 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FIXED_LEN_BYTE_ARRAY)
-            .with_length(2)
-            .with_logical_type(Some(LogicalType::Float16)),
-        Dtype::Bf16 => {
-            return Err(PushdownError::InvalidArgument {
-                field: "dtype".into(),
-                message: "bf16 has no Parquet encoding: use format=safetensors".into(),
-            });
-        }
-    };
     if per == 0
         || features.len() != rows.saturating_mul(per)
         || kept.groups.iter().map(|g| g.rows).sum::<usize>() != rows
     {
         return Err(internal(&format!("{} feature values for {rows} rows of {per}", features.len())));
     }
-    let element = element.with_repetition(Repetition::REQUIRED).build().map_err(|e| internal(&e))?;
-    let list = Type::group_type_builder(LIST_GROUP)
-        .with_repetition(Repetition::REPEATED)
-        .with_fields(vec![Arc::new(element)])
-        .build()
-        .map_err(|e| internal(&e))?;
-    let column = Type::group_type_builder(FEATURES_COLUMN)
-        .with_repetition(Repetition::REQUIRED)
-        .with_logical_type(Some(LogicalType::List))
-        .with_fields(vec![Arc::new(list)])
-        .build()
-        .map_err(|e| internal(&e))?;
-    let mut fields = kept.roots.clone();
-    fields.push(Arc::new(column));
-    let schema = Type::group_type_builder(&kept.name).with_fields(fields).build().map_err(|e| internal(&e))?;
-
+    let schema = output_schema(kept, dtype)?;
     let provenance =
         Provenance { model: model.0, split: model.1, shape: &shape[1..], dtype: dtype.name(), column: &kept.column };
-    let mut metadata: Vec<KeyValue> =
-        kept.metadata.iter().filter(|kv| !matches!(kv.key.as_str(), "ARROW:schema" | "tensorgate")).cloned().collect();
-    if let Some(at) = metadata.iter().position(|kv| kv.key == HF_METADATA) {
-        match metadata[at].value.as_deref().and_then(|hf| hf_features(hf, &kept.column, item_name(dtype))) {
-            Some(updated) => metadata[at].value = Some(updated),
-            None => {
-                metadata.remove(at);
-            }
-        }
-    }
-    metadata.push(KeyValue::new("tensorgate".to_owned(), serde_json::to_string(&provenance).expect("serializable")));
     let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(metadata))
+        .set_key_value_metadata(Some(output_metadata(kept, &provenance, dtype)))
         // Feature values rarely repeat: a dictionary would be tried, then written beside the
         // plain pages it falls back to.
         .set_column_dictionary_enabled(
@@ -132,11 +93,7 @@ pub fn write(
         .build();
     let mut writer =
         SerializedFileWriter::new(Vec::new(), Arc::new(schema), Arc::new(props)).map_err(|e| internal(&e))?;
-    // The levels of a write's rows: every value present; a row's first value starts its list,
-    // the others continue it.
-    let rows_per_write = (WRITE_VALUES / per).max(1);
-    let defs = vec![1i16; rows_per_write * per];
-    let reps: Vec<i16> = (0..rows_per_write * per).map(|i| i16::from(i % per > 0)).collect();
+    let levels = Levels::new(per);
     let mut done = 0usize;
     for group in kept.groups.iter().filter(|g| g.rows > 0) {
         let mut rg = writer.next_row_group().map_err(|e| internal(&e))?;
@@ -152,32 +109,103 @@ pub fn write(
             rg.append_column(&group.source, close).map_err(|e| internal(&e))?;
         }
         let mut col = rg.next_column().map_err(|e| internal(&e))?.ok_or_else(|| internal(&"no features column"))?;
-        // A slice of whole rows at a time: the levels (and, for f16, a handle per value) beside
-        // the features stay bounded, whatever the group's size.
-        let mut row = done;
-        while row < done + group.rows {
-            let n = rows_per_write.min(done + group.rows - row);
-            let (from, to) = (row * per, (row + n) * per);
-            let (defs, reps) = (&defs[..to - from], &reps[..to - from]);
-            let written = if dtype == Dtype::F16 {
-                let buf = Bytes::from(
-                    features[from..to].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>(),
-                );
-                let halves: Vec<FixedLenByteArray> = (0..to - from)
-                    .map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2))))
-                    .collect();
-                col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(defs), Some(reps))
-            } else {
-                col.typed::<FloatType>().write_batch(&features[from..to], Some(defs), Some(reps))
-            };
-            written.map_err(|e| internal(&e))?;
-            row += n;
-        }
+        levels.write(&mut col, &features[done * per..(done + group.rows) * per], dtype)?;
         col.close().map_err(|e| internal(&e))?;
         rg.close().map_err(|e| internal(&e))?;
         done += group.rows;
     }
     writer.into_inner().map_err(|e| internal(&e))
+}
+
+fn internal(e: &dyn std::fmt::Display) -> PushdownError {
+    PushdownError::Internal(format!("writing the Parquet output: {e}"))
+}
+
+/// The kept columns' schema with the features column after them: a list of `f32`, or of
+/// `f16` as 2-byte fixed-length values (Parquet's `Float16`).
+fn output_schema(kept: &Kept, dtype: Dtype) -> Result<Type, PushdownError> {
+    let element = match dtype {
+        Dtype::F32 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FLOAT),
+        Dtype::F16 => Type::primitive_type_builder(LIST_ELEMENT, Physical::FIXED_LEN_BYTE_ARRAY)
+            .with_length(2)
+            .with_logical_type(Some(LogicalType::Float16)),
+        Dtype::Bf16 => {
+            return Err(PushdownError::InvalidArgument {
+                field: "dtype".into(),
+                message: "bf16 has no Parquet encoding: use format=safetensors".into(),
+            });
+        }
+    };
+    let element = element.with_repetition(Repetition::REQUIRED).build().map_err(|e| internal(&e))?;
+    let list = Type::group_type_builder(LIST_GROUP)
+        .with_repetition(Repetition::REPEATED)
+        .with_fields(vec![Arc::new(element)])
+        .build()
+        .map_err(|e| internal(&e))?;
+    let column = Type::group_type_builder(FEATURES_COLUMN)
+        .with_repetition(Repetition::REQUIRED)
+        .with_logical_type(Some(LogicalType::List))
+        .with_fields(vec![Arc::new(list)])
+        .build()
+        .map_err(|e| internal(&e))?;
+    let mut fields = kept.roots.clone();
+    fields.push(Arc::new(column));
+    Type::group_type_builder(&kept.name).with_fields(fields).build().map_err(|e| internal(&e))
+}
+
+/// The source's key-value metadata without its Arrow schema (which no longer matches) and with
+/// Hugging Face's features entry updated for the new column, then this output's provenance.
+fn output_metadata(kept: &Kept, provenance: &Provenance<'_>, dtype: Dtype) -> Vec<KeyValue> {
+    let mut metadata: Vec<KeyValue> =
+        kept.metadata.iter().filter(|kv| !matches!(kv.key.as_str(), "ARROW:schema" | "tensorgate")).cloned().collect();
+    if let Some(at) = metadata.iter().position(|kv| kv.key == HF_METADATA) {
+        match metadata[at].value.as_deref().and_then(|hf| hf_features(hf, &kept.column, item_name(dtype))) {
+            Some(updated) => metadata[at].value = Some(updated),
+            None => {
+                metadata.remove(at);
+            }
+        }
+    }
+    metadata.push(KeyValue::new("tensorgate".to_owned(), serde_json::to_string(provenance).expect("serializable")));
+    metadata
+}
+
+/// The levels of a write's rows of `per` values: every value present; a row's first value
+/// starts its list, the others continue it.
+struct Levels {
+    per: usize,
+    rows_per_write: usize,
+    defs: Vec<i16>,
+    reps: Vec<i16>,
+}
+
+impl Levels {
+    fn new(per: usize) -> Self {
+        let rows_per_write = (WRITE_VALUES / per).max(1);
+        let defs = vec![1i16; rows_per_write * per];
+        let reps = (0..rows_per_write * per).map(|i| i16::from(i % per > 0)).collect();
+        Self { per, rows_per_write, defs, reps }
+    }
+
+    /// Writes a group's `features` as whole rows, a slice at a time: the levels (and, for f16, a
+    /// handle per value) beside the features stay bounded, whatever the group's size.
+    fn write(&self, col: &mut SerializedColumnWriter<'_>, features: &[f32], dtype: Dtype) -> Result<(), PushdownError> {
+        for slice in features.chunks(self.rows_per_write * self.per) {
+            let (defs, reps) = (&self.defs[..slice.len()], &self.reps[..slice.len()]);
+            let written = if dtype == Dtype::F16 {
+                let buf =
+                    Bytes::from(slice.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>());
+                let halves: Vec<FixedLenByteArray> = (0..slice.len())
+                    .map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2))))
+                    .collect();
+                col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(defs), Some(reps))
+            } else {
+                col.typed::<FloatType>().write_batch(slice, Some(defs), Some(reps))
+            };
+            written.map_err(|e| internal(&e))?;
+        }
+        Ok(())
+    }
 }
 
 /// Hugging Face `datasets`' entry in a Parquet file's key-value metadata: `{"info": {"features":
