@@ -76,37 +76,9 @@ impl GatewayError {
         use StatusCode as S;
         let msg = self.to_string();
         match self {
-            Self::Auth(e) => match e {
-                // Ceph RGW and the s3-tests suite answer 403 for out-of-range expiries and bad SigV2 dates.
-                AuthError::AnonymousDenied
-                | AuthError::Expired
-                | AuthError::ExpiresTooLong
-                | AuthError::InvalidDate => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
-                AuthError::MalformedHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationHeaderMalformed", msg),
-                AuthError::MalformedQuery(_) => {
-                    S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationQueryParametersError", msg)
-                }
-                AuthError::UnsupportedAlgorithm => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
-                AuthError::UnknownAccessKey => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
-                AuthError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
-                AuthError::TimeTooSkewed => S3ErrorSpec::new(S::FORBIDDEN, "RequestTimeTooSkewed", msg),
-                AuthError::MissingContentSha256 | AuthError::InvalidContentSha256(_) => {
-                    S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
-                }
-                AuthError::NotImplemented(_) => S3ErrorSpec::new(S::NOT_IMPLEMENTED, "NotImplemented", msg),
-            },
+            Self::Auth(e) => auth_spec(e, msg),
             Self::Body(e) => body_spec(e),
-            Self::Post(e) => match e {
-                PostError::InvalidArgument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
-                PostError::AccessDenied(_) => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
-                PostError::InvalidAccessKeyId => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
-                PostError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
-                PostError::InvalidPolicyDocument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidPolicyDocument", msg),
-                PostError::EntityTooSmall => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooSmall", msg),
-                PostError::EntityTooLarge => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
-                PostError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
-                PostError::MalformedXml => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedXML", msg),
-            },
+            Self::Post(e) => post_spec(e, msg),
             Self::MissingContentLength => S3ErrorSpec::new(S::LENGTH_REQUIRED, "MissingContentLength", msg),
             Self::Form(e) => match e {
                 FormError::Malformed(_) => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedPOSTRequest", msg),
@@ -117,59 +89,8 @@ impl GatewayError {
                 RouteError::InvalidBucketName => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidBucketName", msg),
                 RouteError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
             },
-            Self::Backend(e) => match e {
-                BackendError::Unreachable { .. } => S3ErrorSpec::new(
-                    S::SERVICE_UNAVAILABLE,
-                    "ServiceUnavailable",
-                    "the storage backend is unreachable; retry later",
-                ),
-                BackendError::Timeout { .. } => S3ErrorSpec::new(
-                    S::SERVICE_UNAVAILABLE,
-                    "ServiceUnavailable",
-                    "the storage backend did not answer in time; retry later",
-                ),
-                BackendError::Busy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
-                BackendError::SendBody { .. } => match e.body_error() {
-                    Some(b) => body_spec(b),
-                    None => S3ErrorSpec::new(
-                        S::SERVICE_UNAVAILABLE,
-                        "ServiceUnavailable",
-                        "the connection to the storage backend failed; retry later",
-                    ),
-                },
-                BackendError::UnsignableHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
-                BackendError::UnsafeKey => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
-                BackendError::AnonymousWrite => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
-                BackendError::Internal(_) | BackendError::NoStoreKey => S3ErrorSpec::new(
-                    S::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    "we encountered an internal error; please try again",
-                ),
-            },
-            Self::Pushdown(e) => match e {
-                PushdownError::InvalidArgument { .. }
-                | PushdownError::UnknownModel { .. }
-                | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
-                PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
-                PushdownError::Overloaded | PushdownError::TooManyPlans { .. } => {
-                    S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg)
-                }
-                PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
-                PushdownError::BudgetBusy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
-                PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } | PushdownError::WholeReadFirst => {
-                    S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
-                }
-                PushdownError::Unsupported(_) => S3ErrorSpec::new(S::UNSUPPORTED_MEDIA_TYPE, "InvalidRequest", msg),
-                PushdownError::SourceTimeout { .. } | PushdownError::SourceRead(_) => {
-                    S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg)
-                }
-                PushdownError::Model(_) => S3ErrorSpec::new(S::INTERNAL_SERVER_ERROR, "InternalError", msg),
-                PushdownError::Internal(_) => S3ErrorSpec::new(
-                    S::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    "we encountered an internal error; please try again",
-                ),
-            },
+            Self::Backend(e) => backend_spec(e, msg),
+            Self::Pushdown(e) => pushdown_spec(e, msg),
             Self::EntityTooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
             Self::InvalidHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
             Self::InvalidRange { .. } => S3ErrorSpec::new(S::RANGE_NOT_SATISFIABLE, "InvalidRange", msg),
@@ -205,6 +126,101 @@ impl S3ErrorSpec {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from(crate::s3::headers::RETRY_AFTER_SECS));
         }
         resp
+    }
+}
+fn auth_spec(e: &AuthError, msg: String) -> S3ErrorSpec {
+    use StatusCode as S;
+    match e {
+        // Ceph RGW and the s3-tests suite answer 403 for out-of-range expiries and bad SigV2 dates.
+        AuthError::AnonymousDenied | AuthError::Expired | AuthError::ExpiresTooLong | AuthError::InvalidDate => {
+            S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg)
+        }
+        AuthError::MalformedHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationHeaderMalformed", msg),
+        AuthError::MalformedQuery(_) => S3ErrorSpec::new(S::BAD_REQUEST, "AuthorizationQueryParametersError", msg),
+        AuthError::UnsupportedAlgorithm => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg),
+        AuthError::UnknownAccessKey => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
+        AuthError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
+        AuthError::TimeTooSkewed => S3ErrorSpec::new(S::FORBIDDEN, "RequestTimeTooSkewed", msg),
+        AuthError::MissingContentSha256 | AuthError::InvalidContentSha256(_) => {
+            S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
+        }
+        AuthError::NotImplemented(_) => S3ErrorSpec::new(S::NOT_IMPLEMENTED, "NotImplemented", msg),
+    }
+}
+
+fn post_spec(e: &PostError, msg: String) -> S3ErrorSpec {
+    use StatusCode as S;
+    match e {
+        PostError::InvalidArgument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+        PostError::AccessDenied(_) => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
+        PostError::InvalidAccessKeyId => S3ErrorSpec::new(S::FORBIDDEN, "InvalidAccessKeyId", msg),
+        PostError::SignatureDoesNotMatch => S3ErrorSpec::new(S::FORBIDDEN, "SignatureDoesNotMatch", msg),
+        PostError::InvalidPolicyDocument(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidPolicyDocument", msg),
+        PostError::EntityTooSmall => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooSmall", msg),
+        PostError::EntityTooLarge => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
+        PostError::KeyTooLong => S3ErrorSpec::new(S::BAD_REQUEST, "KeyTooLongError", msg),
+        PostError::MalformedXml => S3ErrorSpec::new(S::BAD_REQUEST, "MalformedXML", msg),
+    }
+}
+
+fn backend_spec(e: &BackendError, msg: String) -> S3ErrorSpec {
+    use StatusCode as S;
+    match e {
+        BackendError::Unreachable { .. } => S3ErrorSpec::new(
+            S::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the storage backend is unreachable; retry later",
+        ),
+        BackendError::Timeout { .. } => S3ErrorSpec::new(
+            S::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the storage backend did not answer in time; retry later",
+        ),
+        BackendError::Busy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
+        BackendError::SendBody { .. } => match e.body_error() {
+            Some(b) => body_spec(b),
+            None => S3ErrorSpec::new(
+                S::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "the connection to the storage backend failed; retry later",
+            ),
+        },
+        BackendError::UnsignableHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+        BackendError::UnsafeKey => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+        BackendError::AnonymousWrite => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),
+        BackendError::Internal(_) | BackendError::NoStoreKey => S3ErrorSpec::new(
+            S::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "we encountered an internal error; please try again",
+        ),
+    }
+}
+
+fn pushdown_spec(e: &PushdownError, msg: String) -> S3ErrorSpec {
+    use StatusCode as S;
+    match e {
+        PushdownError::InvalidArgument { .. }
+        | PushdownError::UnknownModel { .. }
+        | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
+        PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
+        PushdownError::Overloaded | PushdownError::TooManyPlans { .. } => {
+            S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg)
+        }
+        PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
+        PushdownError::BudgetBusy { .. } => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg),
+        PushdownError::BadInput(_) | PushdownError::ObjectTooLarge { .. } | PushdownError::WholeReadFirst => {
+            S3ErrorSpec::new(S::BAD_REQUEST, "InvalidRequest", msg)
+        }
+        PushdownError::Unsupported(_) => S3ErrorSpec::new(S::UNSUPPORTED_MEDIA_TYPE, "InvalidRequest", msg),
+        PushdownError::SourceTimeout { .. } | PushdownError::SourceRead(_) => {
+            S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg)
+        }
+        PushdownError::Model(_) => S3ErrorSpec::new(S::INTERNAL_SERVER_ERROR, "InternalError", msg),
+        PushdownError::Internal(_) => S3ErrorSpec::new(
+            S::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "we encountered an internal error; please try again",
+        ),
     }
 }
 

@@ -102,33 +102,45 @@ impl Gateway {
         if !stored.status().is_success() {
             return Ok((stored, who));
         }
-        let etag = stored.headers().get(ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        let host = parts.headers.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
-        let location = format!("http://{host}/{}/{}", uri_encode_path(&bucket), uri_encode_path(&auth.key));
-        let (status, body) = match &auth.success {
-            SuccessAction::Redirect(_) => (StatusCode::SEE_OTHER, None),
-            SuccessAction::Status(201) => {
-                (StatusCode::CREATED, Some(post_policy::success_xml(&location, &bucket, &auth.key, &etag)))
-            }
-            SuccessAction::Status(200) => (StatusCode::OK, None),
-            SuccessAction::Status(_) => (StatusCode::NO_CONTENT, None),
-        };
-        let location = match &auth.success {
-            SuccessAction::Redirect(to) => post_policy::redirect_location(to, &bucket, &auth.key, &etag),
-            SuccessAction::Status(_) => location,
-        };
-        let mut resp = Response::builder().status(status).header(LOCATION, location).header(ETAG, &etag);
-        for name in ["x-amz-version-id", "x-amz-request-id"] {
-            if let Some(v) = stored.headers().get(name) {
-                resp = resp.header(name, v);
-            }
-        }
-        let resp = match body {
-            Some(xml) => resp.header(CONTENT_TYPE, "application/xml").body(Body::from(xml)),
-            None => resp.body(Body::empty()),
-        };
-        Ok((resp.map_err(|e| GatewayError::Backend(crate::backend::BackendError::Internal(e.into())))?, who))
+        Ok((answer(&parts.headers, &bucket, &auth, &stored)?, who))
     }
+}
+
+/// The answer to a form upload the store stored: `success_action_redirect` or
+/// `success_action_status` as the form asked (201 with the XML S3 sends), with the object's
+/// location and ETag.
+fn answer(
+    request: &HeaderMap,
+    bucket: &str,
+    auth: &post_policy::Authorized,
+    stored: &Response<Body>,
+) -> Result<Response<Body>, GatewayError> {
+    let etag = stored.headers().get(ETAG).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let host = request.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    let location = format!("http://{host}/{}/{}", uri_encode_path(bucket), uri_encode_path(&auth.key));
+    let (status, body) = match &auth.success {
+        SuccessAction::Redirect(_) => (StatusCode::SEE_OTHER, None),
+        SuccessAction::Status(201) => {
+            (StatusCode::CREATED, Some(post_policy::success_xml(&location, bucket, &auth.key, &etag)))
+        }
+        SuccessAction::Status(200) => (StatusCode::OK, None),
+        SuccessAction::Status(_) => (StatusCode::NO_CONTENT, None),
+    };
+    let location = match &auth.success {
+        SuccessAction::Redirect(to) => post_policy::redirect_location(to, bucket, &auth.key, &etag),
+        SuccessAction::Status(_) => location,
+    };
+    let mut resp = Response::builder().status(status).header(LOCATION, location).header(ETAG, &etag);
+    for name in ["x-amz-version-id", "x-amz-request-id"] {
+        if let Some(v) = stored.headers().get(name) {
+            resp = resp.header(name, v);
+        }
+    }
+    let resp = match body {
+        Some(xml) => resp.header(CONTENT_TYPE, "application/xml").body(Body::from(xml)),
+        None => resp.body(Body::empty()),
+    };
+    resp.map_err(|e| GatewayError::Backend(crate::backend::BackendError::Internal(e.into())))
 }
 
 /// The file part of a form: exactly `len` bytes from `first` and then `rest`, after which the body

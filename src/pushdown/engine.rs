@@ -283,6 +283,31 @@ struct Gauges {
     tokens: TokenCounters,
 }
 
+impl Gauges {
+    fn new(metrics: &Metrics, label: &ModelSplit) -> Self {
+        Self {
+            queue_depth: metrics.pushdown_queue_depth.get_or_create(label).clone(),
+            batch_size: metrics.pushdown_batch_size.get_or_create(label).clone(),
+            samples: metrics.pushdown_samples.get_or_create(label).clone(),
+            queue_wait: metrics
+                .pushdown_stage_duration
+                .get_or_create(&ModelSplitStage {
+                    model: label.model.clone(),
+                    split: label.split.clone(),
+                    stage: "queue",
+                })
+                .clone(),
+            tokens: {
+                let counter = |kind| {
+                    let tokens = ModelSplitTokens { model: label.model.clone(), split: label.split.clone(), kind };
+                    metrics.pushdown_tokens.get_or_create(&tokens).clone()
+                };
+                TokenCounters { attended: counter("attended"), padding: counter("padding") }
+            },
+        }
+    }
+}
+
 impl Engine {
     /// Starts the worker threads. Session creation, the prefix check and the memory probe happen on
     /// the first one; if they fail (or the engine does not fit the memory budget), every request
@@ -301,26 +326,7 @@ impl Engine {
     ) -> Result<Self, PushdownError> {
         let Node { governor, probe_lock, threads, runs, scratch, measured } = node;
         let label = ModelSplit { model: model.manifest.name.clone(), split: split.to_owned() };
-        let gauges = Gauges {
-            queue_depth: metrics.pushdown_queue_depth.get_or_create(&label).clone(),
-            batch_size: metrics.pushdown_batch_size.get_or_create(&label).clone(),
-            samples: metrics.pushdown_samples.get_or_create(&label).clone(),
-            queue_wait: metrics
-                .pushdown_stage_duration
-                .get_or_create(&ModelSplitStage {
-                    model: label.model.clone(),
-                    split: label.split.clone(),
-                    stage: "queue",
-                })
-                .clone(),
-            tokens: {
-                let counter = |kind| {
-                    let tokens = ModelSplitTokens { model: label.model.clone(), split: label.split.clone(), kind };
-                    metrics.pushdown_tokens.get_or_create(&tokens).clone()
-                };
-                TokenCounters { attended: counter("attended"), padding: counter("padding") }
-            },
-        };
+        let gauges = Gauges::new(metrics, &label);
         let prefix_bytes = prefix::cut(&model.bytes, &[tensor]).map_err(|e| PushdownError::Model(e.to_string()))?;
         let sample_len = model.manifest.input_shape.iter().product();
         let queue = Arc::new(Queue::new(cfg.queue_capacity));
