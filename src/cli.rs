@@ -197,7 +197,7 @@ fn serve(o: &Overrides) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(crate::run(&config, crate::server::shutdown_signal())) {
+    match runtime.block_on(crate::server::serve(&config, o.clone(), crate::server::shutdown_signal())) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

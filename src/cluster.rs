@@ -34,7 +34,7 @@ pub(crate) const DEFAULT_CLUSTER_PROBE_TIMEOUT_MS: u64 = 1000;
 pub(crate) const DEFAULT_CLUSTER_DNS_ADMIN_PORT: u16 = 9001;
 
 /// The cluster this gateway is a member of (`[cluster]`; see `crate::cluster`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
     /// This member's id: one of `members`' ids, or its `ip:port` among the DNS members

@@ -100,6 +100,9 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub max_in_flight: usize,
     pub shutdown_grace_secs: u64,
+    /// Where the running gateway offers its listening sockets to a new process (an upgrade
+    /// without dropping a connection; `crate::upgrade`); `None`: no such offer.
+    pub upgrade_socket: Option<PathBuf>,
     pub edge: EdgeSettings,
     pub credentials: Vec<CredentialConfig>,
     pub backend: BackendConfig,
@@ -121,6 +124,7 @@ impl Default for Config {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
+            upgrade_socket: None,
             edge: EdgeSettings::default(),
             credentials: Vec::new(),
             backend: BackendConfig::default(),
@@ -155,7 +159,7 @@ pub(crate) enum BackendSetup {
 }
 
 /// Connection and request bounds at the edge (`[edge]`; see `crate::edge`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EdgeSettings {
     /// Connections served at once; one more is answered `503 SlowDown` and closed.
@@ -206,7 +210,7 @@ impl EdgeSettings {
 }
 
 /// One client credential.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialConfig {
     pub access_key: String,
@@ -248,7 +252,7 @@ pub enum BackendKind {
 }
 
 /// Where objects live.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendConfig {
     pub kind: BackendKind,
@@ -305,7 +309,7 @@ impl Default for BackendConfig {
 }
 
 /// Near-data pushdown (`[pushdown]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PushdownSettings {
     pub(crate) enabled: bool,
@@ -376,7 +380,7 @@ pub(crate) const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 pub(crate) const DEFAULT_CACHE_MEMORY_BYTES: u64 = 256 * 1024 * 1024;
 
 /// `[pushdown.cache]`: see `crate::cache` for the freshness rules.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheSettings {
     pub enabled: bool,
@@ -427,7 +431,7 @@ impl CacheSettings {
 
 /// `[[pushdown.aliases]]`: reading from `bucket` is a pushdown GET on `target` with this model
 /// and split (and optionally format and dtype).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AliasConfig {
     pub bucket: String,
@@ -577,7 +581,7 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub(crate) format: LogFormat,
@@ -660,6 +664,10 @@ pub(crate) struct Overrides {
     /// ONNX Runtime shared library (pushdown).
     #[arg(long, env = "TENSORGATE_ORT_LIBRARY")]
     pub(crate) ort_library: Option<PathBuf>,
+    /// Unix socket where the running gateway hands its listening sockets to a new process
+    /// started with the same setting (upgrades without dropping a connection).
+    #[arg(long, env = "TENSORGATE_UPGRADE_SOCKET")]
+    pub(crate) upgrade_socket: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "TENSORGATE_LOG_FORMAT")]
     pub(crate) log_format: Option<LogFormat>,
@@ -744,6 +752,9 @@ impl Config {
         set(&mut self.backend.region, &o.backend_region);
         set(&mut self.backend.trailing_checksums, &o.backend_trailing_checksums);
         set(&mut self.log.format, &o.log_format);
+        if let Some(p) = &o.upgrade_socket {
+            self.upgrade_socket = Some(p.clone());
+        }
         set(&mut self.log.filter, &o.log);
         if !o.domains.is_empty() {
             self.domains.clone_from(&o.domains);

@@ -70,7 +70,7 @@ pub(crate) async fn serve(
     app: Router,
     cfg: EdgeConfig,
     metrics: Metrics,
-    stop: impl Future<Output = ()> + Send + 'static,
+    stop: impl Future<Output = Duration> + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
@@ -81,9 +81,9 @@ pub(crate) async fn serve(
         .max_header_size(MAX_HEADER_BYTES)
         .max_buf_size(IO_BUFFER_BYTES);
     tokio::pin!(stop);
-    loop {
+    let linger = loop {
         let (tcp, _peer) = tokio::select! {
-            () = &mut stop => break,
+            linger = &mut stop => break linger,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -120,10 +120,19 @@ pub(crate) async fn serve(
             open.dec();
             drop(slot);
         });
-    }
+    };
     drop(listener);
+    // Connections may finish on their own first (a hand-over's answers close them); the rest
+    // finish the request they serve, and idle ones are closed.
+    let deadline = tokio::time::Instant::now() + linger;
+    while slots.available_permits() < cfg.max_connections && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(LINGER_POLL).await;
+    }
     graceful.shutdown().await;
 }
+
+/// How often a hand-over's linger looks whether every connection has closed.
+const LINGER_POLL: Duration = Duration::from_millis(20);
 
 /// Whether a connection ended because a write made no progress for the stall timeout.
 fn stalled(e: &hyper::Error) -> bool {

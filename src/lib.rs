@@ -17,9 +17,11 @@ pub mod metrics;
 pub mod planner;
 pub mod proxy;
 pub mod pushdown;
+pub(crate) mod reload;
 pub mod s3;
 pub mod server;
 pub mod telemetry;
+pub(crate) mod upgrade;
 
 pub use config::Config;
 pub use server::{Server, run};

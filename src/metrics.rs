@@ -82,6 +82,8 @@ pub struct Metrics {
     pub(crate) response_bytes: Counter,
     pub(crate) in_flight: Gauge,
     pub(crate) load_shed: Counter,
+    /// Configuration reloads (SIGHUP or the admin API), by outcome: `applied`, `invalid`, `fixed`.
+    pub(crate) config_reloads: Family<OutcomeLabel, Counter>,
     pub(crate) connections_open: Gauge,
     pub(crate) connections_refused: Counter,
     pub(crate) connections_closed: Family<ReasonLabel, Counter>,
@@ -222,6 +224,12 @@ impl Metrics {
             "load_shed",
             "Requests refused with 503 SlowDown because too many were in flight",
             load_shed.clone(),
+        );
+        let config_reloads = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "config_reloads",
+            "Configuration reloads: applied, invalid (nothing changed), or fixed (a key that needs a restart changed; nothing changed)",
+            config_reloads.clone(),
         );
         let connections_open = Gauge::default();
         r.register("connections_open", "Client connections being served", connections_open.clone());
@@ -435,6 +443,7 @@ impl Metrics {
             response_bytes,
             in_flight,
             load_shed,
+            config_reloads,
             connections_open,
             connections_refused,
             connections_closed,

@@ -23,6 +23,10 @@ use crate::config::{BackendSetup, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::pushdown::Pushdown;
+use crate::reload::{LiveCredentials, LiveFront, Reloader};
+use crate::upgrade::Inherited;
+use arc_swap::ArcSwap;
+use std::os::fd::{AsFd, OwnedFd};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +37,8 @@ pub enum ServeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("cannot open the fs backend directory {path}: {source}")]
     FsBackend { path: String, source: std::io::Error },
+    #[error("upgrade: {0}")]
+    Upgrade(String),
 }
 
 /// A running gateway.
@@ -41,7 +47,10 @@ pub struct Server {
     pub s3_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub gateway: Arc<Gateway>,
-    stop: Option<oneshot::Sender<()>>,
+    reloader: Arc<Reloader>,
+    /// Copies of the listening sockets, offered to a successor (`upgrade_socket`).
+    offered: Option<(OwnedFd, OwnedFd)>,
+    stop: Option<oneshot::Sender<Duration>>,
     task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     grace: Duration,
@@ -81,10 +90,24 @@ impl Server {
     /// # Errors
     /// Invalid config, a port in use, an unusable backend directory.
     pub async fn start(config: &Config) -> Result<Self, ServeError> {
+        Self::start_with(config, None, None).await
+    }
+
+    /// [`Self::start`], reloadable from `source` (how `config` was read: the file, the
+    /// environment and the flags) on SIGHUP and `POST /v1/config/reload` ([`crate::reload`]).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub(crate) async fn start_with(
+        config: &Config,
+        source: Option<crate::config::Overrides>,
+        inherited: Option<Inherited>,
+    ) -> Result<Self, ServeError> {
         let rt = config.runtime()?;
         let metrics = Metrics::new();
         let backend = build_backend(rt.backend, &metrics)?;
-        let creds = rt.credentials;
+        let creds: LiveCredentials = Arc::new(ArcSwap::from_pointee(rt.credentials));
+        let front: LiveFront = Arc::new(ArcSwap::from_pointee(rt.front));
         let pushdown =
             config.pushdown.enabled.then(|| Arc::new(Pushdown::new(config.pushdown.pushdown_config(metrics.clone()))));
         if let Some(p) = &pushdown {
@@ -103,7 +126,7 @@ impl Server {
         } else {
             admin::proof::Prover::Gateway(creds.clone())
         });
-        let mut gateway = Gateway::new(rt.front, creds, backend, metrics.clone(), pushdown, cache);
+        let mut gateway = Gateway::new(front.clone(), creds.clone(), backend, metrics.clone(), pushdown, cache);
         if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
             let secret = rt.cluster_secret;
             if secret.is_none() && !config.transparent() {
@@ -118,17 +141,41 @@ impl Server {
             ));
         }
         let gateway = Arc::new(gateway);
-        let s3_listener = bind(config.listen).await?;
-        let admin_listener = bind(config.admin_listen).await?;
+        let reloader = Arc::new(Reloader::new(
+            source,
+            config.clone(),
+            (creds, front),
+            gateway.admission().clone(),
+            metrics.clone(),
+        ));
+        let (s3_listener, admin_listener) = match inherited {
+            Some(Inherited { s3, admin }) => {
+                let adopt = |l: std::net::TcpListener, addr| {
+                    TcpListener::from_std(l).map_err(|source| ServeError::Bind { addr, source })
+                };
+                (adopt(s3, config.listen)?, adopt(admin, config.admin_listen)?)
+            }
+            None => (bind(config.listen).await?, bind(config.admin_listen).await?),
+        };
+        // Copies of the listening sockets to offer a successor (`upgrade_socket`).
+        let offered = match &config.upgrade_socket {
+            Some(_) => {
+                let dup = |l: &TcpListener, addr| {
+                    l.as_fd().try_clone_to_owned().map_err(|source| ServeError::Bind { addr, source })
+                };
+                Some((dup(&s3_listener, config.listen)?, dup(&admin_listener, config.admin_listen)?))
+            }
+            None => None,
+        };
         let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
         let admin_addr =
             admin_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.admin_listen, source })?;
 
         let app = Router::new().fallback(handle).with_state(gateway.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopped) = oneshot::channel::<Duration>();
         let edge = rt.edge;
         let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
-            let _ = stopped.await;
+            stopped.await.unwrap_or_default()
         }));
         if let Some(c) = &cluster {
             c.spawn_refresh();
@@ -141,6 +188,7 @@ impl Server {
             metrics,
             prover,
             open_reads: config.admin_open_reads,
+            reloader: reloader.clone(),
         });
         let admin_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(admin_listener, admin_app).await {
@@ -152,6 +200,8 @@ impl Server {
             s3_addr,
             admin_addr,
             gateway,
+            reloader,
+            offered,
             stop: Some(stop),
             task,
             admin_task,
@@ -164,9 +214,34 @@ impl Server {
     pub async fn shutdown(mut self) -> bool {
         tracing::info!(grace_secs = self.grace.as_secs(), "Shutdown started: draining in-flight requests.");
         self.gateway.begin_shutdown();
+        // The listening sockets close with the accept loop: new connections are refused.
+        self.offered = None;
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(Duration::ZERO);
         }
+        self.drain().await
+    }
+
+    /// Hands the node over to a successor that serves on this process's sockets
+    /// (`crate::upgrade`): this process stops accepting (the sockets stay open in the successor),
+    /// answers each connection's next request with `Connection: close` for up to
+    /// [`HANDOVER_LINGER`], then closes idle connections and drains the rest as a shutdown does.
+    /// `/readyz` stays ready: the node serves throughout. Returns whether everything drained.
+    pub(crate) async fn hand_over(mut self) -> bool {
+        tracing::info!(grace_secs = self.grace.as_secs(), "Handing over: draining in-flight requests.");
+        self.gateway.admission().begin_handover();
+        self.offered = None;
+        // The successor's admin listener takes every new admin connection.
+        self.admin_task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(HANDOVER_LINGER.min(self.grace));
+        }
+        self.drain().await
+    }
+
+    /// Waits for the accept loop's connections to finish, at most `shutdown_grace_secs`, then
+    /// stops the admin listener and the engines.
+    async fn drain(mut self) -> bool {
         let drained = tokio::time::timeout(self.grace, &mut self.task).await.is_ok();
         if drained {
             tracing::info!("Shutdown finished: all requests drained.");
@@ -188,6 +263,12 @@ async fn handle(State(gateway): State<Arc<Gateway>>, req: Request) -> axum::resp
     gateway.handle(req).await
 }
 
+/// How long a process handing over waits for its kept-alive connections' next requests (answered
+/// with `Connection: close`) before it closes the idle ones: SDK pools reuse a connection within
+/// seconds when their clients are busy, and an idle connection closed by the server is detected by
+/// the client's pool before reuse.
+pub(crate) const HANDOVER_LINGER: Duration = Duration::from_secs(5);
+
 /// Runs until `signal` resolves, then shuts down gracefully.
 ///
 /// # Errors
@@ -196,6 +277,80 @@ pub async fn run(config: &Config, signal: impl std::future::Future<Output = ()>)
     let server = Server::start(config).await?;
     signal.await;
     Ok(server.shutdown().await)
+}
+
+/// [`run`] for the `serve` command: the configuration is read again from `source` on SIGHUP
+/// ([`crate::reload`]).
+///
+/// # Errors
+/// When the server cannot start.
+pub(crate) async fn serve(
+    config: &Config,
+    source: crate::config::Overrides,
+    signal: impl std::future::Future<Output = ()>,
+) -> Result<bool, ServeError> {
+    let taken = match config.upgrade_socket.clone() {
+        Some(path) => tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path))
+            .await
+            .map_err(|e| ServeError::Upgrade(e.to_string()))?
+            .map_err(|e| ServeError::Upgrade(e.to_string()))?,
+        None => None,
+    };
+    let (inherited, predecessor) = taken.map_or((None, None), |(i, p)| (Some(i), Some(p)));
+    let mut server = Server::start_with(config, Some(source), inherited).await?;
+    if let Some(p) = predecessor {
+        tracing::info!("Took the listening sockets over from the running gateway.");
+        if let Err(e) = tokio::task::spawn_blocking(move || p.serving()).await.unwrap_or(Ok(())) {
+            tracing::warn!(error = %e, "The previous gateway did not hear that this one serves.");
+        }
+    }
+    let hangups = tokio::spawn(reload_on_hangup(server.reloader.clone()));
+    let offer = match (&config.upgrade_socket, server.offered.as_ref()) {
+        (Some(path), Some((s3, admin))) => {
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ServeError::Upgrade(e.to_string()));
+            Some(crate::upgrade::offer(path.clone(), dup(s3)?, dup(admin)?))
+        }
+        _ => None,
+    };
+    let handed = async {
+        match offer {
+            Some(offer) => offer.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(signal);
+    let result = tokio::select! {
+        () = &mut signal => server.shutdown().await,
+        handed = handed => match handed {
+            Ok(()) => server.hand_over().await,
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot offer the sockets for upgrades; serving until stopped.");
+                server.offered = None;
+                signal.await;
+                server.shutdown().await
+            }
+        },
+    };
+    hangups.abort();
+    Ok(result)
+}
+
+/// Reloads the configuration on every SIGHUP (the outcome is logged and counted).
+async fn reload_on_hangup(reloader: Arc<Reloader>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("Cannot listen for SIGHUP; reload with POST /v1/config/reload.");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            tracing::info!(signal = "SIGHUP", "Signal received: reloading the configuration.");
+            let reloader = reloader.clone();
+            let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = reloader;
 }
 
 /// Resolves on SIGINT or SIGTERM, logging which arrived.

@@ -1,7 +1,7 @@
 //! The admin port: `/metrics` (Prometheus text), `/healthz` (the process is alive), `/readyz`
 //! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
 //! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/models/{model}/tokenizer`,
-//! `/v1/storage`, `/v1/plan` (JSON).
+//! `/v1/storage`, `/v1/plan` (JSON), and `POST /v1/config/reload` ([`crate::reload`]).
 //!
 //! Metrics, health, the model list, storage terms, memory and the cluster need no credential (bind
 //! the port where operators, Prometheus and the training cluster reach it; it never serves object
@@ -41,6 +41,8 @@ pub(crate) struct AdminState {
     pub(crate) prover: Arc<proof::Prover>,
     /// Serve graphs, tokenizers and plans without a proof (`admin_open_reads`).
     pub(crate) open_reads: bool,
+    /// Reads the configuration again (`POST /v1/config/reload`).
+    pub(crate) reloader: Arc<crate::reload::Reloader>,
 }
 
 /// Header of a guarded read carrying its proof: a presigned `GET /` URL ([`proof`]).
@@ -72,6 +74,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/v1/plan", post(plan).get(last_plan))
         .route("/v1/storage", get(storage))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/config/reload", post(reload))
         .with_state(state)
 }
 
@@ -105,6 +108,36 @@ fn observe_peak(metrics: &Metrics) {
         let peak = i64::try_from(peak).unwrap_or(i64::MAX);
         if peak > metrics.peak_resident.get() {
             metrics.peak_resident.set(peak);
+        }
+    }
+}
+
+/// `POST /v1/config/reload`: reads the configuration again and applies it, as SIGHUP does
+/// ([`crate::reload`]); needs a proof of a client's key in [`PROOF_HEADER`] whatever
+/// `admin_open_reads` says. `200` with the keys that changed; `409` naming the keys that need a
+/// restart, `400` for a file that does not load or check (nothing changed in either case).
+async fn reload(State(s): State<AdminState>, headers: HeaderMap) -> Reply {
+    let proven = match headers.get(PROOF_HEADER).map(|v| v.to_str()) {
+        None => Err(proof::ProofError::Missing),
+        Some(Err(_)) => Err(proof::ProofError::Malformed("not text")),
+        Some(Ok(p)) => s.prover.prove(p).await,
+    };
+    if let Err(e) = proven {
+        return refused(&e);
+    }
+    let reloader = s.reloader.clone();
+    let Ok(result) = tokio::task::spawn_blocking(move || reloader.reload()).await else {
+        return json(StatusCode::INTERNAL_SERVER_ERROR, &serde_json::json!({ "error": "InternalError" }));
+    };
+    match result {
+        Ok(changed) => json(StatusCode::OK, &serde_json::json!({ "changed": changed })),
+        Err(e) => {
+            let (status, fixed) = match &e {
+                crate::reload::ReloadError::Fixed(keys) => (StatusCode::CONFLICT, keys.clone()),
+                crate::reload::ReloadError::NoSource => (StatusCode::NOT_FOUND, Vec::new()),
+                crate::reload::ReloadError::Invalid(_) => (StatusCode::BAD_REQUEST, Vec::new()),
+            };
+            json(status, &serde_json::json!({ "error": e.to_string(), "fixed": fixed }))
         }
     }
 }

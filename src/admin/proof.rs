@@ -12,8 +12,8 @@ use time::OffsetDateTime;
 
 use crate::backend::{Backend, ForwardPayload, ForwardRequest};
 use crate::body::Body;
+use crate::reload::LiveCredentials;
 use crate::s3::authority::{Authority, claimed_access_key};
-use crate::s3::credentials::CredentialStore;
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::verify::{self, Identity};
 
@@ -23,8 +23,8 @@ pub(crate) const MAX_PROOF_EXPIRES_SECS: u64 = 900;
 /// How the gateway checks a proof.
 #[derive(Debug, Clone)]
 pub(crate) enum Prover {
-    /// Terminating mode: the gateway's own client credentials.
-    Gateway(CredentialStore),
+    /// Terminating mode: the gateway's own client credentials (those in force).
+    Gateway(LiveCredentials),
     /// Transparent mode: the store, asked with the tenant's own signed request.
     Store(Backend),
 }
@@ -99,8 +99,16 @@ impl Prover {
             .insert(http::header::HOST, HeaderValue::from_str(&host).map_err(|_| ProofError::Malformed("bad host"))?);
         match self {
             Self::Gateway(creds) => {
-                let v = verify::verify(&Method::GET, &target, None, &headers, creds, false, OffsetDateTime::now_utc())
-                    .map_err(|e| ProofError::Refused(e.to_string()))?;
+                let v = verify::verify(
+                    &Method::GET,
+                    &target,
+                    None,
+                    &headers,
+                    &creds.load(),
+                    false,
+                    OffsetDateTime::now_utc(),
+                )
+                .map_err(|e| ProofError::Refused(e.to_string()))?;
                 match v.identity {
                     Identity::AccessKey(k) if v.presigned => Ok(k),
                     _ => Err(ProofError::Malformed("not presigned")),

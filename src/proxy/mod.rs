@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{Method, Request, Response};
+use http::{HeaderValue, Method, Request, Response};
 use time::OffsetDateTime;
 
 use crate::backend::{Backend, forwarded_query};
@@ -29,7 +29,7 @@ use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
 use crate::pushdown::{Pushdown, PushdownError};
-use crate::s3::credentials::CredentialStore;
+use crate::reload::{LiveCredentials, LiveFront};
 use crate::s3::headers::HOP_BY_HOP;
 use crate::s3::route::{self, S3Op, Target};
 use crate::s3::sigv4::verify::{self, Verified};
@@ -82,8 +82,9 @@ pub(crate) struct AliasBucket {
 /// Shared state of the S3 front end.
 #[derive(Debug)]
 pub struct Gateway {
-    cfg: FrontConfig,
-    creds: CredentialStore,
+    /// Replaced whole by a configuration reload (`crate::reload`), as `creds` is.
+    cfg: LiveFront,
+    creds: LiveCredentials,
     backend: Backend,
     metrics: Metrics,
     admission: Arc<admit::Admission>,
@@ -128,14 +129,14 @@ impl std::fmt::Display for RequestId {
 impl Gateway {
     #[must_use]
     pub(crate) fn new(
-        cfg: FrontConfig,
-        creds: CredentialStore,
+        cfg: LiveFront,
+        creds: LiveCredentials,
         backend: Backend,
         metrics: Metrics,
         pushdown: Option<Arc<Pushdown>>,
         cache: Option<Arc<TensorCache>>,
     ) -> Self {
-        let admission = Arc::new(admit::Admission::new(cfg.max_in_flight));
+        let admission = Arc::new(admit::Admission::new(cfg.load().max_in_flight));
         Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache, routing: None }
     }
 
@@ -186,7 +187,7 @@ impl Gateway {
             .and_then(|h| h.to_str().ok())
             .or_else(|| req.uri().authority().map(http::uri::Authority::as_str));
         let method = req.method().clone();
-        let routed = route::resolve(host, req.uri().path(), &self.cfg.domains).map(|t| {
+        let routed = route::resolve(host, req.uri().path(), &self.cfg.load().domains).map(|t| {
             let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
             (t, op)
         });
@@ -221,6 +222,10 @@ impl Gateway {
         for h in HOP_BY_HOP {
             resp.headers_mut().remove(*h);
         }
+        if self.admission.is_closing() {
+            // A new process serves the sockets: the client's next request goes to it.
+            resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let counter = self.metrics.response_bytes.clone();
         resp.map(|b| Body::new(Metered::new(b, counter, (in_flight, admitted))))
     }
@@ -238,13 +243,13 @@ impl Gateway {
         let has_body = req.headers().contains_key(http::header::TRANSFER_ENCODING)
             || req.headers().get(http::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0");
         if has_body {
-            let stall = self.cfg.stall_timeout;
+            let stall = self.cfg.load().stall_timeout;
             return self.forward(req.map(|b| Body::new(crate::edge::StallingBody::new(b, stall))), target, op).await;
         }
         if matches!(op, S3Op::CopyObject | S3Op::UploadPartCopy) {
             return self.forward(req, target, op).await;
         }
-        let limit = self.cfg.request_timeout;
+        let limit = self.cfg.load().request_timeout;
         match tokio::time::timeout(limit, self.forward(req, target, op)).await {
             Ok(r) => r,
             Err(_) => {
@@ -260,11 +265,11 @@ impl Gateway {
         target: Target,
         op: S3Op,
     ) -> Result<(Response<Body>, String), GatewayError> {
-        if self.cfg.transparent {
+        if self.cfg.load().transparent {
             return self.forward_as_sent(req, target, op).await;
         }
         if op == S3Op::PostObject {
-            if target.bucket.as_ref().is_some_and(|b| self.cfg.aliases.contains_key(b)) {
+            if target.bucket.as_ref().is_some_and(|b| self.cfg.load().aliases.contains_key(b)) {
                 return Err(GatewayError::AliasReadOnly);
             }
             // Authenticated by the form's signed policy, not by headers.
@@ -276,8 +281,8 @@ impl Gateway {
             &parts.uri,
             target.bucket.as_deref().filter(|_| target.virtual_host),
             &parts.headers,
-            &self.creds,
-            self.cfg.allow_anonymous,
+            &self.creds.load(),
+            self.cfg.load().allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
         let (identity, authority, via_peer) = match &self.routing {
@@ -285,7 +290,7 @@ impl Gateway {
             None => (identity, authority, false),
         };
         let requested = pushdown_spec::parse(&parts.headers, parts.uri.query())?;
-        let alias = target.bucket.as_ref().and_then(|b| self.cfg.aliases.get(b)).cloned();
+        let alias = target.bucket.as_ref().and_then(|b| self.cfg.load().aliases.get(b).cloned());
         let mut target = target;
         if let Some(alias) = &alias {
             if requested.is_some() {

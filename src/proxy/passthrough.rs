@@ -72,7 +72,7 @@ impl Gateway {
         headers: &mut HeaderMap,
     ) -> Result<(Body, ForwardPayload), GatewayError> {
         let declared = content_length(request_headers)?;
-        let limit = self.cfg.max_body_bytes;
+        let limit = self.cfg.load().max_body_bytes;
         let has_body = declared.is_some_and(|n| n > 0) || request_headers.contains_key(http::header::TRANSFER_ENCODING);
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
         // A checksum header on object data that the store will not check: the gateway does.

@@ -40,7 +40,7 @@ impl Gateway {
             .and_then(form::boundary)
             .ok_or(FormError::Malformed("no multipart boundary"))?;
         let total = content_length(&parts.headers)?.ok_or(GatewayError::MissingContentLength)?;
-        let limit = self.cfg.max_body_bytes;
+        let limit = self.cfg.load().max_body_bytes;
         check_declared(Some(total), limit.saturating_add(MAX_FORM_HEAD as u64))?;
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
         let mut body = BodyDataStream::new(Guarded::new(counted, total, None));
@@ -61,8 +61,8 @@ impl Gateway {
             &form,
             &bucket,
             head.filename.as_deref(),
-            &self.creds,
-            self.cfg.allow_anonymous,
+            &self.creds.load(),
+            self.cfg.load().allow_anonymous,
             OffsetDateTime::now_utc(),
         )?;
         let delimiter = form::closing_delimiter(&boundary);

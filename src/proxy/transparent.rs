@@ -67,7 +67,7 @@ impl Gateway {
             .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()))
             .map(|n| n.ok_or(GatewayError::InvalidHeader(headers::X_AMZ_DECODED_CONTENT_LENGTH)))
             .transpose()?;
-        let limit = self.cfg.max_body_bytes;
+        let limit = self.cfg.load().max_body_bytes;
         check_declared(decoded.or(declared), limit)?;
         let framed = if decoded.is_some() { limit.saturating_mul(2) } else { limit };
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());

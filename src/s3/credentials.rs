@@ -43,7 +43,7 @@ impl fmt::Display for SecretKey {
 }
 
 /// The set of client credentials the gateway accepts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CredentialStore {
     keys: HashMap<String, SecretKey>,
 }

@@ -248,9 +248,9 @@ def _kinds(src: str) -> dict[str, tuple[str, str | None]]:
 
 def _label_structs(src: str) -> dict[str, list[str]]:
     return {
-        name: re.findall(r"pub (\w+):", body)
-        for name, body in re.findall(r"pub struct (\w+) \{([^}]*)\}", src)
-        if re.search(rf"EncodeLabelSet\)\]\s*pub struct {name} ", src)
+        name: re.findall(r"pub(?:\(crate\))? (\w+):", body)
+        for name, body in re.findall(r"pub(?:\(crate\))? struct (\w+) \{([^}]*)\}", src)
+        if re.search(rf"EncodeLabelSet\)\]\s*pub(?:\(crate\))? struct {name} ", src)
     }
 
 

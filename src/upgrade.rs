@@ -1,0 +1,158 @@
+//! Upgrades without dropping a connection (ADR 0027): a new process takes the listening sockets
+//! over from the running one, through a unix socket (`upgrade_socket`), as nginx and pingora do.
+//!
+//! 1. The running gateway listens on `upgrade_socket` (mode 0600: only its user may take its
+//!    sockets) while it serves ([`offer`]).
+//! 2. A new process started with the same configuration connects there first ([`take_over`]) and
+//!    receives the S3 and admin listening sockets (`SCM_RIGHTS`): the very sockets, with the
+//!    connections the kernel has queued on them, so no connection is refused in between.
+//! 3. Once it serves on them, it says so ([`Inherited::serving`]); the old process then stops
+//!    accepting, answers each kept-alive connection's next request with `Connection: close`,
+//!    finishes what it has in flight (downloads and uploads included, within
+//!    `shutdown_grace_secs`) and exits. `/readyz` stays ready throughout: the node never stops
+//!    serving.
+//! 4. The new process then offers the sockets in turn at the same path.
+//!
+//! A new process that fails before it serves changes nothing: the old one keeps serving and
+//! offering. Without a predecessor at the path, a process binds its addresses as usual.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+/// What a successor sends once it serves on the sockets it took.
+const SERVING: &[u8] = b"serving\n";
+
+/// How long a predecessor waits for its successor to serve (a start loads the configuration,
+/// the models' manifests and ONNX Runtime; seconds).
+pub(crate) const SUCCESSOR_START_WAIT: Duration = Duration::from_secs(120);
+
+/// Why an upgrade could not proceed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpgradeError {
+    #[error("upgrade socket {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("upgrade socket {path}: the running gateway sent {got} sockets, not 2")]
+    Sockets { path: PathBuf, got: usize },
+}
+
+/// The listening sockets a new process took from the running one.
+#[derive(Debug)]
+pub(crate) struct Inherited {
+    pub(crate) s3: std::net::TcpListener,
+    pub(crate) admin: std::net::TcpListener,
+}
+
+/// The line back to the process the sockets came from.
+#[derive(Debug)]
+pub(crate) struct Predecessor(UnixStream);
+
+impl Predecessor {
+    /// Tells the predecessor that this process serves: it stops accepting and drains.
+    ///
+    /// # Errors
+    /// The predecessor is gone (it stopped on its own; nothing more to do).
+    pub(crate) fn serving(mut self) -> std::io::Result<()> {
+        self.0.write_all(SERVING)
+    }
+}
+
+/// At start, before binding: takes the listening sockets over from a gateway offering them at
+/// `path`; `None` when none does (no socket there, or a stale one nobody listens on). Blocking.
+///
+/// # Errors
+/// A gateway answered but the hand-over failed.
+pub(crate) fn take_over(path: &Path) -> Result<Option<(Inherited, Predecessor)>, UpgradeError> {
+    let io = |source| UpgradeError::Io { path: path.to_owned(), source };
+    let predecessor = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let mut byte = [0u8; 1];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(&predecessor, &mut [IoSliceMut::new(&mut byte)], &mut control, RecvFlags::CMSG_CLOEXEC)
+        .map_err(|e| io(e.into()))?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    let got = fds.len();
+    let (Some(admin), Some(s3), None) = (fds.pop(), fds.pop(), fds.pop()) else {
+        return Err(UpgradeError::Sockets { path: path.to_owned(), got });
+    };
+    let (s3, admin) = (std::net::TcpListener::from(s3), std::net::TcpListener::from(admin));
+    for l in [&s3, &admin] {
+        l.set_nonblocking(true).map_err(io)?;
+    }
+    Ok(Some((Inherited { s3, admin }, Predecessor(predecessor))))
+}
+
+/// The running gateway's side: offers its listening sockets (`s3`, `admin`) at `path` until a
+/// successor serves on them, then returns (the caller hands over: stops accepting and drains).
+/// A successor that disconnects or does not serve within [`SUCCESSOR_START_WAIT`] changes
+/// nothing: the offer stands for the next one.
+///
+/// # Errors
+/// The socket cannot be bound at `path`.
+pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<(), UpgradeError> {
+    let io = |source| UpgradeError::Io { path: path.clone(), source };
+    // A stale socket of an earlier process (its successor, this process, replaced it).
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
+    }
+    let listener = tokio::net::UnixListener::bind(&path).map_err(io)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    let fds = std::sync::Arc::new((s3, admin));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "Upgrade socket: accept failed.");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let fds = fds.clone();
+        let handed = tokio::task::spawn_blocking(move || hand(stream, &fds.0, &fds.1)).await;
+        match handed {
+            Ok(Ok(())) => {
+                tracing::info!("Upgrade: the new process serves; handing over.");
+                return Ok(());
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "Upgrade: the new process did not take over; serving on."),
+            Err(e) => tracing::warn!(error = %e, "Upgrade: hand-over failed; serving on."),
+        }
+    }
+}
+
+/// Sends the sockets to a successor and waits for it to serve. Blocking.
+fn hand(stream: tokio::net::UnixStream, s3: &OwnedFd, admin: &OwnedFd) -> std::io::Result<()> {
+    let mut stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    let fds = [s3.as_fd(), admin.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the sockets"));
+    }
+    rustix::net::sendmsg(&stream, &[IoSlice::new(b"s")], &mut control, SendFlags::empty())?;
+    stream.set_read_timeout(Some(SUCCESSOR_START_WAIT))?;
+    let mut said = [0u8; SERVING.len()];
+    stream.read_exact(&mut said)?;
+    if said == SERVING { Ok(()) } else { Err(std::io::Error::other("unexpected message")) }
+}
