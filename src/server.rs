@@ -322,7 +322,14 @@ pub(crate) async fn serve(
     let result = tokio::select! {
         () = &mut signal => server.shutdown().await,
         handed = handed => match handed {
-            Ok(()) => server.hand_over().await,
+            Ok(()) => {
+                let drained = server.hand_over().await;
+                // As nginx's old master does: the operator (or the orchestrator deleting the old
+                // pod) ends it, so that no supervisor restarts it to take the sockets back.
+                tracing::info!("Handed over to the new process; exiting on SIGTERM or SIGINT.");
+                signal.await;
+                drained
+            }
             Err(e) => {
                 tracing::error!(error = %e, "Cannot offer the sockets for upgrades; serving until stopped.");
                 server.offered = None;

@@ -9,8 +9,9 @@
 //! 3. Once it serves on them, it says so ([`Inherited::serving`]); the old process then stops
 //!    accepting, answers each kept-alive connection's next request with `Connection: close`,
 //!    finishes what it has in flight (downloads and uploads included, within
-//!    `shutdown_grace_secs`) and exits. `/readyz` stays ready throughout: the node never stops
-//!    serving.
+//!    `shutdown_grace_secs`), and then waits, holding no socket, for SIGTERM to exit (as nginx's
+//!    old master does: a supervisor that restarted an exited process would take the sockets
+//!    back). `/readyz` stays ready throughout: the node never stops serving.
 //! 4. The new process then offers the sockets in turn at the same path.
 //!
 //! A new process that fails before it serves changes nothing: the old one keeps serving and

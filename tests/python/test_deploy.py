@@ -206,3 +206,32 @@ def test_monitoring_values_install_the_dashboard_and_the_alert_rules():
     assert dashboard["metadata"]["namespace"] == "grafana" and "PrometheusRule" not in docs
     docs = render({})
     assert "PrometheusRule" not in docs and [d["metadata"]["name"] for d in docs["ConfigMap"]] == ["tg-tensorgate"]
+
+
+def test_upgrades_hand_the_sockets_over_on_the_node():
+    plain = render({})["DaemonSet"][0]
+    assert plain["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
+    assert "hostNetwork" not in plain["spec"]["template"]["spec"]
+    docs = render({"upgrade": {"enabled": True}})
+    ds = docs["DaemonSet"][0]
+    kubernetes_validate.validate(ds, K8S, strict=True)
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TENSORGATE_UPGRADE_SOCKET"] == "/run/tensorgate/upgrade.sock"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["upgrade"] == "/run/tensorgate"
+    assert volumes["upgrade"]["hostPath"] == {"path": "/run/tensorgate", "type": "DirectoryOrCreate"}
+
+
+
+def test_the_systemd_unit_verifies(tmp_path):
+    """`deploy/systemd/tensorgate@.service` as systemd reads it (its binary: this build's)."""
+    unit = (ROOT / "deploy" / "systemd" / "tensorgate@.service").read_text()
+    assert "ExecStart=/usr/local/bin/tensorgate serve" in unit and "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    path = tmp_path / "tensorgate@blue.service"
+    path.write_text(unit.replace("/usr/local/bin/tensorgate", str(BINARY)))
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert (out.returncode, out.stdout + out.stderr) == (0, "")

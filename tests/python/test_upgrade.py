@@ -6,6 +6,7 @@ answer must be right and none may fail."""
 import hashlib
 import io
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -139,8 +140,15 @@ def test_two_upgrades_under_load_fail_no_request(tmp_path, seaweed):
                 time.sleep(0.05)
             proc, log = start(tmp_path, name, env)
             procs.append((proc, log))
-            # The old process hands over, drains and exits cleanly; the new one serves.
-            assert previous.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
+            # The old process hands over and drains; told to, it exits cleanly; the new one serves.
+            old_log = tmp_path / f"{('first', 'second')[name == 'third']}.log"
+            for _ in range(1200):
+                if "Handed over to the new process" in old_log.read_text() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()
+            previous.send_signal(signal.SIGTERM)
+            assert previous.wait(timeout=120) == 0, old_log.read_text()
             with urllib.request.urlopen(f"{admin}/readyz") as r:
                 assert r.status == 200
             assert proc.poll() is None
