@@ -330,6 +330,11 @@ pub struct PushdownSettings {
     pub ort_arena: OrtArena,
     /// Seconds an engine (model, split) may go unused before its sessions and memory are freed.
     pub engine_idle_secs: u64,
+    /// Seconds between two reads of `models_dir` while serving (models added, replaced and
+    /// removed without a restart); 0: read at start only (and on `POST /v1/models/refresh`).
+    pub(crate) models_refresh_secs: u64,
+    /// Largest model file loaded (its size is checked before it is read).
+    pub(crate) max_model_bytes: u64,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown; its resized copy obeys it too.
@@ -486,6 +491,7 @@ impl PushdownSettings {
             ("pushdown.source_timeout_secs", p.source_timeout_secs),
             ("pushdown.engine_idle_secs", p.engine_idle_secs),
             ("pushdown.memory_budget", p.memory_budget),
+            ("pushdown.max_model_bytes", p.max_model_bytes),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be positive"));
@@ -528,6 +534,8 @@ impl PushdownSettings {
             },
             engine_idle: Duration::from_secs(self.engine_idle_secs),
             max_object_bytes: self.max_object_bytes,
+            load_limits: crate::pushdown::registry::LoadLimits { max_model_bytes: self.max_model_bytes },
+            models_refresh: (self.models_refresh_secs > 0).then(|| Duration::from_secs(self.models_refresh_secs)),
             source_timeout: Duration::from_secs(self.source_timeout_secs),
             max_image_pixels: self.max_image_pixels,
             max_request_pixels: self.max_request_pixels,
@@ -558,6 +566,10 @@ impl Default for PushdownSettings {
             // Per run: the one-core floor at about 1.35x the memory that "off" reserves (ADR 0015).
             ort_arena: OrtArena::default(),
             engine_idle_secs: DEFAULT_ENGINE_IDLE_SECS,
+            // A model copied into the directory is served within seconds; a rescan of unchanged
+            // models costs a listing and a `stat` per file.
+            models_refresh_secs: 5,
+            max_model_bytes: crate::pushdown::registry::DEFAULT_MAX_MODEL_BYTES,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             max_request_pixels: crate::pushdown::preprocess::DEFAULT_MAX_REQUEST_PIXELS,

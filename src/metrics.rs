@@ -121,6 +121,10 @@ pub struct Metrics {
     /// Engines stopped, by reason: `idle` (`pushdown.engine_idle_secs`) or `memory` (no request
     /// held them when another engine or a request needed their reservation).
     pub(crate) engine_evictions: Family<ReasonLabel, Counter>,
+    /// Models served now.
+    pub(crate) models: Gauge,
+    /// Models added, replaced, removed or refused by the rescans of `models_dir`.
+    pub(crate) model_changes: Family<ChangeLabel, Counter>,
     /// Engines started, by how their first session was readied: `measured` (memory probes and
     /// the prefix check run) or `remembered` (an earlier engine of the same model version, split
     /// and settings in this process had measured and checked them).
@@ -166,6 +170,12 @@ pub(crate) struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabel {
     pub(crate) state: &'static str,
+}
+
+/// What a models rescan changed (`added`, `replaced`, `removed`, `refused`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ChangeLabel {
+    pub(crate) change: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -365,8 +375,16 @@ impl Metrics {
         let engine_evictions = Family::<ReasonLabel, Counter>::default();
         r.register(
             "pushdown_engine_evictions",
-            "Engines stopped: idle, or unused when their memory was needed (memory)",
+            "Engines stopped: idle, unused when their memory was needed (memory), or of a model removed or replaced (retired)",
             engine_evictions.clone(),
+        );
+        let models = Gauge::default();
+        r.register("pushdown_models", "Models served now", models.clone());
+        let model_changes = Family::<ChangeLabel, Counter>::default();
+        r.register(
+            "pushdown_model_changes",
+            "Models added, replaced, removed, or refused (failed their checks) while serving",
+            model_changes.clone(),
         );
         let engine_starts = Family::<ReasonLabel, Counter>::default();
         r.register(
@@ -415,6 +433,8 @@ impl Metrics {
             admission_yields,
             admission_wait,
             engine_evictions,
+            models,
+            model_changes,
             engine_starts,
             engine_failures,
             cluster_members,

@@ -49,6 +49,15 @@ pub(crate) struct AdminState {
 pub(crate) const PROOF_HEADER: &str = "x-tensorgate-proof";
 
 impl AdminState {
+    /// The access key a change's proof proves (always required, whatever `admin_open_reads`).
+    async fn prove_change(&self, headers: &HeaderMap) -> Result<String, proof::ProofError> {
+        match headers.get(PROOF_HEADER).map(|v| v.to_str()) {
+            None => Err(proof::ProofError::Missing),
+            Some(Err(_)) => Err(proof::ProofError::Malformed("not text")),
+            Some(Ok(p)) => self.prover.prove(p).await,
+        }
+    }
+
     /// The access key a guarded read's proof proves; `None` when reads are open and no proof came.
     async fn prove_read(&self, headers: &HeaderMap) -> Result<Option<String>, Reply> {
         let given = headers.get(PROOF_HEADER).map(|v| v.to_str().map_err(|_| proof::ProofError::Malformed("not text")));
@@ -69,6 +78,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/readyz", get(ready))
         .route("/v1/memory", get(memory))
         .route("/v1/models", get(models))
+        .route("/v1/models/refresh", post(refresh_models))
         .route("/v1/models/{model}/suffix", get(suffix))
         .route("/v1/models/{model}/tokenizer", get(tokenizer))
         .route("/v1/plan", post(plan).get(last_plan))
@@ -112,17 +122,28 @@ fn observe_peak(metrics: &Metrics) {
     }
 }
 
+/// `POST /v1/models/refresh`: reads the models directory again now (as every
+/// `pushdown.models_refresh_secs` does) and answers what changed; needs a proof of a client's key.
+async fn refresh_models(State(s): State<AdminState>, headers: HeaderMap) -> Reply {
+    if let Err(e) = s.prove_change(&headers).await {
+        return refused(&e);
+    }
+    let pd = match pushdown(&s) {
+        Ok(p) => p.clone(),
+        Err(r) => return r,
+    };
+    let Ok(changes) = tokio::task::spawn_blocking(move || pd.refresh_models()).await else {
+        return json(StatusCode::INTERNAL_SERVER_ERROR, &serde_json::json!({ "error": "InternalError" }));
+    };
+    json(StatusCode::OK, &serde_json::json!(changes))
+}
+
 /// `POST /v1/config/reload`: reads the configuration again and applies it, as SIGHUP does
 /// ([`crate::reload`]); needs a proof of a client's key in [`PROOF_HEADER`] whatever
 /// `admin_open_reads` says. `200` with the keys that changed; `409` naming the keys that need a
 /// restart, `400` for a file that does not load or check (nothing changed in either case).
 async fn reload(State(s): State<AdminState>, headers: HeaderMap) -> Reply {
-    let proven = match headers.get(PROOF_HEADER).map(|v| v.to_str()) {
-        None => Err(proof::ProofError::Missing),
-        Some(Err(_)) => Err(proof::ProofError::Malformed("not text")),
-        Some(Ok(p)) => s.prover.prove(p).await,
-    };
-    if let Err(e) = proven {
+    if let Err(e) = s.prove_change(&headers).await {
         return refused(&e);
     }
     let reloader = s.reloader.clone();
@@ -209,14 +230,15 @@ async fn models(State(s): State<AdminState>) -> Reply {
         Ok(p) => p,
         Err(r) => return r,
     };
-    let list: Vec<serde_json::Value> = pd
-        .registry()
+    let registry = pd.registry();
+    let list: Vec<serde_json::Value> = registry
         .models
         .values()
         .map(|m| {
             serde_json::json!({
                 "name": m.manifest.name,
                 "sha256": m.digest,
+                "version": m.version,
                 "input": m.manifest.input,
                 "input_shape": m.manifest.input_shape,
                 "freeze": m.manifest.freeze,
@@ -240,7 +262,16 @@ async fn models(State(s): State<AdminState>) -> Reply {
             })
         })
         .collect();
-    json(StatusCode::OK, &serde_json::json!({ "models": list }))
+    // What was found and not served: its directory's name and why.
+    let failed: Vec<serde_json::Value> = registry
+        .failed
+        .iter()
+        .map(|(dir, why)| {
+            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            serde_json::json!({ "dir": name, "error": why })
+        })
+        .collect();
+    json(StatusCode::OK, &serde_json::json!({ "models": list, "failed": failed }))
 }
 
 #[derive(serde::Deserialize)]

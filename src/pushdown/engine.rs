@@ -165,7 +165,7 @@ struct Found {
 impl Measured {
     fn key(s: &Shared) -> MeasuredKey {
         MeasuredKey {
-            digest: s.model.digest.clone(),
+            digest: s.model.version.clone(),
             tensor: s.tensor.clone(),
             max_batch: s.cfg.max_batch,
             intra_threads: s.cfg.intra_threads,

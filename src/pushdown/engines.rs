@@ -21,8 +21,14 @@ use super::engine::Engine;
 use super::error::PushdownError;
 use crate::metrics::{Metrics, ReasonLabel};
 
-/// (model, split).
-pub(crate) type EngineKey = (String, String);
+/// An engine's (model, split), with the model's version: a model replaced under the same name
+/// starts engines of its own while requests of the old one finish on theirs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct EngineKey {
+    pub(crate) model: String,
+    pub(crate) version: String,
+    pub(crate) split: String,
+}
 
 /// How long an engine that failed to start (its prefix unusable, or too large for what the budget
 /// had left) keeps answering with that error before a request may start it again: long enough that
@@ -91,7 +97,7 @@ impl EngineTable {
             Some(c) if !c.replaceable() => c.clone(),
             found => {
                 if let Some(old) = found {
-                    tracing::warn!(model = %key.0, split = %key.1, "Engine failed or has no live worker; starting a new one.");
+                    tracing::warn!(model = %key.model, split = %key.split, "Engine failed or has no live worker; starting a new one.");
                     if old.died() {
                         self.failures.get_or_create(&ReasonLabel { reason: "dead" }).inc();
                     }
@@ -185,11 +191,29 @@ impl EngineTable {
         }
         // The engines stop (queues close, workers exit) outside the lock.
         drop(dropped);
-        for (model, split) in &evicted {
+        for EngineKey { model, split, .. } in &evicted {
             tracing::info!(%model, %split, reason, "Engine evicted.");
         }
         self.evictions.get_or_create(&ReasonLabel { reason }).inc_by(evicted.len() as u64);
         evicted
+    }
+
+    /// Drops the engines of model versions `current` does not say are served (removed or
+    /// replaced models): each stops when its last request is done, and its memory returns to the
+    /// budget then. Returns their keys.
+    pub(crate) fn retire(&self, current: impl Fn(&EngineKey) -> bool) -> Vec<EngineKey> {
+        let mut retired = Vec::new();
+        let dropped: Vec<Arc<Cell>> = {
+            let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+            let keys: Vec<EngineKey> = cells.keys().filter(|k| !current(k)).cloned().collect();
+            keys.into_iter().filter_map(|k| cells.remove(&k).inspect(|_| retired.push(k))).collect()
+        };
+        drop(dropped);
+        for EngineKey { model, split, .. } in &retired {
+            tracing::info!(%model, %split, "Engine retired: its model was removed or replaced.");
+        }
+        self.evictions.get_or_create(&ReasonLabel { reason: "retired" }).inc_by(retired.len() as u64);
+        retired
     }
 
     /// Drops every engine (shutdown): each stops when its last request is done.
@@ -206,7 +230,7 @@ mod tests {
     #[tokio::test]
     async fn a_start_gets_what_its_preparation_gave_and_a_failed_preparation_starts_nothing() {
         let table = EngineTable::new(Duration::from_secs(60), &Metrics::new());
-        let key = ("m".to_owned(), "s".to_owned());
+        let key = EngineKey { model: "m".to_owned(), version: "v".to_owned(), split: "s".to_owned() };
         let err = table
             .get_or_start(&key, async { Ok(7u32) }, |n| Err(PushdownError::Model(format!("given {n}"))))
             .await

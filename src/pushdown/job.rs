@@ -55,12 +55,12 @@ impl Job<'_> {
         self.plan.as_deref()
     }
 
-    /// What determines the output beside the source object: the model's digest (which covers
-    /// its preprocessing), the split, the format, the dtype and a Parquet input column (the cache
+    /// What determines the output beside the source object: the model's version (its file,
+    /// manifest and tokenizer), the split, the format, the dtype and a Parquet input column (the cache
     /// key's variant).
     #[must_use]
     pub(crate) fn variant(&self) -> String {
-        let mut v = format!("{}|{}|{:?}|{}", self.model.digest, self.split, self.spec.format, self.spec.dtype.name());
+        let mut v = format!("{}|{}|{:?}|{}", self.model.version, self.split, self.spec.format, self.spec.dtype.name());
         if let Some(c) = &self.spec.column {
             v.push_str(&format!("|column={c}"));
         }
@@ -214,7 +214,7 @@ impl Pushdown {
         if spec.split == crate::planner::AUTO {
             let (split, chosen) = self.auto_split(tenant, &spec.model).ok_or_else(|| PushdownError::UnknownModel {
                 name: spec.model.clone(),
-                known: self.registry.names().join(", "),
+                known: self.registry.load().names().join(", "),
             })?;
             if split == crate::planner::NO_PUSHDOWN {
                 return Ok(None);

@@ -62,11 +62,12 @@ impl Pushdown {
     /// model's rows are attended over `length` tokens ([`text_length`]); where the split's
     /// engine cuts padding (a pooled output) its batches run at that length, else at the model's.
     async fn split_cost(&self, model: &str, split: &str, length: usize) -> Result<SplitCost, PushdownError> {
-        let key = (model.to_owned(), split.to_owned(), length);
+        let m = self.model(model)?;
+        // By the model's version: a model replaced under the same name is measured again.
+        let key = (m.version.clone(), split.to_owned(), length);
         let cell =
             self.split_costs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key).or_default().clone();
         let inference = self.inference.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
-        let m = self.model(model)?;
         let tensor = split_def(&m, split)?.tensor.clone();
         let arena = self.cfg.engine.ort_arena;
         let measure = || async move {
@@ -119,7 +120,8 @@ impl Pushdown {
         (dtype, tokens): (Dtype, Option<f64>),
     ) -> Result<StorageProfile, PushdownError> {
         let decode = self.preprocess_secs_per_sample();
-        let length = text_length(&*self.model(model)?, tokens);
+        let m = self.model(model)?;
+        let length = text_length(&m, tokens);
         let mut splits = Vec::new();
         for split in self.candidate_splits(model)? {
             let c = self.split_cost(model, &split, length).await?;
@@ -128,7 +130,11 @@ impl Pushdown {
             // their lengths; a profile that names its own is measured at them.)
             let observed = self
                 .engines
-                .running(&(model.to_owned(), split.clone()))
+                .running(&super::engines::EngineKey {
+                    model: model.to_owned(),
+                    version: m.version.clone(),
+                    split: split.clone(),
+                })
                 .filter(|_| tokens.is_none())
                 .and_then(|e| e.observed_secs_per_sample());
             splits.push(StorageSplit {
@@ -183,7 +189,7 @@ impl Pushdown {
     /// tenant's plan never changes what `split=auto` means for another.
     #[must_use]
     pub(crate) fn auto_split(&self, tenant: &str, model: &str) -> Option<(String, Option<Plan>)> {
-        let m = self.registry.models.get(model)?;
+        let m = self.registry.load().models.get(model)?.clone();
         let plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let plan = [tenant, ""].into_iter().find_map(|t| plans.get(&(t.to_owned(), model.to_owned()))).cloned();
         drop(plans);

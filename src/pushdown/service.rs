@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +17,8 @@ use super::engine::{Engine, EngineConfig};
 use super::error::PushdownError;
 use super::governor::{Governor, GovernorConfig};
 use super::inference::Inference;
-use super::registry::{Model, Registry};
+use super::engines::EngineKey;
+use super::registry::{Changes, LoadLimits, Model, Registry};
 use super::tensor::Tensor;
 use super::{
     engine, engines, fair, governor, memory, order, parse::Item, parse::name_sample, parse::no_preprocess, preprocess,
@@ -46,6 +49,10 @@ pub(crate) struct PushdownConfig {
     /// Engines unused this long are evicted ([`engines`]).
     pub(crate) engine_idle: Duration,
     pub(crate) max_object_bytes: u64,
+    /// What a model file may cost to load (`pushdown.max_model_bytes`).
+    pub(crate) load_limits: LoadLimits,
+    /// How often the models directory is read again; `None`: only at start and when asked.
+    pub(crate) models_refresh: Option<Duration>,
     /// Longest read of a source object's body.
     pub(crate) source_timeout: Duration,
     pub(crate) max_image_pixels: u64,
@@ -69,7 +76,8 @@ pub(crate) struct SplitCost {
     pub(crate) text_length: Option<usize>,
 }
 
-/// Per-(model, split, text length) measured costs: a text model's at a length its batches may be
+/// Per-(model version, split, text length) measured costs (a rescan drops a removed or replaced
+/// model's): a text model's at a length its batches may be
 /// cut to ([`super::planning`]), a multiple of [`super::text::LENGTH_STEP`] up to the model's (so at most
 /// `L / LENGTH_STEP` per split); other models' at their input (length 0).
 pub(crate) type SplitCosts = HashMap<(String, String, usize), std::sync::Arc<tokio::sync::OnceCell<SplitCost>>>;
@@ -92,7 +100,10 @@ pub(crate) struct Output {
 #[derive(Debug)]
 pub struct Pushdown {
     pub(super) cfg: PushdownConfig,
-    pub(super) registry: Registry,
+    /// The models served now, replaced whole by a rescan ([`Self::refresh_models`]).
+    pub(super) registry: ArcSwap<Registry>,
+    /// One rescan at a time.
+    pub(super) rescan: Mutex<()>,
     /// What runs the prefixes (ONNX Runtime), or why nothing can.
     pub(super) inference: Result<Arc<dyn Inference>, String>,
     pub(super) engines: Arc<engines::EngineTable>,
@@ -147,10 +158,11 @@ impl Pushdown {
 
     /// The service with `inference` running its prefixes (ONNX Runtime in [`Self::new`]).
     pub(crate) fn with_inference(cfg: PushdownConfig, inference: Result<Arc<dyn Inference>, String>) -> Self {
-        let registry = Registry::load(&cfg.models_dir);
+        let registry = Registry::load(&cfg.models_dir, cfg.load_limits, None);
         for (dir, why) in &registry.failed {
             tracing::warn!(dir = %dir.display(), error = %why, "Model not loaded.");
         }
+        cfg.metrics.models.set(i64::try_from(registry.models.len()).unwrap_or(i64::MAX));
         match &inference {
             Ok(_) => tracing::info!(models = ?registry.names(), "Pushdown ready."),
             Err(why) => tracing::warn!(reason = %why, "Pushdown unavailable; passthrough still serves."),
@@ -171,7 +183,8 @@ impl Pushdown {
             preprocess_slots,
             scratch: scratch.clone(),
             cfg,
-            registry,
+            registry: ArcSwap::from_pointee(registry),
+            rescan: Mutex::default(),
             inference,
             engines,
             node: engine::Node {
@@ -208,7 +221,7 @@ impl Pushdown {
             .engines
             .all()
             .into_iter()
-            .map(|((model, split), e)| {
+            .map(|(EngineKey { model, split, .. }, e)| {
                 let now = e.memory_model_now();
                 let adaptive = self.node.governor.config().adaptive;
                 EngineMemory {
@@ -235,21 +248,53 @@ impl Pushdown {
         self.inference.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
+    /// The models served now.
     #[must_use]
-    pub(crate) fn registry(&self) -> &Registry {
-        &self.registry
+    pub(crate) fn registry(&self) -> Arc<Registry> {
+        self.registry.load_full()
     }
 
     pub(super) fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
-        self.registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
+        let registry = self.registry.load();
+        registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
             name: name.to_owned(),
-            known: self.registry.names().join(", "),
+            known: registry.names().join(", "),
         })
+    }
+
+    /// Reads the models directory again and serves what it holds now: models added are served
+    /// from the next request on; a removed or replaced model takes no new request, and its
+    /// engines stop (their memory returning to the budget) once the requests in flight on them
+    /// are done. Unchanged models are kept as they are. Blocking: call it on a blocking thread.
+    pub(crate) fn refresh_models(&self) -> Changes {
+        let _one = self.rescan.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = self.registry.load_full();
+        let after = Arc::new(Registry::load(&self.cfg.models_dir, self.cfg.load_limits, Some(&before)));
+        let changes = after.changes_from(&before);
+        let new_failures: Vec<_> = after.failed.iter().filter(|f| !before.failed.contains(f)).collect();
+        for (dir, why) in &new_failures {
+            tracing::warn!(dir = %dir.display(), error = %why, "Model not loaded.");
+        }
+        self.cfg.metrics.models.set(i64::try_from(after.models.len()).unwrap_or(i64::MAX));
+        self.registry.store(after.clone());
+        if !changes.is_empty() {
+            tracing::info!(added = ?changes.added, replaced = ?changes.replaced, removed = ?changes.removed, "Models changed.");
+            for (change, names) in [("added", &changes.added), ("replaced", &changes.replaced), ("removed", &changes.removed)] {
+                let label = crate::metrics::ChangeLabel { change };
+                self.cfg.metrics.model_changes.get_or_create(&label).inc_by(names.len() as u64);
+            }
+            self.engines.retire(|k| after.models.get(&k.model).is_some_and(|m| m.version == k.version));
+            let served: Vec<&str> = after.models.values().map(|m| m.version.as_str()).collect();
+            self.split_costs.lock().unwrap_or_else(PoisonError::into_inner).retain(|k, _| served.contains(&k.0.as_str()));
+        }
+        let refused = crate::metrics::ChangeLabel { change: "refused" };
+        self.cfg.metrics.model_changes.get_or_create(&refused).inc_by(new_failures.len() as u64);
+        changes
     }
 
     pub(super) async fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
         let inference = self.inference.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
-        let key = (model.manifest.name.clone(), split.to_owned());
+        let key = EngineKey { model: model.manifest.name.clone(), version: model.version.clone(), split: split.to_owned() };
         let tensor = model
             .split(split)
             .map(|s| s.tensor.clone())
@@ -269,8 +314,9 @@ impl Pushdown {
             .await
     }
 
-    /// Evicts idle engines every quarter of the idle time (at most every 30 s) for as long as the
-    /// service exists.
+    /// Evicts idle engines every quarter of the idle time (at most every 30 s), and reads the
+    /// models directory again every `pushdown.models_refresh_secs` ([`Self::refresh_models`]),
+    /// for as long as the service exists.
     pub(crate) fn spawn_reaper(self: &Arc<Self>) {
         let period = (self.cfg.engine_idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
         let service = Arc::downgrade(self);
@@ -279,6 +325,15 @@ impl Pushdown {
                 tokio::time::sleep(period).await;
                 let Some(service) = service.upgrade() else { break };
                 service.engines.evict_idle();
+            }
+        });
+        let Some(every) = self.cfg.models_refresh else { return };
+        let service = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(service) = service.upgrade() else { break };
+                let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
             }
         });
     }
@@ -307,7 +362,9 @@ impl Pushdown {
     #[doc(hidden)]
     #[must_use]
     pub fn inject_worker_panic(&self, model: &str, split: &str) -> bool {
-        self.engines.running(&(model.to_owned(), split.to_owned())).map(|e| e.inject_panic()).is_some()
+        let Ok(m) = self.model(model) else { return false };
+        let key = EngineKey { model: model.to_owned(), version: m.version.clone(), split: split.to_owned() };
+        self.engines.running(&key).map(|e| e.inject_panic()).is_some()
     }
 }
 
