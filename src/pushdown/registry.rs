@@ -107,7 +107,8 @@ impl Registry {
                     let name = m.manifest.name.clone();
                     if let Some(first) = seen.insert(name.clone(), d.clone()) {
                         reg.models.remove(&name);
-                        let why = format!("two manifests name model {name:?} ({} and {})", first.display(), d.display());
+                        let why =
+                            format!("two manifests name model {name:?} ({} and {})", first.display(), d.display());
                         reg.failed.push((d, why));
                         continue;
                     }
@@ -202,9 +203,13 @@ fn load_one(dir: &Path, limits: LoadLimits) -> Result<Model, String> {
     if !digest.eq_ignore_ascii_case(&manifest.sha256) {
         return Err(format!("sha256 of {} is {digest}, manifest says {}", path.display(), manifest.sha256));
     }
-    let tensors = super::prefix::tensor_names(&bytes).map_err(|e| format!("{} is not an ONNX model: {e}", path.display()))?;
+    let tensors =
+        super::prefix::tensor_names(&bytes).map_err(|e| format!("{} is not an ONNX model: {e}", path.display()))?;
     if let Some(s) = manifest.splits.iter().find(|s| !tensors.contains(&s.tensor)) {
-        return Err(format!("split {:?} names tensor {:?}, which the model's graph does not produce", s.name, s.tensor));
+        return Err(format!(
+            "split {:?} names tensor {:?}, which the model's graph does not produce",
+            s.name, s.tensor
+        ));
     }
     let mut version = Sha256::new();
     version.update(digest.as_bytes());
@@ -286,7 +291,10 @@ mod tests {
         tiny(root.path(), "twin2", "tiny-cnn", |m| m);
         // Not ONNX, with its hash right.
         tiny(root.path(), "garbage", "garbage", |m| {
-            m.replace("457cb3721b9f12ca56938a5391fd28d099d9a7b26ece9f047cd0ffffeb850b7e", &hex::encode(Sha256::digest(b"hello")))
+            m.replace(
+                "457cb3721b9f12ca56938a5391fd28d099d9a7b26ece9f047cd0ffffeb850b7e",
+                &hex::encode(Sha256::digest(b"hello")),
+            )
         });
         std::fs::write(root.path().join("garbage/model.onnx"), b"hello").expect("write");
         // Huge: refused from its size (a sparse file: nothing is read).

@@ -14,10 +14,10 @@ use futures_util::future::try_join_all;
 
 use super::clock::{CpuTally, cpu_timed};
 use super::engine::{Engine, EngineConfig};
+use super::engines::EngineKey;
 use super::error::PushdownError;
 use super::governor::{Governor, GovernorConfig};
 use super::inference::Inference;
-use super::engines::EngineKey;
 use super::registry::{Changes, LoadLimits, Model, Registry};
 use super::tensor::Tensor;
 use super::{
@@ -256,10 +256,11 @@ impl Pushdown {
 
     pub(super) fn model(&self, name: &str) -> Result<Arc<Model>, PushdownError> {
         let registry = self.registry.load();
-        registry.models.get(name).cloned().ok_or_else(|| PushdownError::UnknownModel {
-            name: name.to_owned(),
-            known: registry.names().join(", "),
-        })
+        registry
+            .models
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PushdownError::UnknownModel { name: name.to_owned(), known: registry.names().join(", ") })
     }
 
     /// Reads the models directory again and serves what it holds now: models added are served
@@ -279,13 +280,18 @@ impl Pushdown {
         self.registry.store(after.clone());
         if !changes.is_empty() {
             tracing::info!(added = ?changes.added, replaced = ?changes.replaced, removed = ?changes.removed, "Models changed.");
-            for (change, names) in [("added", &changes.added), ("replaced", &changes.replaced), ("removed", &changes.removed)] {
+            for (change, names) in
+                [("added", &changes.added), ("replaced", &changes.replaced), ("removed", &changes.removed)]
+            {
                 let label = crate::metrics::ChangeLabel { change };
                 self.cfg.metrics.model_changes.get_or_create(&label).inc_by(names.len() as u64);
             }
             self.engines.retire(|k| after.models.get(&k.model).is_some_and(|m| m.version == k.version));
             let served: Vec<&str> = after.models.values().map(|m| m.version.as_str()).collect();
-            self.split_costs.lock().unwrap_or_else(PoisonError::into_inner).retain(|k, _| served.contains(&k.0.as_str()));
+            self.split_costs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|k, _| served.contains(&k.0.as_str()));
         }
         let refused = crate::metrics::ChangeLabel { change: "refused" };
         self.cfg.metrics.model_changes.get_or_create(&refused).inc_by(new_failures.len() as u64);
@@ -294,7 +300,8 @@ impl Pushdown {
 
     pub(super) async fn engine(&self, model: &Arc<Model>, split: &str) -> Result<Arc<Engine>, PushdownError> {
         let inference = self.inference.as_ref().map_err(|e| PushdownError::Unavailable(e.clone()))?.clone();
-        let key = EngineKey { model: model.manifest.name.clone(), version: model.version.clone(), split: split.to_owned() };
+        let key =
+            EngineKey { model: model.manifest.name.clone(), version: model.version.clone(), split: split.to_owned() };
         let tensor = model
             .split(split)
             .map(|s| s.tensor.clone())
