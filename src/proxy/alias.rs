@@ -81,7 +81,7 @@ impl Gateway {
         key: String,
         caller: Caller<'_>,
     ) -> Result<Option<Output>, GatewayError> {
-        let Some(job) = self.prepare(alias.spec.clone(), caller.tenant)? else { return Ok(None) };
+        let Some(job) = self.prepare(alias.spec.clone(), caller.tenant).await? else { return Ok(None) };
         let (parts, ()) = Request::builder()
             .method(Method::HEAD)
             .uri("/")

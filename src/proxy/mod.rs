@@ -315,7 +315,7 @@ impl Gateway {
         }
         let (job, planned_none) = match requested.or_else(|| alias.as_ref().map(|a| a.spec.clone())) {
             Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => {
-                let job = self.prepare(spec, identity.name())?;
+                let job = self.prepare(spec, identity.name()).await?;
                 let none = job.is_none();
                 (job, none)
             }

@@ -28,10 +28,21 @@ const PLAN: http::HeaderName = http::HeaderName::from_static("x-tensorgate-plan"
 impl Gateway {
     /// Resolves a pushdown request ([`crate::pushdown::Pushdown::prepare`]); `None` when
     /// `split=auto` planned no pushdown (then the request is a plain GET).
-    pub(super) fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
+    /// A model this gateway does not serve yet may have been added since its last read of the
+    /// models directory (another member of a cluster may serve it already): the directory is read
+    /// again, at most once a second (`UNKNOWN_MODEL_RESCAN`), before the request is
+    /// refused.
+    pub(super) async fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
         let pd =
-            self.pushdown.as_deref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
-        Ok(pd.prepare(spec, tenant)?)
+            self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
+        match pd.prepare(spec.clone(), tenant) {
+            Err(PushdownError::UnknownModel { .. }) if pd.rescan_allowed() => {
+                let service = pd.clone();
+                let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
+                Ok(pd.prepare(spec, tenant)?)
+            }
+            prepared => Ok(prepared?),
+        }
     }
 
     /// The phase: to the owner (unless this request is a hop from another member, `hop`), else

@@ -41,7 +41,7 @@ impl Gateway {
             if let Some(split) = hop_split.filter(|_| hop) {
                 spec.split = split;
             }
-            match self.prepare(spec, identity.name())? {
+            match self.prepare(spec, identity.name()).await? {
                 Some(job) => {
                     let resp = self
                         .pushdown_phase(

@@ -31,6 +31,11 @@ use super::{
 /// arena, the model being 45 MB.
 pub(super) const START_TRANSIENT_MODEL_COPIES: u64 = 2;
 
+/// How often requests that name a model this gateway does not serve may have the models directory
+/// read again before they are refused (a model just added is then served at once; names that
+/// exist nowhere cost at most one directory read per second).
+pub(crate) const UNKNOWN_MODEL_RESCAN: Duration = Duration::from_secs(1);
+
 /// How long stopping the service waits for the inference threads to end once their queues are
 /// closed: a thread finishes the batch it runs (seconds at most, at `pushdown.max_batch`) and
 /// drops its session.
@@ -104,6 +109,10 @@ pub struct Pushdown {
     pub(super) registry: ArcSwap<Registry>,
     /// One rescan at a time.
     pub(super) rescan: Mutex<()>,
+    /// When a request for an unknown model last had the models directory read again (ms since
+    /// `started`).
+    pub(super) last_unknown_rescan: std::sync::atomic::AtomicU64,
+    pub(super) started: std::time::Instant,
     /// What runs the prefixes (ONNX Runtime), or why nothing can.
     pub(super) inference: Result<Arc<dyn Inference>, String>,
     pub(super) engines: Arc<engines::EngineTable>,
@@ -185,6 +194,8 @@ impl Pushdown {
             cfg,
             registry: ArcSwap::from_pointee(registry),
             rescan: Mutex::default(),
+            last_unknown_rescan: std::sync::atomic::AtomicU64::new(0),
+            started: std::time::Instant::now(),
             inference,
             engines,
             node: engine::Node {
@@ -261,6 +272,19 @@ impl Pushdown {
             .get(name)
             .cloned()
             .ok_or_else(|| PushdownError::UnknownModel { name: name.to_owned(), known: registry.names().join(", ") })
+    }
+
+    /// Whether a request naming an unknown model may make the models directory be read again now
+    /// (at most once per [`UNKNOWN_MODEL_RESCAN`], whatever the requests name).
+    pub(crate) fn rescan_allowed(&self) -> bool {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_unknown_rescan.load(std::sync::atomic::Ordering::Relaxed);
+        let every = u64::try_from(UNKNOWN_MODEL_RESCAN.as_millis()).unwrap_or(u64::MAX);
+        now.saturating_sub(last) >= every
+            && self
+                .last_unknown_rescan
+                .compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Reads the models directory again and serves what it holds now: models added are served

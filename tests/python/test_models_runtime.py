@@ -45,8 +45,8 @@ def until(check, what: str):
     raise AssertionError(f"never: {what}")
 
 
-def features(s3, name: str) -> np.ndarray:
-    body = pushdown_get(s3, "models", "img.png", model=name, split="pool")["Body"].read()
+def features(s3, name: str, bucket: str = "models") -> np.ndarray:
+    body = pushdown_get(s3, bucket, "img.png", model=name, split="pool")["Body"].read()
     return np.load(io.BytesIO(body))
 
 
@@ -123,3 +123,23 @@ def test_models_change_while_serving(tmp_path, seaweed):
                                                                                  "tensorgate-dev-secret"))})
         with urllib.request.urlopen(req) as r:
             assert json.loads(r.read()) == {"added": [], "replaced": [], "removed": []}
+
+
+def test_a_request_for_a_model_just_added_reads_the_directory_again(tmp_path, seaweed):
+    models = tmp_path / "models"
+    models.mkdir()
+    add_model(models, "tiny", "tiny-cnn")
+    # No periodic rescan: only the request for the new model can make the gateway see it.
+    env = {"TENSORGATE_MODELS_DIR": str(models), "TENSORGATE__PUSHDOWN__MODELS_REFRESH_SECS": "0"}
+    with run_gateway(tmp_path, seaweed=seaweed, env=env) as (endpoint, admin, s3, pid):
+        s3.create_bucket(Bucket="models-new")
+        pixels = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+        png = io.BytesIO()
+        Image.fromarray(pixels).save(png, format="PNG")
+        s3.put_object(Bucket="models-new", Key="img.png", Body=png.getvalue())
+        base = features(s3, "tiny-cnn", "models-new")
+        add_model(models, "three", "tiny-three")
+        # More than a second after start (at most one rescan a second for unknown names).
+        time.sleep(1.1)
+        np.testing.assert_array_equal(features(s3, "tiny-three", "models-new"), base)
+        assert metric(admin, 'tensorgate_pushdown_model_changes_total{change="added"}') == 1
