@@ -53,6 +53,31 @@ enum Command {
 enum ModelsCommand {
     /// List the tensors a model can be cut at (node outputs, in graph order).
     Tensors { model: PathBuf },
+    /// Write a model directory (the ONNX file and its manifest) from a model as an exporter left
+    /// it: input, candidate splits at the exported modules' boundaries (each checked against ONNX
+    /// Runtime on the full model), freeze split, preprocessing, sha256.
+    Import {
+        model: PathBuf,
+        /// The model's name in requests (and its directory's).
+        #[arg(long)]
+        name: String,
+        /// Preprocessing: imagenet, clip, or none (.npy inputs).
+        #[arg(long, value_enum, default_value = "imagenet")]
+        preset: crate::pushdown::import::Preset,
+        /// A Hugging Face preprocessor_config.json or a timm pretrained_cfg (JSON), over the preset.
+        #[arg(long)]
+        preprocess_config: Option<PathBuf>,
+        #[arg(long, default_value = "unknown")]
+        license: String,
+        #[arg(long, default_value = "imported")]
+        origin: String,
+        /// Where the model's directory is written (a gateway's models_dir serves it from there).
+        #[arg(long, default_value = "models")]
+        out: PathBuf,
+        /// The ONNX Runtime library (default: as the gateway finds it).
+        #[arg(long, env = "TENSORGATE_ORT_LIBRARY")]
+        ort_library: Option<PathBuf>,
+    },
     /// Write the prefix of MODEL that computes the given tensors.
     Cut {
         model: PathBuf,
@@ -167,6 +192,20 @@ fn models(cmd: ModelsCommand) -> anyhow::Result<()> {
             let bytes = std::fs::read(&model).with_context(|| format!("reading {}", model.display()))?;
             for name in prefix::tensor_names(&bytes)? {
                 println!("{name}");
+            }
+        }
+        ModelsCommand::Import { model, name, preset, preprocess_config, license, origin, out, ort_library } => {
+            use crate::pushdown::import::{ImportOptions, import};
+            let env = crate::pushdown::runtime::environment(ort_library.as_deref()).map_err(anyhow::Error::msg)?;
+            let inference = crate::pushdown::runtime::OrtInference { env };
+            let opts = ImportOptions { name, preset, preprocess_config, license, origin, out };
+            let done = import(&model, &opts, &inference).map_err(anyhow::Error::msg)?;
+            println!("{}: {} splits, freeze {}", done.dir.display(), done.manifest.splits.len(), done.manifest.freeze);
+            for s in &done.manifest.splits {
+                println!("  {} = {}", s.name, s.tensor);
+            }
+            for (split, why) in &done.dropped {
+                println!("  left out {split}: {why}");
             }
         }
         ModelsCommand::Cut { model, splits, out } => {

@@ -20,6 +20,7 @@ pub(crate) mod engines;
 pub(crate) mod error;
 pub(crate) mod fair;
 pub(crate) mod governor;
+pub(crate) mod import;
 mod inference;
 mod job;
 pub mod manifest;

@@ -45,6 +45,14 @@ const GRAPH_SPARSE_INITIALIZER: u32 = 15;
 const NODE_INPUT: u32 = 1;
 const NODE_OUTPUT: u32 = 2;
 const NODE_ATTRIBUTE: u32 = 5;
+const NODE_NAME: u32 = 3;
+/// ValueInfoProto.type = 2.
+const VALUE_INFO_TYPE: u32 = 2;
+const TYPE_TENSOR: u32 = 1;
+const TENSOR_TYPE_ELEM: u32 = 1;
+const TENSOR_TYPE_SHAPE: u32 = 2;
+const SHAPE_DIM: u32 = 1;
+const DIM_VALUE: u32 = 1;
 const ATTR_GRAPH: u32 = 6;
 const ATTR_GRAPHS: u32 = 11;
 const TENSOR_NAME: u32 = 8;
@@ -186,6 +194,91 @@ fn outer_references(graph: &[u8]) -> Result<Vec<&str>, CutError> {
     Ok(used.into_iter().filter(|u| !defined.contains(u)).collect())
 }
 
+/// A graph input the model's caller feeds (initializers that older exporters also list as inputs
+/// are left out): its name, ONNX element type and dimensions (`None`: symbolic, as a batch axis).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GraphInput {
+    pub(crate) name: String,
+    pub(crate) elem_type: u64,
+    pub(crate) dims: Vec<Option<u64>>,
+}
+
+/// ONNX's element type of `float` tensors.
+pub(crate) const ELEM_FLOAT: u64 = 1;
+
+/// The inputs a caller feeds.
+///
+/// # Errors
+/// A model that is not valid protobuf or has no graph.
+pub(crate) fn graph_inputs(model: &[u8]) -> Result<Vec<GraphInput>, CutError> {
+    let graph = graph_of(model)?;
+    let mut initializers: HashSet<&str> = HashSet::new();
+    for f in fields(graph)?.into_iter().filter(|f| f.number == GRAPH_INITIALIZER && f.wire == WIRE_LEN) {
+        initializers.extend(first_string(f.payload, TENSOR_NAME)?);
+    }
+    let mut out = Vec::new();
+    for f in fields(graph)?.into_iter().filter(|f| f.number == GRAPH_INPUT && f.wire == WIRE_LEN) {
+        let Some(name) = first_string(f.payload, VALUE_INFO_NAME)? else { continue };
+        if initializers.contains(name) {
+            continue;
+        }
+        let (mut elem_type, mut dims) = (0, Vec::new());
+        let mut tensors = Vec::new();
+        for t in submessages(f.payload, VALUE_INFO_TYPE)? {
+            tensors.extend(submessages(t, TYPE_TENSOR)?);
+        }
+        for t in tensors {
+            for g in fields(t)? {
+                match (g.number, g.wire) {
+                    (TENSOR_TYPE_ELEM, WIRE_VARINT) => elem_type = varint(g.payload)?,
+                    (TENSOR_TYPE_SHAPE, WIRE_LEN) => {
+                        for d in submessages(g.payload, SHAPE_DIM)? {
+                            let value = fields(d)?.into_iter().find(|v| v.number == DIM_VALUE && v.wire == WIRE_VARINT);
+                            dims.push(value.map(|v| varint(v.payload)).transpose()?.filter(|&v| v > 0));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out.push(GraphInput { name: name.to_owned(), elem_type, dims });
+    }
+    Ok(out)
+}
+
+/// A node as an exporter named it (torch's `dynamo=False` exporter writes the module path,
+/// `/layer1/layer1.0/conv1/Conv`), and its outputs.
+#[derive(Debug, Clone)]
+pub(crate) struct NamedNode {
+    pub(crate) name: String,
+    pub(crate) outputs: Vec<String>,
+}
+
+/// The graph's nodes, in order.
+///
+/// # Errors
+/// A model that is not valid protobuf or has no graph.
+pub(crate) fn named_nodes(model: &[u8]) -> Result<Vec<NamedNode>, CutError> {
+    let graph = graph_of(model)?;
+    let mut out = Vec::new();
+    for f in fields(graph)?.into_iter().filter(|f| f.number == GRAPH_NODE && f.wire == WIRE_LEN) {
+        let name = first_string(f.payload, NODE_NAME)?.unwrap_or_default().to_owned();
+        let outputs = node_info(f.payload)?.outputs.into_iter().map(str::to_owned).collect();
+        out.push(NamedNode { name, outputs });
+    }
+    Ok(out)
+}
+
+/// The payloads of length-delimited field `number` of a message.
+fn submessages(msg: &[u8], number: u32) -> Result<Vec<&[u8]>, CutError> {
+    Ok(fields(msg)?.into_iter().filter(|f| f.number == number && f.wire == WIRE_LEN).map(|f| f.payload).collect())
+}
+
+/// A varint field's value.
+fn varint(payload: &[u8]) -> Result<u64, CutError> {
+    read_varint(payload, &mut 0)
+}
+
 /// The tensor names a cut can target: every node output, in graph order.
 ///
 /// # Errors
@@ -258,8 +351,6 @@ pub fn has_external_data(model: &[u8]) -> Result<bool, CutError> {
 /// `TypeProto { tensor_type: { elem_type: FLOAT } }` (TypeProto.tensor_type = 1,
 /// Tensor.elem_type = 1, TensorProto.DataType.FLOAT = 1).
 const FLOAT_TENSOR_TYPE: &[u8] = &[0x0A, 0x02, 0x08, 0x01];
-/// ValueInfoProto.type = 2.
-const VALUE_INFO_TYPE: u32 = 2;
 
 fn rewrite(model: &[u8], inputs: &[&str], outputs: &[&str], keep_all: bool) -> Result<Vec<u8>, CutError> {
     if outputs.is_empty() {

@@ -192,13 +192,14 @@ def synthetic_photo(w: int, h: int, seed: int):
     return img
 
 
-def reference_preprocess(img, model: str) -> np.ndarray:
-    """PIL + numpy, torchvision conventions (Resize(shorter) + CenterCrop), from the manifest."""
+def reference_preprocess(img, model: str, manifest: dict | None = None) -> np.ndarray:
+    """PIL + numpy, torchvision conventions (Resize(shorter) + CenterCrop), from the manifest
+    (`models/<model>/manifest.toml` unless given)."""
     import tomllib
 
     from PIL import Image
 
-    m = tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
+    m = manifest or tomllib.loads((ROOT / "models" / model / "manifest.toml").read_text())
     p = m["preprocess"]
     img = img.convert("RGB")
     w, h = img.size

@@ -1,0 +1,401 @@
+//! `tensorgate models import MODEL.onnx`: a model directory (the ONNX file and its manifest) written
+//! from a model as an exporter left it, so that a user's own model needs no hand-written manifest.
+//!
+//! - The input: the graph's one float input of four dimensions, `NCHW` (three channels second) or
+//!   `NHWC` (three channels last); symbolic height and width take the preprocessing's crop.
+//! - Candidate splits at block boundaries, named after the module path the exporter kept in node
+//!   names (torch's `torch.onnx.export(..., dynamo=False)` writes `/layer1/layer1.0/conv1/Conv`):
+//!   the top-level modules in graph order, each one's split the output of its last node; a module
+//!   holding most of the graph (a ViT's `blocks`, a BERT's `encoder`) is split at its own children
+//!   instead ([`boundaries`]).
+//! - The freeze split: the last candidate before a classifier head (`fc`, `head`, `classifier`).
+//! - Preprocessing from a preset (`imagenet`, `clip`, `none`), a Hugging Face
+//!   `preprocessor_config.json` or a timm `pretrained_cfg` (JSON) ([`preprocess_from`]).
+//! - It checks itself: a prefix cut at every candidate must give what ONNX Runtime computes at
+//!   that tensor in the full model (relative L2 at most [`IMPORT_TOLERANCE`]); a candidate that does
+//!   not is left out, named in the report.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::engine::OrtArena;
+use super::inference::{Inference, SessionSettings};
+use super::manifest::{Channels, Layout, Manifest, Preprocess, SplitDef};
+use super::prefix::{self, ELEM_FLOAT, NamedNode};
+
+/// How far a prefix's output may be from the full model's at the same tensor: the bar pushdowns
+/// are held to against onnxruntime.
+pub(crate) const IMPORT_TOLERANCE: f64 = 1e-5;
+
+/// Module names that hold a classifier head: the freeze split is the candidate before them.
+const HEADS: &[&str] = &["fc", "head", "heads", "classifier", "pre_logits", "lm_head"];
+
+/// How deep [`boundaries`] descends into a module that holds most of the graph.
+const MAX_DEPTH: usize = 4;
+
+/// Where the preprocessing comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Preset {
+    /// torchvision's ImageNet evaluation transform: shorter side 256, centre crop 224, ImageNet
+    /// mean and std, RGB.
+    Imagenet,
+    /// CLIP's: shorter side 224, centre crop 224, CLIP's mean and std, RGB (CLIP resizes bicubic;
+    /// the gateway resizes bilinear, as PIL does).
+    Clip,
+    /// No `[preprocess]`: the model takes `.npy` tensors.
+    None,
+}
+
+/// What to import and how.
+#[derive(Debug, Clone)]
+pub(crate) struct ImportOptions {
+    pub(crate) name: String,
+    pub(crate) preset: Preset,
+    /// A Hugging Face `preprocessor_config.json` or a timm `pretrained_cfg` saved as JSON; over
+    /// the preset.
+    pub(crate) preprocess_config: Option<PathBuf>,
+    pub(crate) license: String,
+    pub(crate) origin: String,
+    /// The directory the model's directory is written in (`models`).
+    pub(crate) out: PathBuf,
+}
+
+/// What an import wrote and found.
+#[derive(Debug)]
+pub(crate) struct Imported {
+    pub(crate) dir: PathBuf,
+    pub(crate) manifest: Manifest,
+    /// Candidates left out, and why.
+    pub(crate) dropped: Vec<(String, String)>,
+}
+
+/// Imports `model` (see the module docs), checking every candidate with `inference`.
+///
+/// # Errors
+/// A model that is not ONNX, has no usable image input or no module path in its node names, or
+/// whose every candidate failed its check; an unreadable configuration; a directory that cannot be
+/// written (or exists already).
+pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inference) -> Result<Imported, String> {
+    let bytes = std::fs::read(model).map_err(|e| format!("reading {}: {e}", model.display()))?;
+    if prefix::has_external_data(&bytes).map_err(|e| e.to_string())? {
+        return Err("the model keeps its weights in external data files: export it as one file".into());
+    }
+    let preprocess = match &opts.preprocess_config {
+        Some(path) => Some(preprocess_from(path)?),
+        None => preset(opts.preset),
+    };
+    let (input, input_shape, layout) = image_input(&bytes, preprocess.as_ref())?;
+    let candidates = boundaries(&prefix::named_nodes(&bytes).map_err(|e| e.to_string())?);
+    if candidates.is_empty() {
+        return Err("no module path in the graph's node names: export with torch.onnx.export(..., dynamo=False), \
+                    which names nodes after the modules (/layer1/layer1.0/conv1/Conv)"
+            .into());
+    }
+    let mut manifest = Manifest {
+        name: opts.name.clone(),
+        file: "model.onnx".into(),
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        input,
+        input_shape,
+        layout,
+        freeze: String::new(),
+        license: opts.license.clone(),
+        origin: opts.origin.clone(),
+        preprocess,
+        text: None,
+        splits: Vec::new(),
+    };
+    let dir = model.parent().unwrap_or(Path::new("."));
+    let mut dropped = Vec::new();
+    for (name, tensor) in candidates {
+        match check(&bytes, &manifest, &tensor, inference, dir) {
+            Ok(()) => manifest.splits.push(SplitDef { name, tensor }),
+            Err(why) => dropped.push((name, why)),
+        }
+    }
+    let freeze = manifest.splits.iter().rposition(|s| !HEADS.contains(&s.name.as_str())).unwrap_or(0);
+    manifest.freeze = manifest.splits.get(freeze).ok_or("no candidate split passed its check")?.name.clone();
+    let out = opts.out.join(&opts.name);
+    std::fs::create_dir_all(&opts.out).map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
+    std::fs::create_dir(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    std::fs::write(out.join("model.onnx"), &bytes).map_err(|e| format!("writing the model: {e}"))?;
+    // The manifest last: a gateway reading the directory sees the model once it is whole.
+    std::fs::write(out.join("manifest.toml"), manifest_toml(&manifest, model))
+        .map_err(|e| format!("writing the manifest: {e}"))?;
+    Ok(Imported { dir: out, manifest, dropped })
+}
+
+/// The graph's image input: its name, per-sample shape and layout.
+fn image_input(bytes: &[u8], preprocess: Option<&Preprocess>) -> Result<(String, Vec<usize>, Layout), String> {
+    let inputs = prefix::graph_inputs(bytes).map_err(|e| e.to_string())?;
+    let [input] = inputs.as_slice() else {
+        return Err(format!(
+            "the model has {} inputs ({}); an image model has one",
+            inputs.len(),
+            inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    };
+    let &[_, a, b, c] = input.dims.as_slice() else {
+        return Err(format!("input {:?} has {} dimensions; an image batch has 4", input.name, input.dims.len()));
+    };
+    if input.elem_type != ELEM_FLOAT {
+        return Err(format!("input {:?} is not float (ONNX type {})", input.name, input.elem_type));
+    }
+    let crop = preprocess.map(|p| p.crop);
+    let side = |d: Option<u64>, i: usize| -> Result<usize, String> {
+        match (d, crop) {
+            (Some(v), Some(c)) if v != u64::from(c[i]) => {
+                Err(format!("input {:?} is {v} pixels where the preprocessing crops {}", input.name, c[i]))
+            }
+            (Some(v), _) => usize::try_from(v).map_err(|e| e.to_string()),
+            (None, Some(c)) => Ok(c[i] as usize),
+            (None, None) => Err(format!("input {:?} has a symbolic size and no preprocessing says it", input.name)),
+        }
+    };
+    match (a, c) {
+        (Some(3), _) => Ok((input.name.clone(), vec![3, side(b, 0)?, side(c, 1)?], Layout::Nchw)),
+        (_, Some(3)) => Ok((input.name.clone(), vec![side(a, 0)?, side(b, 1)?, 3], Layout::Nhwc)),
+        _ => Err(format!("input {:?} has no 3-channel axis second or last: {:?}", input.name, input.dims)),
+    }
+}
+
+/// A node's module path from its name (`/layer1/layer1.0/conv1/Conv` is `layer1`, `layer1.0`,
+/// `conv1`): the name's components but the last, which names the operator.
+fn module_path(node: &NamedNode) -> Vec<&str> {
+    let mut parts: Vec<&str> = node.name.split('/').filter(|p| !p.is_empty()).collect();
+    if node.name.starts_with('/') {
+        parts.pop();
+        parts
+    } else {
+        Vec::new()
+    }
+}
+
+/// Candidate splits: (name, tensor) at block boundaries, in graph order (module docs).
+pub(crate) fn boundaries(nodes: &[NamedNode]) -> Vec<(String, String)> {
+    let paths: Vec<Vec<&str>> = nodes.iter().map(module_path).collect();
+    let members: Vec<usize> = (0..nodes.len()).filter(|&i| !paths[i].is_empty()).collect();
+    let mut out = Vec::new();
+    split_at(nodes, &paths, &members, 0, &mut out);
+    out
+}
+
+/// The candidates among `members` (nodes inside one module) at `depth`: a run of nodes in the
+/// same child module is one candidate, unless it holds most of the module's nodes (then its own
+/// children are, if it has at least two).
+fn split_at(
+    nodes: &[NamedNode],
+    paths: &[Vec<&str>],
+    members: &[usize],
+    depth: usize,
+    out: &mut Vec<(String, String)>,
+) {
+    let mut runs: Vec<(&str, Vec<usize>)> = Vec::new();
+    for &i in members {
+        let Some(&key) = paths[i].get(depth) else { continue };
+        match runs.last_mut() {
+            Some((k, run)) if *k == key => run.push(i),
+            _ => runs.push((key, vec![i])),
+        }
+    }
+    for (key, run) in &runs {
+        if run.len() * 2 > members.len() && depth < MAX_DEPTH {
+            let mut inner = Vec::new();
+            split_at(nodes, paths, run, depth + 1, &mut inner);
+            if inner.len() >= 2 {
+                out.extend(inner);
+                continue;
+            }
+        }
+        let last = run.last().copied().unwrap_or_default();
+        let Some(tensor) = nodes[last].outputs.first() else { continue };
+        // torch names a container's children `layer1.0`: already qualified.
+        let name = if key.contains('.') { (*key).to_owned() } else { paths[last][..=depth].join(".") };
+        if !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, tensor.clone()));
+        }
+    }
+}
+
+/// Whether a prefix cut at `tensor` gives what the full model computes there.
+fn check(bytes: &[u8], manifest: &Manifest, tensor: &str, inference: &dyn Inference, dir: &Path) -> Result<(), String> {
+    let cut = prefix::cut(bytes, &[tensor]).map_err(|e| format!("cannot cut: {e}"))?;
+    let exposed = prefix::expose(bytes, &[tensor]).map_err(|e| format!("cannot expose: {e}"))?;
+    let settings = SessionSettings { threads: 1, arena: OrtArena::Off };
+    let mut shape = vec![1];
+    shape.extend(&manifest.input_shape);
+    let n: usize = shape.iter().product();
+    let probe: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+    let a = inference.session(&cut, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
+    let b = inference.session(&exposed, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
+    if a.shape != b.shape {
+        return Err(format!("shape {:?} against the full model's {:?}", a.shape, b.shape));
+    }
+    let (diff, norm) =
+        a.data.iter().zip(&b.data).fold((0f64, 0f64), |(d, n), (&x, &y)| {
+            (d + (f64::from(x) - f64::from(y)).powi(2), n + f64::from(y).powi(2))
+        });
+    let rel = if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() };
+    if rel <= IMPORT_TOLERANCE { Ok(()) } else { Err(format!("relative L2 {rel:.2e} from the full model's output")) }
+}
+
+/// The built-in preprocessing presets.
+fn preset(p: Preset) -> Option<Preprocess> {
+    let image = |resize, crop, mean, std| Preprocess {
+        resize_shorter: Some(resize),
+        crop: [crop, crop],
+        scale: 1.0 / 255.0,
+        mean,
+        std,
+        channels: Channels::Rgb,
+    };
+    match p {
+        Preset::Imagenet => Some(image(256, 224, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])),
+        Preset::Clip => {
+            Some(image(224, 224, [0.481_454_66, 0.457_827_5, 0.408_210_73], [0.268_629_54, 0.261_302_6, 0.275_777_1]))
+        }
+        Preset::None => None,
+    }
+}
+
+/// Preprocessing from a Hugging Face `preprocessor_config.json` (`size.shortest_edge` or
+/// `size.height`, `crop_size`, `rescale_factor`, `image_mean`, `image_std`) or a timm
+/// `pretrained_cfg` (`input_size`, `crop_pct`, `mean`, `std`).
+///
+/// # Errors
+/// An unreadable file, or one that is neither.
+pub(crate) fn preprocess_from(path: &Path) -> Result<Preprocess, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let floats = |key: &str| -> Option<[f32; 3]> {
+        let a = v.get(key)?.as_array()?;
+        let f: Vec<f32> = a.iter().filter_map(serde_json::Value::as_f64).map(|x| x as f32).collect();
+        f.try_into().ok()
+    };
+    let uint =
+        |x: Option<&serde_json::Value>| x.and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
+    let (mean, std) =
+        match (floats("image_mean").or_else(|| floats("mean")), floats("image_std").or_else(|| floats("std"))) {
+            (Some(m), Some(s)) => (m, s),
+            _ => return Err(format!("{}: no mean and std (image_mean/image_std or mean/std)", path.display())),
+        };
+    if let Some(size) = v.get("input_size").and_then(serde_json::Value::as_array) {
+        // timm: input_size [3, H, W]; resize to H / crop_pct, then crop H x W.
+        let (h, w) = (uint(size.get(1)).unwrap_or(224), uint(size.get(2)).unwrap_or(224));
+        let pct = v.get("crop_pct").and_then(serde_json::Value::as_f64).unwrap_or(0.875);
+        let resize = (f64::from(h) / pct).floor() as u32;
+        return Ok(Preprocess {
+            resize_shorter: Some(resize),
+            crop: [h, w],
+            scale: 1.0 / 255.0,
+            mean,
+            std,
+            channels: Channels::Rgb,
+        });
+    }
+    let size = v.get("size");
+    let shortest = uint(size.and_then(|s| s.get("shortest_edge")))
+        .or_else(|| uint(size.and_then(|s| s.get("height"))))
+        .or_else(|| uint(size));
+    let crop = v.get("crop_size");
+    let (ch, cw) = match (uint(crop.and_then(|c| c.get("height"))), uint(crop.and_then(|c| c.get("width"))), uint(crop))
+    {
+        (Some(h), Some(w), _) => (h, w),
+        (_, _, Some(c)) => (c, c),
+        _ => {
+            let s = shortest.ok_or_else(|| format!("{}: no size or crop_size", path.display()))?;
+            (s, s)
+        }
+    };
+    let scale = v.get("rescale_factor").and_then(serde_json::Value::as_f64).map_or(1.0 / 255.0, |f| f as f32);
+    let resize = if v.get("do_resize").and_then(serde_json::Value::as_bool) == Some(false) { None } else { shortest };
+    Ok(Preprocess { resize_shorter: resize, crop: [ch, cw], scale, mean, std, channels: Channels::Rgb })
+}
+
+/// The manifest as TOML, with where it came from.
+fn manifest_toml(m: &Manifest, model: &Path) -> String {
+    let q = |s: &str| toml::Value::String(s.to_owned()).to_string();
+    let mut t = format!(
+        "# Written by `tensorgate models import {}`: splits at the exported modules' boundaries, each\n\
+         # checked against ONNX Runtime on the full model. Edit the freeze split or the splits as needed.\n\
+         name = {}\nfile = {}\nsha256 = {}\ninput = {}\ninput_shape = {:?}\nlayout = {}\nfreeze = {}\nlicense = {}\norigin = {}\n",
+        model.display(),
+        q(&m.name),
+        q(&m.file),
+        q(&m.sha256),
+        q(&m.input),
+        m.input_shape,
+        q(match m.layout {
+            Layout::Nchw => "NCHW",
+            Layout::Nhwc => "NHWC",
+        }),
+        q(&m.freeze),
+        q(&m.license),
+        q(&m.origin),
+    );
+    if let Some(p) = &m.preprocess {
+        t.push_str("\n[preprocess]\n");
+        if let Some(r) = p.resize_shorter {
+            t.push_str(&format!("resize_shorter = {r}\n"));
+        }
+        t.push_str(&format!(
+            "crop = {:?}\nscale = {:?}\nmean = {:?}\nstd = {:?}\nchannels = {}\n",
+            p.crop,
+            p.scale,
+            p.mean,
+            p.std,
+            q(match p.channels {
+                Channels::Rgb => "RGB",
+                Channels::Bgr => "BGR",
+            })
+        ));
+    }
+    for s in &m.splits {
+        t.push_str(&format!("\n[[splits]]\nname = {}\ntensor = {}\n", q(&s.name), q(&s.tensor)));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, out: &str) -> NamedNode {
+        NamedNode { name: name.into(), outputs: vec![out.into()] }
+    }
+
+    #[test]
+    fn blocks_are_the_modules_and_a_dominant_module_is_split_at_its_children() {
+        // A ResNet's top level.
+        let resnet = [
+            node("/conv1/Conv", "c1"),
+            node("/maxpool/MaxPool", "mp"),
+            node("/layer1/layer1.0/conv1/Conv", "a"),
+            node("/layer1/layer1.0/relu/Relu", "l1"),
+            node("/layer2/layer2.0/conv1/Conv", "b"),
+            node("/layer2/layer2.0/relu/Relu", "l2"),
+            node("/avgpool/GlobalAveragePool", "gap"),
+            node("/Flatten", "flat"),
+            node("/fc/Gemm", "logits"),
+        ];
+        let got = boundaries(&resnet);
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["conv1", "maxpool", "layer1", "layer2", "avgpool", "fc"]);
+        assert_eq!(got[2].1, "l1");
+
+        // A ViT: `blocks` holds most of the graph, so its children are the candidates.
+        let mut vit = vec![node("/patch_embed/proj/Conv", "pe")];
+        for b in 0..3 {
+            for op in ["attn/MatMul", "mlp/fc1/MatMul", "Add"] {
+                vit.push(node(&format!("/blocks/blocks.{b}/{op}"), &format!("b{b}-{op}")));
+            }
+        }
+        vit.push(node("/norm/LayerNormalization", "n"));
+        vit.push(node("/head/Gemm", "h"));
+        let names: Vec<String> = boundaries(&vit).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["patch_embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]);
+        // Names without a module path (another exporter's) give none.
+        assert!(boundaries(&[node("node_Conv_0", "x")]).is_empty());
+    }
+}
