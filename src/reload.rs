@@ -18,19 +18,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::ArcSwap;
-
 use crate::config::{Config, ConfigError, Overrides};
 use crate::metrics::{Metrics, OutcomeLabel};
-use crate::proxy::FrontConfig;
+use crate::proxy::LiveFront;
 use crate::proxy::admit::Admission;
-use crate::s3::credentials::CredentialStore;
-
-/// The client credentials in force, replaced whole by a reload.
-pub(crate) type LiveCredentials = Arc<ArcSwap<CredentialStore>>;
-
-/// The front end's settings in force, replaced whole by a reload.
-pub(crate) type LiveFront = Arc<ArcSwap<FrontConfig>>;
+use crate::s3::credentials::LiveCredentials;
 
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,8 @@ use time::OffsetDateTime;
 
 use crate::backend::{Backend, ForwardPayload, ForwardRequest};
 use crate::body::Body;
-use crate::reload::LiveCredentials;
 use crate::s3::authority::{Authority, claimed_access_key};
+use crate::s3::credentials::LiveCredentials;
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::verify::{self, Identity};
 

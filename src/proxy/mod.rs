@@ -12,8 +12,6 @@ mod pushdown;
 mod source;
 mod transparent;
 
-use self::passthrough::{Plain, check_declared, content_length, expects_continue};
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,7 +27,7 @@ use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
 use crate::pushdown::{Pushdown, PushdownError};
-use crate::reload::{LiveCredentials, LiveFront};
+use crate::s3::credentials::LiveCredentials;
 use crate::s3::headers::HOP_BY_HOP;
 use crate::s3::route::{self, S3Op, Target};
 use crate::s3::sigv4::verify::{self, Verified};
@@ -51,6 +49,22 @@ pub(crate) struct Caller<'a> {
     pub(crate) tenant: &'a str,
     pub(crate) authority: &'a crate::s3::authority::Authority,
 }
+
+/// What [`Gateway::forward`] resolved for a request it forwards as it is.
+pub(super) struct Plain {
+    pub(super) op: S3Op,
+    /// The store's bucket and key (an alias bucket's target).
+    pub(super) target: Target,
+    /// The query the store gets (an alias listing's is bounded).
+    pub(super) query: Option<String>,
+    /// Whose rights the store request carries.
+    pub(super) authority: crate::s3::authority::Authority,
+    /// `split=auto` planned no pushdown: the answer is marked so.
+    pub(super) planned_none: bool,
+}
+
+/// The front end's settings in force, replaced whole by a configuration reload (`crate::reload`).
+pub(crate) type LiveFront = Arc<arc_swap::ArcSwap<FrontConfig>>;
 
 /// Front-end settings the request path needs.
 #[derive(Debug, Clone)]

@@ -9,30 +9,16 @@ use futures_util::Stream;
 use http::{HeaderMap, HeaderValue, Response};
 use http_body_util::BodyDataStream;
 
-use super::{Gateway, MAX_BUFFERED_BODY, VERIFY_WHOLE_BELOW};
+use super::{Gateway, MAX_BUFFERED_BODY, Plain, VERIFY_WHOLE_BELOW};
 use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, fs::strip_aws_chunked};
 use crate::body::{Body, BodyError, Checksummed, Guarded, Metered, WithholdTail};
 use crate::cache::TensorCache;
 use crate::error::GatewayError;
-use crate::s3::authority::Authority;
 use crate::s3::checksum::Algorithm;
 use crate::s3::headers;
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::chunked;
 use crate::s3::sigv4::verify::Payload;
-
-/// What [`Gateway::forward`] resolved for a request it forwards as it is.
-pub(super) struct Plain {
-    pub(super) op: S3Op,
-    /// The store's bucket and key (an alias bucket's target).
-    pub(super) target: Target,
-    /// The query the store gets (an alias listing's is bounded).
-    pub(super) query: Option<String>,
-    /// Whose rights the store request carries.
-    pub(super) authority: Authority,
-    /// `split=auto` planned no pushdown: the answer is marked so.
-    pub(super) planned_none: bool,
-}
 
 impl Gateway {
     /// Forwards a request that is not a pushdown: its body framed for the store

@@ -11,7 +11,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body_util::BodyDataStream;
 use time::OffsetDateTime;
 
-use super::{Gateway, check_declared, content_length};
+use super::Gateway;
+use super::passthrough::{check_declared, content_length};
 use crate::backend::ForwardRequest;
 use crate::body::{Body, BodyError, Guarded, Metered};
 use crate::error::GatewayError;

@@ -7,7 +7,8 @@
 
 use http::{Request, Response};
 
-use super::{Caller, Gateway, check_declared, content_length, expects_continue, owner};
+use super::passthrough::{check_declared, content_length, expects_continue};
+use super::{Caller, Gateway, owner};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
 use crate::error::GatewayError;

@@ -6,9 +6,55 @@
 
 use std::path::Path;
 
-use super::engine::OrtArena;
+use serde::{Deserialize, Deserializer};
+
 use super::manifest::Manifest;
 use super::tensor::Tensor;
+
+/// How inference sessions use ONNX Runtime's CPU arena (`pushdown.ort_arena`). Memory patterns
+/// are off in every mode; the memory budget's promise holds in every mode, because each engine
+/// measures its own model (docs/pushdown.md). Measured trade-offs: docs/BENCHMARKS.md ("Engine
+/// memory by arena mode"); why the per-run arena is the default: ADR 0015.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OrtArena {
+    /// No arena (ADR 0005): every tensor of a run is its own allocation, freed after it; an idle
+    /// session holds only its weights, and the engine reserves the least.
+    Off,
+    /// The default (ADR 0015). Runs allocate from the arena, so tensors freed during a run are
+    /// reused by later ones, and give it back at their end (ADR 0012): an idle session still holds
+    /// only its weights; a run's measured peak, and so what the engine reserves, is higher than
+    /// without the arena, and throughput on one core is close to the kept arena's.
+    #[default]
+    PerRun,
+    /// Sessions keep the arena between runs (ADR 0011): what the largest runs needed stays
+    /// resident, measured by one run at every batch size up to `max_batch` when the engine starts.
+    Kept,
+}
+
+/// `pushdown.ort_arena` as written: a name, or the boolean of earlier versions (`true` is `kept`).
+impl<'de> Deserialize<'de> for OrtArena {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Setting;
+        impl serde::de::Visitor<'_> for Setting {
+            type Value = OrtArena;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#""off", "per-run", "kept", false or true"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, kept: bool) -> Result<OrtArena, E> {
+                Ok(if kept { OrtArena::Kept } else { OrtArena::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<OrtArena, E> {
+                match name {
+                    "off" => Ok(OrtArena::Off),
+                    "per-run" => Ok(OrtArena::PerRun),
+                    "kept" => Ok(OrtArena::Kept),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Setting)
+    }
+}
 
 /// Whether a `PerRun` arena gives its free regions back at the end of a run ([`Session::run_then`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,6 +42,9 @@ impl fmt::Display for SecretKey {
     }
 }
 
+/// The client credentials in force, replaced whole by a configuration reload (`crate::reload`).
+pub(crate) type LiveCredentials = std::sync::Arc<arc_swap::ArcSwap<CredentialStore>>;
+
 /// The set of client credentials the gateway accepts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CredentialStore {
