@@ -1,7 +1,8 @@
 //! The admin port: `/metrics` (Prometheus text), `/healthz` (the process is alive), `/readyz`
 //! (accepting requests: not draining), and the pushdown control API for compute-tier clients:
 //! `/v1/memory`, `/v1/models`, `/v1/models/{model}/suffix`, `/v1/models/{model}/tokenizer`,
-//! `/v1/storage`, `/v1/plan` (JSON), and `POST /v1/config/reload` ([`crate::reload`]).
+//! `/v1/storage`, `/v1/plan` (JSON), `POST /v1/models/refresh` and `POST /v1/config/reload`
+//! ([`crate::reload`]).
 //!
 //! Metrics, health, the model list, storage terms, memory and the cluster need no credential (bind
 //! the port where operators, Prometheus and the training cluster reach it; it never serves object
