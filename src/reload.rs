@@ -55,17 +55,20 @@ pub(crate) struct Reloader {
     front: LiveFront,
     admission: Arc<Admission>,
     metrics: Metrics,
+    /// The cluster hop secret read at start: it signs this member's hops, which a reload does
+    /// not change, so a new one is refused (its file's contents can change without the file's name).
+    cluster_secret: Option<crate::s3::credentials::SecretKey>,
 }
 
 impl Reloader {
     pub(crate) fn new(
         source: Option<Overrides>,
-        running: Config,
+        (running, cluster_secret): (Config, Option<crate::s3::credentials::SecretKey>),
         (credentials, front): (LiveCredentials, LiveFront),
         admission: Arc<Admission>,
         metrics: Metrics,
     ) -> Self {
-        Self { source, running: Mutex::new(running), credentials, front, admission, metrics }
+        Self { source, running: Mutex::new(running), credentials, front, admission, metrics, cluster_secret }
     }
 
     /// Reads, checks and applies the configuration; returns the keys that changed. Blocking
@@ -97,9 +100,17 @@ impl Reloader {
         let built = new.runtime()?;
         crate::telemetry::check_filter(&new.log.filter)
             .map_err(|message| ConfigError::Invalid { key: "log.filter", message })?;
-        let fixed = fixed_changes(&running, &new);
+        let mut fixed = fixed_changes(&running, &new);
+        if built.cluster_secret != self.cluster_secret && !fixed.contains(&"cluster") {
+            fixed.push("cluster.secret_key (its contents)");
+        }
         if !fixed.is_empty() {
             return Err(ReloadError::Fixed(fixed));
+        }
+        // First the one step that can fail, so that a failure changes nothing.
+        if new.log.filter != running.log.filter {
+            crate::telemetry::set_filter(&new.log.filter)
+                .map_err(|message| ConfigError::Invalid { key: "log.filter", message })?;
         }
         let mut changed = reloadable_changes(&running, &new);
         if **self.credentials.load() != built.credentials {
@@ -110,10 +121,6 @@ impl Reloader {
         self.credentials.store(Arc::new(built.credentials));
         self.front.store(Arc::new(built.front));
         self.admission.set_limit(new.max_in_flight);
-        if new.log.filter != running.log.filter {
-            crate::telemetry::set_filter(&new.log.filter)
-                .map_err(|message| ConfigError::Invalid { key: "log.filter", message })?;
-        }
         *running = new;
         Ok(changed)
     }

@@ -52,6 +52,8 @@ pub struct Server {
     reloader: Arc<Reloader>,
     /// Copies of the listening sockets, offered to a successor (`upgrade_socket`).
     offered: Option<(OwnedFd, OwnedFd)>,
+    /// The gateway these sockets came from, told once this one serves.
+    predecessor: Option<crate::upgrade::Predecessor>,
     stop: Option<oneshot::Sender<Duration>>,
     task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
@@ -86,13 +88,25 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
 }
 
+/// A listening socket taken over from the running gateway, refused unless it listens where this
+/// configuration says (a changed address needs a stop and a start, not an upgrade).
+fn adopt(listener: std::net::TcpListener, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+    if addr.port() != 0 && bound != addr {
+        return Err(ServeError::Upgrade(format!(
+            "the running gateway listens on {bound}, this configuration on {addr}: stop it and start this one"
+        )));
+    }
+    TcpListener::from_std(listener).map_err(|source| ServeError::Bind { addr, source })
+}
+
 impl Server {
     /// Validates the config, binds both ports and starts serving.
     ///
     /// # Errors
     /// Invalid config, a port in use, an unusable backend directory.
     pub async fn start(config: &Config) -> Result<Self, ServeError> {
-        Self::start_with(config, None, None).await
+        Self::start_with(config, None, false).await
     }
 
     /// [`Self::start`], reloadable from `source` (how `config` was read: the file, the
@@ -103,7 +117,7 @@ impl Server {
     pub(crate) async fn start_with(
         config: &Config,
         source: Option<crate::config::Overrides>,
-        inherited: Option<Inherited>,
+        take_over: bool,
     ) -> Result<Self, ServeError> {
         let rt = config.runtime()?;
         let metrics = Metrics::new();
@@ -129,6 +143,7 @@ impl Server {
             admin::proof::Prover::Gateway(creds.clone())
         });
         let mut gateway = Gateway::new(front.clone(), creds.clone(), backend, metrics.clone(), pushdown, cache);
+        let cluster_secret = rt.cluster_secret.clone();
         if let (Some(c), Some(settings)) = (&cluster, &config.cluster) {
             let secret = rt.cluster_secret;
             if secret.is_none() && !config.transparent() {
@@ -145,18 +160,23 @@ impl Server {
         let gateway = Arc::new(gateway);
         let reloader = Arc::new(Reloader::new(
             source,
-            config.clone(),
+            (config.clone(), cluster_secret),
             (creds, front),
             gateway.admission().clone(),
             metrics.clone(),
         ));
-        let (s3_listener, admin_listener) = match inherited {
-            Some(Inherited { s3, admin }) => {
-                let adopt = |l: std::net::TcpListener, addr| {
-                    TcpListener::from_std(l).map_err(|source| ServeError::Bind { addr, source })
-                };
-                (adopt(s3, config.listen)?, adopt(admin, config.admin_listen)?)
-            }
+        // Last before serving (everything slow is done): a running gateway's sockets, if it
+        // offers them (`crate::upgrade`), else bound afresh.
+        let taken = match config.upgrade_socket.clone().filter(|_| take_over) {
+            Some(path) => tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path))
+                .await
+                .map_err(|e| ServeError::Upgrade(e.to_string()))?
+                .map_err(|e| ServeError::Upgrade(e.to_string()))?,
+            None => None,
+        };
+        let (listeners, predecessor) = taken.map_or((None, None), |(i, p)| (Some(i), Some(p)));
+        let (s3_listener, admin_listener) = match listeners {
+            Some(Inherited { s3, admin }) => (adopt(s3, config.listen)?, adopt(admin, config.admin_listen)?),
             None => (bind(config.listen).await?, bind(config.admin_listen).await?),
         };
         // Copies of the listening sockets to offer a successor (`upgrade_socket`).
@@ -204,6 +224,7 @@ impl Server {
             gateway,
             reloader,
             offered,
+            predecessor,
             stop: Some(stop),
             task,
             admin_task,
@@ -291,22 +312,22 @@ pub(crate) async fn serve(
     source: crate::config::Overrides,
     signal: impl std::future::Future<Output = ()>,
 ) -> Result<bool, ServeError> {
-    let taken = match config.upgrade_socket.clone() {
-        Some(path) => tokio::task::spawn_blocking(move || crate::upgrade::take_over(&path))
-            .await
-            .map_err(|e| ServeError::Upgrade(e.to_string()))?
-            .map_err(|e| ServeError::Upgrade(e.to_string()))?,
-        None => None,
-    };
-    let (inherited, predecessor) = taken.map_or((None, None), |(i, p)| (Some(i), Some(p)));
-    let mut server = Server::start_with(config, Some(source), inherited).await?;
-    if let Some(p) = predecessor {
+    // Listened for from the start: a reload asked for while starting waits instead of killing.
+    let hangups = hangups();
+    let mut server = Server::start_with(config, Some(source), true).await?;
+    if let Some(p) = server.predecessor.take() {
         tracing::info!("Took the listening sockets over from the running gateway.");
-        if let Err(e) = tokio::task::spawn_blocking(move || p.serving()).await.unwrap_or(Ok(())) {
-            tracing::warn!(error = %e, "The previous gateway did not hear that this one serves.");
+        let told =
+            tokio::task::spawn_blocking(move || p.serving()).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Err(e) = told {
+            // It gave up waiting and serves on: two gateways must not share the sockets.
+            tracing::error!(error = %e, "The running gateway did not hear that this one serves; stopping.");
+            server.offered = None;
+            server.shutdown().await;
+            return Err(ServeError::Upgrade(format!("the running gateway did not take the hand-over: {e}")));
         }
     }
-    let hangups = tokio::spawn(reload_on_hangup(server.reloader.clone()));
+    let hangups = tokio::spawn(reload_on_hangup(hangups, server.reloader.clone()));
     let offer = match (&config.upgrade_socket, server.offered.as_ref()) {
         (Some(path), Some((s3, admin))) => {
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ServeError::Upgrade(e.to_string()));
@@ -344,22 +365,25 @@ pub(crate) async fn serve(
     Ok(result)
 }
 
+/// SIGHUP, listened for (`None` where it cannot be).
+fn hangups() -> Option<tokio::signal::unix::Signal> {
+    let listened = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    if listened.is_err() {
+        tracing::warn!("Cannot listen for SIGHUP; reload with POST /v1/config/reload.");
+    }
+    listened.ok()
+}
+
 /// Reloads the configuration on every SIGHUP (the outcome is logged and counted).
-async fn reload_on_hangup(reloader: Arc<Reloader>) {
-    #[cfg(unix)]
+async fn reload_on_hangup(hangups: Option<tokio::signal::unix::Signal>, reloader: Arc<Reloader>) {
     {
-        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-            tracing::warn!("Cannot listen for SIGHUP; reload with POST /v1/config/reload.");
-            return;
-        };
+        let Some(mut hangups) = hangups else { return };
         while hangups.recv().await.is_some() {
             tracing::info!(signal = "SIGHUP", "Signal received: reloading the configuration.");
             let reloader = reloader.clone();
             let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
         }
     }
-    #[cfg(not(unix))]
-    let _ = reloader;
 }
 
 /// Resolves on SIGINT or SIGTERM, logging which arrived.

@@ -29,6 +29,20 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
+/// How long a new process waits for the running gateway to send its sockets.
+const HAND_OVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Refuses a peer process that runs as another user (the socket's mode already keeps others out;
+/// this holds if it was widened).
+fn same_user(stream: &UnixStream) -> std::io::Result<()> {
+    let peer = rustix::net::sockopt::socket_peercred(stream)?;
+    if peer.uid == rustix::process::getuid() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("the peer process runs as uid {}", peer.uid.as_raw())))
+    }
+}
+
 /// What a successor sends once it serves on the sockets it took.
 const SERVING: &[u8] = b"serving\n";
 
@@ -80,6 +94,10 @@ pub(crate) fn take_over(path: &Path) -> Result<Option<(Inherited, Predecessor)>,
         }
         Err(e) => return Err(io(e)),
     };
+    same_user(&predecessor).map_err(io)?;
+    // A gateway that does not send its sockets (stuck, or handing them to another process) must
+    // not hold this start forever.
+    predecessor.set_read_timeout(Some(HAND_OVER_WAIT)).map_err(io)?;
     let mut byte = [0u8; 1];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -116,7 +134,12 @@ pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
         _ => {}
     }
-    let listener = tokio::net::UnixListener::bind(&path).map_err(io)?;
+    // Created 0600 (the process's umask for the call), not narrowed after: no other user may
+    // connect in between and take the sockets.
+    let umask = rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
+    let bound = tokio::net::UnixListener::bind(&path);
+    rustix::process::umask(umask);
+    let listener = bound.map_err(io)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
     let fds = std::sync::Arc::new((s3, admin));
     loop {
@@ -145,6 +168,7 @@ pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<
 fn hand(stream: tokio::net::UnixStream, s3: &OwnedFd, admin: &OwnedFd) -> std::io::Result<()> {
     let mut stream = stream.into_std()?;
     stream.set_nonblocking(false)?;
+    same_user(&stream)?;
     let fds = [s3.as_fd(), admin.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = SendAncillaryBuffer::new(&mut space);

@@ -77,6 +77,12 @@ pub(crate) struct Imported {
 /// whose every candidate failed its check; an unreadable configuration; a directory that cannot be
 /// written (or exists already).
 pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inference) -> Result<Imported, String> {
+    if opts.name.is_empty()
+        || !opts.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        || opts.name.starts_with('.')
+    {
+        return Err(format!("--name {:?}: letters, digits, '-', '_' and '.' (not first)", opts.name));
+    }
     let bytes = std::fs::read(model).map_err(|e| format!("reading {}: {e}", model.display()))?;
     if prefix::has_external_data(&bytes).map_err(|e| e.to_string())? {
         return Err("the model keeps its weights in external data files: export it as one file".into());
@@ -120,9 +126,11 @@ pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inferen
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
     std::fs::create_dir(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     std::fs::write(out.join("model.onnx"), &bytes).map_err(|e| format!("writing the model: {e}"))?;
-    // The manifest last: a gateway reading the directory sees the model once it is whole.
-    std::fs::write(out.join("manifest.toml"), manifest_toml(&manifest, model))
-        .map_err(|e| format!("writing the manifest: {e}"))?;
+    // The manifest last, whole (renamed into place): a gateway reading the directory sees the
+    // model once it is complete.
+    let partial = out.join(".manifest.toml.partial");
+    std::fs::write(&partial, manifest_toml(&manifest, model)).map_err(|e| format!("writing the manifest: {e}"))?;
+    std::fs::rename(&partial, out.join("manifest.toml")).map_err(|e| format!("writing the manifest: {e}"))?;
     Ok(Imported { dir: out, manifest, dropped })
 }
 
@@ -136,9 +144,16 @@ fn image_input(bytes: &[u8], preprocess: Option<&Preprocess>) -> Result<(String,
             inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
         ));
     };
-    let &[_, a, b, c] = input.dims.as_slice() else {
+    let &[batch, a, b, c] = input.dims.as_slice() else {
         return Err(format!("input {:?} has {} dimensions; an image batch has 4", input.name, input.dims.len()));
     };
+    if batch.is_some() {
+        return Err(format!(
+            "input {:?} has a fixed batch size: export with dynamic_axes={{\"{}\": {{0: \"batch\"}}}} (the gateway \
+             runs batches of several samples)",
+            input.name, input.name
+        ));
+    }
     if input.elem_type != ELEM_FLOAT {
         return Err(format!("input {:?} is not float (ONNX type {})", input.name, input.elem_type));
     }
@@ -295,9 +310,16 @@ pub(crate) fn preprocess_from(path: &Path) -> Result<Preprocess, String> {
         });
     }
     let size = v.get("size");
-    let shortest = uint(size.and_then(|s| s.get("shortest_edge")))
-        .or_else(|| uint(size.and_then(|s| s.get("height"))))
-        .or_else(|| uint(size));
+    if size.and_then(|s| s.get("height")).is_some()
+        && v.get("do_resize").and_then(serde_json::Value::as_bool) != Some(false)
+    {
+        return Err(format!(
+            "{}: it resizes to height x width, ignoring the aspect ratio, which [preprocess] cannot say (it \
+             resizes the shorter side, then crops the centre): use --preset, or write [preprocess] by hand",
+            path.display()
+        ));
+    }
+    let shortest = uint(size.and_then(|s| s.get("shortest_edge"))).or_else(|| uint(size));
     let crop = v.get("crop_size");
     let (ch, cw) = match (uint(crop.and_then(|c| c.get("height"))), uint(crop.and_then(|c| c.get("width"))), uint(crop))
     {

@@ -162,6 +162,17 @@ struct NodeInfo<'a> {
 }
 
 fn node_info(node: &[u8]) -> Result<NodeInfo<'_>, CutError> {
+    node_info_at(node, 0)
+}
+
+/// How deep subgraphs (an `If`'s branches, a `Loop`'s body) may nest: real models nest a few
+/// levels; a hostile file nested thousands deep would otherwise exhaust the stack.
+const MAX_SUBGRAPH_DEPTH: usize = 32;
+
+fn node_info_at(node: &[u8], depth: usize) -> Result<NodeInfo<'_>, CutError> {
+    if depth > MAX_SUBGRAPH_DEPTH {
+        return Err(CutError::Malformed("subgraphs nested too deep"));
+    }
     let mut inputs: Vec<&str> = strings(node, NODE_INPUT)?.into_iter().filter(|s| !s.is_empty()).collect();
     let outputs = strings(node, NODE_OUTPUT)?.into_iter().filter(|s| !s.is_empty()).collect();
     for attr in fields(node)?.into_iter().filter(|f| f.number == NODE_ATTRIBUTE && f.wire == WIRE_LEN) {
@@ -169,14 +180,14 @@ fn node_info(node: &[u8]) -> Result<NodeInfo<'_>, CutError> {
             .into_iter()
             .filter(|f| (f.number == ATTR_GRAPH || f.number == ATTR_GRAPHS) && f.wire == WIRE_LEN)
         {
-            inputs.extend(outer_references(g.payload)?);
+            inputs.extend(outer_references(g.payload, depth + 1)?);
         }
     }
     Ok(NodeInfo { inputs, outputs })
 }
 
 /// Names a subgraph reads but does not define itself (ONNX's implicit outer-scope inputs).
-fn outer_references(graph: &[u8]) -> Result<Vec<&str>, CutError> {
+fn outer_references(graph: &[u8], depth: usize) -> Result<Vec<&str>, CutError> {
     let mut defined: HashSet<&str> = HashSet::new();
     let mut used = Vec::new();
     for f in fields(graph)? {
@@ -184,7 +195,7 @@ fn outer_references(graph: &[u8]) -> Result<Vec<&str>, CutError> {
             GRAPH_INPUT => defined.extend(first_string(f.payload, VALUE_INFO_NAME)?),
             GRAPH_INITIALIZER => defined.extend(first_string(f.payload, TENSOR_NAME)?),
             GRAPH_NODE => {
-                let info = node_info(f.payload)?;
+                let info = node_info_at(f.payload, depth)?;
                 used.extend(info.inputs);
                 defined.extend(info.outputs);
             }

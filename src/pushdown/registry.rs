@@ -33,23 +33,71 @@ pub(crate) struct Model {
     stamp: Stamp,
 }
 
-/// A model directory's files as a rescan compares them: the manifest's text, and the size and
-/// modification time of the model file and the tokenizer.
+/// A model directory as a rescan compares it: the manifest's text, and the name, size and
+/// modification time of every file in it (the model, its tokenizer, its external data).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp {
     manifest: String,
-    files: Vec<Option<(u64, std::time::SystemTime)>>,
+    files: Vec<(std::ffi::OsString, u64, std::time::SystemTime)>,
 }
 
 impl Stamp {
-    fn of(dir: &Path, manifest_text: String, manifest: &Manifest) -> Self {
-        let stat = |name: &str| {
-            let m = std::fs::metadata(dir.join(name)).ok()?;
-            Some((m.len(), m.modified().ok()?))
-        };
-        let mut files = vec![stat(&manifest.file)];
-        files.extend(manifest.text.as_ref().map(|t| stat(&t.tokenizer)));
-        Self { manifest: manifest_text, files }
+    /// `None`: no readable manifest (not a model directory, or not yet).
+    fn of(dir: &Path) -> Option<Self> {
+        let manifest =
+            String::from_utf8(read_bounded(&dir.join(MANIFEST), (MAX_SIDE_FILE_BYTES, "MAX_SIDE_FILE_BYTES")).ok()?)
+                .ok()?;
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                (!m.is_dir()).then_some(())?;
+                Some((e.file_name(), m.len(), m.modified().ok()?))
+            })
+            .collect();
+        files.sort();
+        Some(Self { manifest, files })
+    }
+}
+
+/// A model directory's manifest.
+const MANIFEST: &str = "manifest.toml";
+
+/// Largest manifest or tokenizer read (`tokenizer.json` of a large vocabulary is a few MiB).
+const MAX_SIDE_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Reads `path` if it is a regular file (not a FIFO, a device, or a link to one) of at most
+/// `limit` bytes (named `limit_name` in errors), and no more than that however it grows while read.
+fn read_bounded(path: &Path, (limit, limit_name): (u64, &str)) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let why = |e: &dyn std::fmt::Display| format!("cannot read {}: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| why(&e))?;
+    if !meta.is_file() {
+        return Err(why(&"not a regular file"));
+    }
+    if meta.len() > limit {
+        return Err(format!("{} is {} bytes, more than {limit_name} ({limit})", path.display(), meta.len()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| why(&e))?;
+    if !file.metadata().map_err(|e| why(&e))?.is_file() {
+        return Err(why(&"not a regular file"));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| why(&e))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("{} grew past {limit_name} ({limit}) while read", path.display()));
+    }
+    Ok(bytes)
+}
+
+/// A file a manifest names: a plain name inside the model's directory.
+fn inside(dir: &Path, name: &str, key: &str) -> Result<PathBuf, String> {
+    let plain = Path::new(name).file_name().is_some_and(|n| n == name) && name != "..";
+    if plain {
+        Ok(dir.join(name))
+    } else {
+        Err(format!("{key} = {name:?} is not a file name in the model's directory"))
     }
 }
 
@@ -86,6 +134,8 @@ impl Model {
 pub(crate) struct Registry {
     pub(crate) models: BTreeMap<String, Arc<Model>>,
     pub(crate) failed: Vec<(PathBuf, String)>,
+    /// The directories that failed, as they were: a rescan does not read them again unchanged.
+    failed_stamps: BTreeMap<PathBuf, Stamp>,
 }
 
 impl Registry {
@@ -97,12 +147,21 @@ impl Registry {
         let mut reg = Self::default();
         let Ok(entries) = std::fs::read_dir(dir) else { return reg };
         let mut dirs: Vec<PathBuf> =
-            entries.flatten().map(|e| e.path()).filter(|p| p.join("manifest.toml").is_file()).collect();
+            entries.flatten().map(|e| e.path()).filter(|p| p.join(MANIFEST).is_file()).collect();
         dirs.sort();
         let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
         for d in dirs {
-            let kept = previous.and_then(|p| p.unchanged(&d));
-            match kept.map_or_else(|| load_one(&d, limits).map(Arc::new), Ok) {
+            let Some(stamp) = Stamp::of(&d) else {
+                reg.failed.push((d, "cannot read its manifest".into()));
+                continue;
+            };
+            if let Some((_, why)) = previous.and_then(|p| p.failed_unchanged(&d, &stamp)) {
+                reg.failed.push((d.clone(), why));
+                reg.failed_stamps.insert(d, stamp);
+                continue;
+            }
+            let kept = previous.and_then(|p| p.unchanged(&d, &stamp));
+            match kept.map_or_else(|| load_one(&d, stamp.clone(), limits).map(Arc::new), Ok) {
                 Ok(m) => {
                     let name = m.manifest.name.clone();
                     if let Some(first) = seen.insert(name.clone(), d.clone()) {
@@ -114,17 +173,23 @@ impl Registry {
                     }
                     reg.models.insert(name, m);
                 }
-                Err(e) => reg.failed.push((d, e)),
+                Err(e) => {
+                    reg.failed.push((d.clone(), e));
+                    reg.failed_stamps.insert(d, stamp);
+                }
             }
         }
         reg
     }
 
     /// The model read from `dir` before, if its files are as they were.
-    fn unchanged(&self, dir: &Path) -> Option<Arc<Model>> {
-        let text = std::fs::read_to_string(dir.join("manifest.toml")).ok()?;
-        let model = self.models.values().find(|m| m.dir == dir && m.stamp.manifest == text)?;
-        (Stamp::of(dir, text, &model.manifest) == model.stamp).then(|| model.clone())
+    fn unchanged(&self, dir: &Path, stamp: &Stamp) -> Option<Arc<Model>> {
+        self.models.values().find(|m| m.dir == dir && m.stamp == *stamp).cloned()
+    }
+
+    /// Why `dir` failed before, if its files are as they were then.
+    fn failed_unchanged(&self, dir: &Path, stamp: &Stamp) -> Option<(PathBuf, String)> {
+        (self.failed_stamps.get(dir) == Some(stamp)).then(|| self.failed.iter().find(|(d, _)| d == dir).cloned())?
     }
 
     /// What changed from `before` to this registry, by model name.
@@ -163,9 +228,8 @@ impl Changes {
     }
 }
 
-fn load_one(dir: &Path, limits: LoadLimits) -> Result<Model, String> {
-    let text = std::fs::read_to_string(dir.join("manifest.toml")).map_err(|e| format!("cannot read manifest: {e}"))?;
-    let manifest: Manifest = toml::from_str(&text).map_err(|e| format!("invalid manifest: {e}"))?;
+fn load_one(dir: &Path, stamp: Stamp, limits: LoadLimits) -> Result<Model, String> {
+    let manifest: Manifest = toml::from_str(&stamp.manifest).map_err(|e| format!("invalid manifest: {e}"))?;
     if manifest.splits.is_empty() {
         return Err("manifest lists no splits".into());
     }
@@ -185,20 +249,9 @@ fn load_one(dir: &Path, limits: LoadLimits) -> Result<Model, String> {
             ));
         }
     }
-    let path = dir.join(&manifest.file);
-    let stamp = Stamp::of(dir, text, &manifest);
-    let unreadable = |e: std::io::Error| {
-        format!("cannot read {} ({e}); scripts/models.sh fetches the trained models", path.display())
-    };
-    let size = std::fs::metadata(&path).map_err(unreadable)?.len();
-    if size > limits.max_model_bytes {
-        return Err(format!(
-            "{} is {size} bytes, more than pushdown.max_model_bytes ({})",
-            path.display(),
-            limits.max_model_bytes
-        ));
-    }
-    let bytes = std::fs::read(&path).map_err(unreadable)?;
+    let path = inside(dir, &manifest.file, "file")?;
+    let bytes = read_bounded(&path, (limits.max_model_bytes, "pushdown.max_model_bytes"))
+        .map_err(|e| format!("{e}; scripts/models.sh fetches the trained models"))?;
     let digest = hex::encode(Sha256::digest(&bytes));
     if !digest.eq_ignore_ascii_case(&manifest.sha256) {
         return Err(format!("sha256 of {} is {digest}, manifest says {}", path.display(), manifest.sha256));
@@ -211,9 +264,20 @@ fn load_one(dir: &Path, limits: LoadLimits) -> Result<Model, String> {
             s.name, s.tensor
         ));
     }
+    // The version covers every other file of the directory too: the tokenizer, external data.
     let mut version = Sha256::new();
     version.update(digest.as_bytes());
     version.update(stamp.manifest.as_bytes());
+    let mut others: std::collections::HashMap<std::ffi::OsString, Vec<u8>> = std::collections::HashMap::new();
+    for (name, _, _) in &stamp.files {
+        if name == MANIFEST || *name == *manifest.file {
+            continue;
+        }
+        let data = read_bounded(&dir.join(name), (limits.max_model_bytes, "pushdown.max_model_bytes"))?;
+        version.update(name.as_encoded_bytes());
+        version.update(Sha256::digest(&data));
+        others.insert(name.clone(), data);
+    }
     let tokenizer = match &manifest.text {
         Some(t) => {
             if manifest.preprocess.is_some() {
@@ -225,9 +289,16 @@ fn load_one(dir: &Path, limits: LoadLimits) -> Result<Model, String> {
                     manifest.input_shape
                 ));
             };
-            let file = dir.join(&t.tokenizer);
-            version.update(std::fs::read(&file).map_err(|e| format!("cannot read tokenizer {}: {e}", t.tokenizer))?);
-            let encoder = super::text::Encoder::from_file(&file, len)
+            inside(dir, &t.tokenizer, "text.tokenizer")?;
+            // The bytes the version hashed, not the file read again.
+            let json =
+                others.get(std::ffi::OsStr::new(&t.tokenizer)).and_then(|b| std::str::from_utf8(b).ok()).ok_or_else(
+                    || format!("cannot read tokenizer {} (at most {MAX_SIDE_FILE_BYTES} bytes of UTF-8)", t.tokenizer),
+                )?;
+            if json.len() as u64 > MAX_SIDE_FILE_BYTES {
+                return Err(format!("tokenizer {} is more than {MAX_SIDE_FILE_BYTES} bytes", t.tokenizer));
+            }
+            let encoder = super::text::Encoder::from_json(json, len)
                 .map_err(|e| format!("cannot load tokenizer {}: {e}", t.tokenizer))?;
             Some(Arc::new(encoder))
         }
@@ -280,6 +351,11 @@ mod tests {
         std::fs::remove_dir_all(root.path().join("b")).expect("remove");
         let fourth = Registry::load(root.path(), LIMITS, Some(&third));
         assert_eq!(fourth.changes_from(&third).removed, ["tiny-b"]);
+
+        // Any other file of the directory (external weights, say) is part of the version.
+        std::fs::write(root.path().join("a/weights.bin"), b"new weights").expect("write");
+        let fifth = Registry::load(root.path(), LIMITS, Some(&fourth));
+        assert_eq!(fifth.changes_from(&fourth).replaced, ["tiny-a"]);
     }
 
     #[test]
@@ -304,8 +380,24 @@ mod tests {
             .open(root.path().join("huge/model.onnx"))
             .and_then(|f| f.set_len(10 << 30))
             .expect("sparse");
+        // Not regular files: a FIFO (whose read would block) and a link to /dev/zero (endless).
+        tiny(root.path(), "fifo", "fifo", |m| m);
+        std::fs::remove_file(root.path().join("fifo/model.onnx")).expect("remove");
+        let made = std::process::Command::new("mkfifo").arg(root.path().join("fifo/model.onnx")).status();
+        assert!(made.expect("mkfifo").success());
+        tiny(root.path(), "zero", "zero", |m| m);
+        std::fs::remove_file(root.path().join("zero/model.onnx")).expect("remove");
+        std::os::unix::fs::symlink("/dev/zero", root.path().join("zero/model.onnx")).expect("symlink");
+        // A manifest naming a file outside its directory.
+        tiny(root.path(), "escape", "escape", |m| m.replace("file = \"model.onnx\"", "file = \"../hash/model.onnx\""));
         let r = Registry::load(root.path(), LIMITS, None);
         assert!(r.models.is_empty(), "{:?}", r.names());
+        assert!(failed(&r, "fifo").contains("not a regular file"), "{}", failed(&r, "fifo"));
+        assert!(failed(&r, "zero").contains("not a regular file"), "{}", failed(&r, "zero"));
+        assert!(failed(&r, "escape").contains("not a file name"), "{}", failed(&r, "escape"));
+        // Unchanged, a failed directory is not read again: its failure is kept as it was.
+        let again = Registry::load(root.path(), LIMITS, Some(&r));
+        assert_eq!(again.failed, r.failed);
         assert!(failed(&r, "hash").contains("sha256 of"), "{}", failed(&r, "hash"));
         assert!(failed(&r, "split").contains("does not produce"), "{}", failed(&r, "split"));
         assert!(failed(&r, "garbage").contains("not an ONNX model"), "{}", failed(&r, "garbage"));

@@ -338,11 +338,18 @@ impl Pushdown {
         // until the first worker has measured (`engine::ready_session`).
         let transient = START_TRANSIENT_MODEL_COPIES * model.bytes.len() as u64;
         let start_hold = self.node.governor.hold(transient);
-        self.engines
+        let engine = self
+            .engines
             .get_or_start(&key, start_hold, move |start_hold| {
                 Engine::start(&inference, &model, (&split, &tensor), cfg, &metrics, &node, start_hold)
             })
-            .await
+            .await?;
+        // A request prepared before its model was removed or replaced finishes on this engine;
+        // the table does not keep it for others (it stops, its memory returned, after the request).
+        if self.registry.load().models.get(&key.model).is_none_or(|m| m.version != key.version) {
+            self.engines.retire(|k| *k != key);
+        }
+        Ok(engine)
     }
 
     /// Evicts idle engines every quarter of the idle time (at most every 30 s), and reads the

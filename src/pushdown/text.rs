@@ -54,16 +54,8 @@ impl std::fmt::Debug for Encoder {
 }
 
 impl Encoder {
-    /// Reads `tokenizer.json` and sets its truncation and padding to `len` tokens (its own pad
-    /// token and truncation strategy kept).
-    ///
-    /// # Errors
-    /// An unreadable file or a tokenizer that cannot truncate to `len`.
-    pub(crate) fn from_file(path: &std::path::Path, len: usize) -> Result<Self, String> {
-        Self::new(Tokenizer::from_file(path).map_err(|e| e.to_string())?, len)
-    }
-
-    /// A tokenizer given as `tokenizer.json`'s text, set to `len` tokens ([`Self::from_file`]).
+    /// A tokenizer given as `tokenizer.json`'s text, its truncation and padding set to `len`
+    /// tokens (its own pad token and truncation strategy kept).
     ///
     /// # Errors
     /// Text that is not a tokenizer, or one that cannot truncate to `len`.
