@@ -35,14 +35,11 @@ impl Gateway {
     pub(super) async fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
-        match pd.prepare(spec.clone(), tenant) {
-            Err(PushdownError::UnknownModel { .. }) if pd.rescan_allowed() => {
-                let service = pd.clone();
-                let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
-                Ok(pd.prepare(spec, tenant)?)
-            }
-            prepared => Ok(prepared?),
+        if !pd.registry().models.contains_key(&spec.model) && pd.rescan_allowed() {
+            let service = pd.clone();
+            let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
         }
+        Ok(pd.prepare(spec, tenant)?)
     }
 
     /// The phase: to the owner (unless this request is a hop from another member, `hop`), else

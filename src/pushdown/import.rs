@@ -240,18 +240,13 @@ fn check(bytes: &[u8], manifest: &Manifest, tensor: &str, inference: &dyn Infere
     let settings = SessionSettings { threads: 1, arena: OrtArena::Off };
     let mut shape = vec![1];
     shape.extend(&manifest.input_shape);
-    let n: usize = shape.iter().product();
-    let probe: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+    let probe = super::engine::probe_values(shape.iter().product());
     let a = inference.session(&cut, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
     let b = inference.session(&exposed, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
     if a.shape != b.shape {
         return Err(format!("shape {:?} against the full model's {:?}", a.shape, b.shape));
     }
-    let (diff, norm) =
-        a.data.iter().zip(&b.data).fold((0f64, 0f64), |(d, n), (&x, &y)| {
-            (d + (f64::from(x) - f64::from(y)).powi(2), n + f64::from(y).powi(2))
-        });
-    let rel = if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() };
+    let rel = super::runtime::relative_l2(&a.data, &b.data);
     if rel <= IMPORT_TOLERANCE { Ok(()) } else { Err(format!("relative L2 {rel:.2e} from the full model's output")) }
 }
 

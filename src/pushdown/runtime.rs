@@ -196,7 +196,7 @@ impl Runner {
 const PADDING_TOLERANCE: f64 = 1e-5;
 
 /// `|a - b| / |b|` (0 for two zero vectors).
-fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
     let (diff, norm) = a
         .iter()
         .zip(b)
