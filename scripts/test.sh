@@ -68,9 +68,10 @@ scripts/models.sh
 
 # The same store-facing tests on the other stores: what passes on SeaweedFS alone is not verified
 # (SeaweedFS accepts requests that RGW and AWS refuse). The suites above ran everything on
-# SeaweedFS; here the passthrough and auth end-to-end tests and the real-client tests run again.
+# SeaweedFS; here the passthrough and auth end-to-end tests, the real-client tests and the models
+# store (a cluster's models as a bucket of the store) run again.
 for store in ceph-rgw swift; do
-  phase "store: $store (passthrough and auth end-to-end tests, real clients)"
+  phase "store: $store (passthrough and auth end-to-end tests, real clients, the models store)"
   case $store in
     ceph-rgw) RGW_PORT=19533 scripts/ceph-rgw.sh start ;;
     swift) SWIFT_PORT=19633 scripts/swift.sh start ;;
@@ -81,7 +82,8 @@ for store in ceph-rgw swift; do
   else
     TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth:: transparent::
   fi
-  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_s3_clients.py tests/python/test_identity.py
+  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_s3_clients.py tests/python/test_identity.py \
+    tests/python/test_models_store.py
 done
 
 # Transparent identity mode (ADR 0013): the real-client tests again, signed with each store's own

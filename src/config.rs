@@ -147,6 +147,8 @@ pub(crate) struct Runtime {
     pub(crate) cache: Option<crate::cache::CacheConfig>,
     /// The cluster hop secret, if `[cluster]` has one.
     pub(crate) cluster_secret: Option<SecretKey>,
+    /// `[pushdown.models_store]`, its key read.
+    pub(crate) models_store: Option<crate::pushdown::ModelsStoreConfig>,
 }
 
 /// The backend a configuration names, ready to open.
@@ -335,6 +337,9 @@ pub struct PushdownSettings {
     pub(crate) models_refresh_secs: u64,
     /// Largest model file loaded (its size is checked before it is read).
     pub(crate) max_model_bytes: u64,
+    /// A bucket of the store that models are read from too, the same for every member of a
+    /// cluster (`[pushdown.models_store]`; absent: `models_dir` only).
+    pub(crate) models_store: Option<ModelsStoreSettings>,
     /// Largest source object read for pushdown.
     pub max_object_bytes: u64,
     /// Largest image (pixels, from its header) decoded for pushdown; its resized copy obeys it too.
@@ -361,6 +366,23 @@ pub struct PushdownSettings {
     pub(crate) max_wait_ms: u64,
     /// Seconds to read a source object's body once the store answered.
     pub(crate) source_timeout_secs: u64,
+}
+
+/// `[pushdown.models_store]`: models as objects `<prefix><model>/manifest.toml` (and the files it
+/// names) in a bucket of the backend store, mirrored into `mirror_dir` (ADR 0028). Who may add a
+/// model is whoever the store lets write there.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsStoreSettings {
+    pub(crate) bucket: String,
+    #[serde(default)]
+    pub(crate) prefix: String,
+    /// Where the models are mirrored (created, private to the gateway's user).
+    pub(crate) mirror_dir: PathBuf,
+    /// A key that may read the bucket; default: `backend.access_key`.
+    pub(crate) access_key: Option<String>,
+    pub(crate) secret_key: Option<SecretKey>,
+    pub(crate) secret_key_file: Option<PathBuf>,
 }
 
 /// Largest `pushdown.max_batch` with `pushdown.ort_arena = "kept"`: an engine's first session then runs
@@ -536,6 +558,8 @@ impl PushdownSettings {
             max_object_bytes: self.max_object_bytes,
             load_limits: crate::pushdown::registry::LoadLimits { max_model_bytes: self.max_model_bytes },
             models_refresh: (self.models_refresh_secs > 0).then(|| Duration::from_secs(self.models_refresh_secs)),
+            // Reached through the backend's endpoint: see `Config::models_store`.
+            models_store: None,
             source_timeout: Duration::from_secs(self.source_timeout_secs),
             max_image_pixels: self.max_image_pixels,
             max_request_pixels: self.max_request_pixels,
@@ -570,6 +594,7 @@ impl Default for PushdownSettings {
             // models costs a listing and a `stat` per file.
             models_refresh_secs: 5,
             max_model_bytes: crate::pushdown::registry::DEFAULT_MAX_MODEL_BYTES,
+            models_store: None,
             max_object_bytes: crate::pushdown::DEFAULT_MAX_OBJECT_BYTES,
             max_image_pixels: crate::pushdown::preprocess::DEFAULT_MAX_PIXELS,
             max_request_pixels: crate::pushdown::preprocess::DEFAULT_MAX_REQUEST_PIXELS,
@@ -833,7 +858,63 @@ impl Config {
             edge: self.edge.edge_config(),
             cache: self.pushdown.cache.cache_config(),
             cluster_secret,
+            models_store: self.models_store()?,
         })
+    }
+
+    /// `[pushdown.models_store]` with the backend's endpoint and its key read: its own, or the
+    /// backend's (transparent mode holds none, so there it must name one).
+    fn models_store(&self) -> Result<Option<crate::pushdown::ModelsStoreConfig>, ConfigError> {
+        let Some(m) = &self.pushdown.models_store else { return Ok(None) };
+        let b = &self.backend;
+        if b.kind != BackendKind::S3 {
+            return Err(invalid(
+                "pushdown.models_store",
+                "needs the s3 backend (the fs backend's models go in models_dir)",
+            ));
+        }
+        if m.bucket.is_empty() || m.bucket.contains('/') {
+            return Err(invalid("pushdown.models_store.bucket", "must name a bucket"));
+        }
+        if !m.prefix.is_empty() && !m.prefix.ends_with('/') {
+            return Err(invalid(
+                "pushdown.models_store.prefix",
+                "must end with '/' (models are <prefix><name>/manifest.toml)",
+            ));
+        }
+        let key = match &m.access_key {
+            Some(k) if !k.is_empty() => {
+                let secret = read_secret(
+                    m.secret_key.as_ref(),
+                    m.secret_key_file.as_deref(),
+                    "pushdown.models_store.secret_key",
+                )?;
+                (k.clone(), secret)
+            }
+            _ => self.backend_key()?.ok_or_else(|| {
+                invalid(
+                    "pushdown.models_store.access_key",
+                    "required: the backend has no key of its own to read the bucket with",
+                )
+            })?,
+        };
+        let endpoint = b
+            .endpoint
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| invalid("backend.endpoint", format!("{e}")))?;
+        Ok(Some(crate::pushdown::ModelsStoreConfig {
+            endpoint,
+            region: b.region.clone(),
+            bucket: m.bucket.clone(),
+            prefix: m.prefix.clone(),
+            key,
+            mirror_dir: m.mirror_dir.clone(),
+            connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+            response_timeout: Duration::from_secs(b.response_timeout_secs),
+            ca_file: b.ca_file.clone(),
+        }))
     }
 
     /// The checks no section's build makes.
@@ -1302,6 +1383,30 @@ mod tests {
         c.validate().expect("no sweep when the arena is given back");
         let e = Config::from_toml("[pushdown]\nort_arena = \"always\"").expect_err("unknown mode");
         assert!(e.contains("per-run"), "{e}");
+    }
+
+    #[test]
+    fn a_models_store_needs_a_bucket_of_the_store_and_a_key_to_read_it() {
+        let with = |backend: &str, store: &str| {
+            let c = Config::from_toml(&format!("{backend}[pushdown.models_store]\nmirror_dir = \"/tmp/m\"\n{store}"))
+                .expect("toml");
+            c.validate().map(|()| c.runtime().expect("runtime").models_store.expect("a store"))
+        };
+        let s3 = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:8333\"\n";
+        let keyed = format!(
+            "[[credentials]]\naccess_key = \"c\"\nsecret_key = \"c-secret\"\n{s3}access_key = \"store\"\nsecret_key = \"own\"\n"
+        );
+        // The backend's key reads it by default; its own key when it names one.
+        let m = with(&keyed, "bucket = \"models\"\nprefix = \"tg/\"").expect("valid");
+        assert_eq!((m.bucket.as_str(), m.prefix.as_str(), m.key.0.as_str()), ("models", "tg/", "store"));
+        let m = with(s3, "bucket = \"models\"\naccess_key = \"reader\"\nsecret_key = \"r\"").expect("valid");
+        assert_eq!(m.key.0, "reader");
+        let e = |backend: &str, store: &str| with(backend, store).expect_err("invalid").to_string();
+        // Transparent mode holds no key of the store's: it must name one.
+        assert!(e(s3, "bucket = \"models\"").contains("pushdown.models_store.access_key"));
+        assert!(e(&keyed, "bucket = \"models\"\nprefix = \"tg\"").contains("must end with '/'"));
+        assert!(e(&keyed, "bucket = \"a/b\"").contains("pushdown.models_store.bucket"));
+        assert!(e("", "bucket = \"models\"").contains("needs the s3 backend"));
     }
 
     #[test]

@@ -124,8 +124,11 @@ impl Server {
         let backend = build_backend(rt.backend, &metrics)?;
         let creds: LiveCredentials = Arc::new(ArcSwap::from_pointee(rt.credentials));
         let front: LiveFront = Arc::new(ArcSwap::from_pointee(rt.front));
-        let pushdown =
-            config.pushdown.enabled.then(|| Arc::new(Pushdown::new(config.pushdown.pushdown_config(metrics.clone()))));
+        let pushdown = config.pushdown.enabled.then(|| {
+            let mut settings = config.pushdown.pushdown_config(metrics.clone());
+            settings.models_store = rt.models_store.clone();
+            Arc::new(Pushdown::new(settings))
+        });
         if let Some(p) = &pushdown {
             p.spawn_reaper();
         }

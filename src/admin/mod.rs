@@ -123,7 +123,7 @@ fn observe_peak(metrics: &Metrics) {
     }
 }
 
-/// `POST /v1/models/refresh`: reads the models directory again now (as every
+/// `POST /v1/models/refresh`: reads the models (directory and store) again now (as every
 /// `pushdown.models_refresh_secs` does) and answers what changed; needs a proof of a client's key.
 async fn refresh_models(State(s): State<AdminState>, headers: HeaderMap) -> Reply {
     if let Err(e) = s.prove_change(&headers).await {
@@ -133,10 +133,7 @@ async fn refresh_models(State(s): State<AdminState>, headers: HeaderMap) -> Repl
         Ok(p) => p.clone(),
         Err(r) => return r,
     };
-    let Ok(changes) = tokio::task::spawn_blocking(move || pd.refresh_models()).await else {
-        return json(StatusCode::INTERNAL_SERVER_ERROR, &serde_json::json!({ "error": "InternalError" }));
-    };
-    json(StatusCode::OK, &serde_json::json!(changes))
+    json(StatusCode::OK, &serde_json::json!(pd.refresh().await))
 }
 
 /// `POST /v1/config/reload`: reads the configuration again and applies it, as SIGHUP does

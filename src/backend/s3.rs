@@ -75,14 +75,7 @@ impl S3Backend {
     /// # Errors
     /// An unreadable or invalid `ca_file`, or no usable TLS configuration.
     pub(crate) fn new(cfg: S3BackendConfig, metrics: UpstreamMetrics) -> Result<Self, TlsSetupError> {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let tls = tls_config(cfg.ca_file.as_deref())?;
-        let connector =
-            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        let client = http_client(cfg.connect_timeout, cfg.ca_file.as_deref())?;
         let limit = Arc::new(Semaphore::new(cfg.max_concurrency));
         Ok(Self { cfg: Arc::new(cfg), client, limit, metrics })
     }
@@ -153,52 +146,10 @@ impl S3Backend {
             }
             Authority::Gateway(proof) => {
                 let key = self.cfg.tenant_keys.get(proof.access_key()).or(self.cfg.key.as_ref());
-                self.sign(&mut out, &req.payload, key.ok_or(BackendError::NoStoreKey)?)?;
+                sign_request(&mut out, &req.payload, key.ok_or(BackendError::NoStoreKey)?, &self.cfg.region)?;
             }
         }
         Ok(out)
-    }
-
-    fn sign(
-        &self,
-        req: &mut Request<Body>,
-        payload: &ForwardPayload,
-        (access_key, secret): &(String, SecretKey),
-    ) -> Result<(), BackendError> {
-        let identity = Credentials::new(access_key, secret.expose(), None, None, "tensorgate-backend").into();
-        let mut settings = SigningSettings::default();
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.cfg.region)
-            .name("s3")
-            .time(SystemTime::now())
-            .settings(settings)
-            .build()
-            .map_err(|e| BackendError::Internal(e.into()))?
-            .into();
-        let mut headers = Vec::with_capacity(req.headers().len());
-        for (name, value) in req.headers() {
-            let v = value.to_str().map_err(|_| BackendError::UnsignableHeader(name.as_str().to_owned()))?;
-            headers.push((name.as_str(), v));
-        }
-        let body = match payload {
-            ForwardPayload::Empty => SignableBody::Precomputed(EMPTY_SHA256.to_owned()),
-            ForwardPayload::Sha256(hex) => SignableBody::Precomputed(hex.clone()),
-            ForwardPayload::Unsigned => SignableBody::UnsignedPayload,
-            ForwardPayload::UnsignedTrailer => {
-                SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned())
-            }
-        };
-        let uri = req.uri().to_string();
-        let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body)
-            .map_err(|e| BackendError::Internal(e.into()))?;
-        let (instructions, _signature) =
-            sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
-        instructions.apply_to_request_http1x(req);
-        Ok(())
     }
 
     /// Forwards one request; retries body-less idempotent ones on transport failures and 5xx.
@@ -291,6 +242,69 @@ impl S3Backend {
             return Ok(resp.map(|b| Body::new(Metered::new(b, counter, (permit, refuse)))));
         }
     }
+}
+
+/// Signs `req` (SigV4, `x-amz-content-sha256` set from `payload`) with `key` for `region`.
+///
+/// # Errors
+/// A header that is not visible ASCII, or a request the signer refuses.
+pub(crate) fn sign_request(
+    req: &mut Request<Body>,
+    payload: &ForwardPayload,
+    (access_key, secret): &(String, SecretKey),
+    region: &str,
+) -> Result<(), BackendError> {
+    let identity = Credentials::new(access_key, secret.expose(), None, None, "tensorgate-backend").into();
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name("s3")
+        .time(SystemTime::now())
+        .settings(settings)
+        .build()
+        .map_err(|e| BackendError::Internal(e.into()))?
+        .into();
+    let mut headers = Vec::with_capacity(req.headers().len());
+    for (name, value) in req.headers() {
+        let v = value.to_str().map_err(|_| BackendError::UnsignableHeader(name.as_str().to_owned()))?;
+        headers.push((name.as_str(), v));
+    }
+    let body = match payload {
+        ForwardPayload::Empty => SignableBody::Precomputed(EMPTY_SHA256.to_owned()),
+        ForwardPayload::Sha256(hex) => SignableBody::Precomputed(hex.clone()),
+        ForwardPayload::Unsigned => SignableBody::UnsignedPayload,
+        ForwardPayload::UnsignedTrailer => SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()),
+    };
+    let uri = req.uri().to_string();
+    let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body)
+        .map_err(|e| BackendError::Internal(e.into()))?;
+    let (instructions, _signature) =
+        sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
+    instructions.apply_to_request_http1x(req);
+    Ok(())
+}
+
+/// An HTTP/1.1 client over plain TCP or TLS (the system's roots plus `ca_file`), as every
+/// request to the store is sent.
+///
+/// # Errors
+/// An unreadable or invalid `ca_file`, or no usable TLS configuration.
+pub(crate) fn http_client(
+    connect_timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+) -> Result<Client<HttpsConnector<HttpConnector>, Body>, TlsSetupError> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let tls = tls_config(ca_file)?;
+    let connector =
+        HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(connector);
+    Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector))
 }
 
 /// How long a body waits for the store's `100 Continue` before it is sent anyway (curl's default;

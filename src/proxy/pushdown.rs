@@ -29,15 +29,14 @@ impl Gateway {
     /// Resolves a pushdown request ([`crate::pushdown::Pushdown::prepare`]); `None` when
     /// `split=auto` planned no pushdown (then the request is a plain GET).
     /// A model this gateway does not serve yet may have been added since its last read of the
-    /// models directory (another member of a cluster may serve it already): the directory is read
-    /// again, at most once a second (`UNKNOWN_MODEL_RESCAN`), before the request is
-    /// refused.
+    /// models (another member of a cluster may serve it already): the directory and the models
+    /// store are read again, at most once a second (`UNKNOWN_MODEL_RESCAN`), before the request
+    /// is refused.
     pub(super) async fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
         if !pd.registry().models.contains_key(&spec.model) && pd.rescan_allowed() {
-            let service = pd.clone();
-            let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
+            pd.refresh().await;
         }
         Ok(pd.prepare(spec, tenant)?)
     }

@@ -8,7 +8,8 @@
 //! (the source as samples: images, `.npy`, WebDataset shards ([`shard`]), Parquet ([`table`]),
 //! texts ([`text`])), [`preprocess`] and [`engine`] (inference threads with batching, supervised in
 //! [`engines`], admitted by [`governor`] and [`fair`], running sessions of an `inference` trait), `encode` and [`tensor`] (`.npy`,
-//! safetensors, tar or Parquet out). [`registry`] verifies model files, [`prefix`] cuts a model at
+//! safetensors, tar or Parquet out). [`registry`] verifies model files (from `models_dir` and
+//! the store's bucket, which `models_store` mirrors), [`prefix`] cuts a model at
 //! a split, [`runtime`] loads ONNX Runtime and makes its sessions. The proxy's pushdown phase (`crate::proxy::pushdown`)
 //! answers a job over HTTP through the tensor cache.
 
@@ -25,6 +26,7 @@ mod inference;
 mod job;
 pub mod manifest;
 pub(crate) mod memory;
+mod models_store;
 pub(crate) mod order;
 mod parse;
 pub mod planning;
@@ -42,6 +44,7 @@ pub mod text;
 
 pub use self::error::PushdownError;
 pub(crate) use self::job::Job;
+pub(crate) use self::models_store::ModelsStoreConfig;
 pub use self::service::DEFAULT_MAX_OBJECT_BYTES;
 pub(crate) use self::service::{Pushdown, PushdownConfig};
 

@@ -62,7 +62,7 @@ impl Stamp {
 }
 
 /// A model directory's manifest.
-const MANIFEST: &str = "manifest.toml";
+pub(super) const MANIFEST: &str = "manifest.toml";
 
 /// Largest manifest or tokenizer read (`tokenizer.json` of a large vocabulary is a few MiB).
 const MAX_SIDE_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -139,16 +139,21 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// Loads every `*/manifest.toml` under `dir`, keeping the models of `previous` whose files
-    /// have not changed. A missing directory gives an empty registry; two manifests that name the
-    /// same model are both refused (neither may shadow the other). Blocking.
+    /// Loads every `*/manifest.toml` under each of `roots` (`models_dir`, and the mirror of the
+    /// store's models when there is one), keeping the models of `previous` whose files have not
+    /// changed. A missing directory holds no model; two manifests that name the same model are
+    /// both refused (neither may shadow the other). Blocking.
     #[must_use]
-    pub(crate) fn load(dir: &Path, limits: LoadLimits, previous: Option<&Self>) -> Self {
+    pub(crate) fn load(roots: &[&Path], limits: LoadLimits, previous: Option<&Self>) -> Self {
         let mut reg = Self::default();
-        let Ok(entries) = std::fs::read_dir(dir) else { return reg };
-        let mut dirs: Vec<PathBuf> =
-            entries.flatten().map(|e| e.path()).filter(|p| p.join(MANIFEST).is_file()).collect();
-        dirs.sort();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for root in roots {
+            let Ok(entries) = std::fs::read_dir(root) else { continue };
+            let mut found: Vec<PathBuf> =
+                entries.flatten().map(|e| e.path()).filter(|p| p.join(MANIFEST).is_file()).collect();
+            found.sort();
+            dirs.extend(found);
+        }
         let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
         for d in dirs {
             let Some(stamp) = Stamp::of(&d) else {
@@ -333,28 +338,28 @@ mod tests {
     fn a_rescan_keeps_unchanged_models_and_sees_what_changed() {
         let root = tempfile::tempdir().expect("temp dir");
         tiny(root.path(), "a", "tiny-a", |m| m);
-        let first = Registry::load(root.path(), LIMITS, None);
+        let first = Registry::load(&[root.path()], LIMITS, None);
         assert_eq!(first.names(), ["tiny-a"]);
-        let again = Registry::load(root.path(), LIMITS, Some(&first));
+        let again = Registry::load(&[root.path()], LIMITS, Some(&first));
         assert!(Arc::ptr_eq(&first.models["tiny-a"], &again.models["tiny-a"]), "an unchanged model is not read again");
         assert!(again.changes_from(&first).is_empty());
 
         tiny(root.path(), "b", "tiny-b", |m| m);
         // The same ONNX file with other preprocessing is another version of the model.
         tiny(root.path(), "a", "tiny-a", |m| m.replace("resize_shorter = 36", "resize_shorter = 40"));
-        let third = Registry::load(root.path(), LIMITS, Some(&again));
+        let third = Registry::load(&[root.path()], LIMITS, Some(&again));
         let changes = third.changes_from(&again);
         assert_eq!((changes.added, changes.replaced), (vec!["tiny-b".to_owned()], vec!["tiny-a".to_owned()]));
         assert_eq!(third.models["tiny-a"].digest, first.models["tiny-a"].digest);
         assert_ne!(third.models["tiny-a"].version, first.models["tiny-a"].version);
 
         std::fs::remove_dir_all(root.path().join("b")).expect("remove");
-        let fourth = Registry::load(root.path(), LIMITS, Some(&third));
+        let fourth = Registry::load(&[root.path()], LIMITS, Some(&third));
         assert_eq!(fourth.changes_from(&third).removed, ["tiny-b"]);
 
         // Any other file of the directory (external weights, say) is part of the version.
         std::fs::write(root.path().join("a/weights.bin"), b"new weights").expect("write");
-        let fifth = Registry::load(root.path(), LIMITS, Some(&fourth));
+        let fifth = Registry::load(&[root.path()], LIMITS, Some(&fourth));
         assert_eq!(fifth.changes_from(&fourth).replaced, ["tiny-a"]);
     }
 
@@ -390,13 +395,13 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", root.path().join("zero/model.onnx")).expect("symlink");
         // A manifest naming a file outside its directory.
         tiny(root.path(), "escape", "escape", |m| m.replace("file = \"model.onnx\"", "file = \"../hash/model.onnx\""));
-        let r = Registry::load(root.path(), LIMITS, None);
+        let r = Registry::load(&[root.path()], LIMITS, None);
         assert!(r.models.is_empty(), "{:?}", r.names());
         assert!(failed(&r, "fifo").contains("not a regular file"), "{}", failed(&r, "fifo"));
         assert!(failed(&r, "zero").contains("not a regular file"), "{}", failed(&r, "zero"));
         assert!(failed(&r, "escape").contains("not a file name"), "{}", failed(&r, "escape"));
         // Unchanged, a failed directory is not read again: its failure is kept as it was.
-        let again = Registry::load(root.path(), LIMITS, Some(&r));
+        let again = Registry::load(&[root.path()], LIMITS, Some(&r));
         assert_eq!(again.failed, r.failed);
         assert!(failed(&r, "hash").contains("sha256 of"), "{}", failed(&r, "hash"));
         assert!(failed(&r, "split").contains("does not produce"), "{}", failed(&r, "split"));

@@ -18,6 +18,7 @@ use super::engines::EngineKey;
 use super::error::PushdownError;
 use super::governor::{Governor, GovernorConfig};
 use super::inference::Inference;
+use super::models_store::{ModelsStore, ModelsStoreConfig};
 use super::registry::{Changes, LoadLimits, Model, Registry};
 use super::tensor::Tensor;
 use super::{
@@ -58,6 +59,8 @@ pub(crate) struct PushdownConfig {
     pub(crate) load_limits: LoadLimits,
     /// How often the models directory is read again; `None`: only at start and when asked.
     pub(crate) models_refresh: Option<Duration>,
+    /// A bucket of the store that models are also read from (`[pushdown.models_store]`).
+    pub(crate) models_store: Option<ModelsStoreConfig>,
     /// Longest read of a source object's body.
     pub(crate) source_timeout: Duration,
     pub(crate) max_image_pixels: u64,
@@ -105,10 +108,12 @@ pub(crate) struct Output {
 #[derive(Debug)]
 pub struct Pushdown {
     pub(super) cfg: PushdownConfig,
-    /// The models served now, replaced whole by a rescan ([`Self::refresh_models`]).
+    /// The models served now, replaced whole by a rescan ([`Self::refresh`]).
     pub(super) registry: ArcSwap<Registry>,
-    /// One rescan at a time.
-    pub(super) rescan: Mutex<()>,
+    /// The store's models, mirrored beside `models_dir` (`None`: the directory only).
+    pub(super) models_store: Option<ModelsStore>,
+    /// One refresh (sync and rescan) at a time.
+    pub(super) refreshing: tokio::sync::Mutex<()>,
     /// When a request for an unknown model last had the models directory read again (ms since
     /// `started`).
     pub(super) last_unknown_rescan: std::sync::atomic::AtomicU64,
@@ -167,7 +172,15 @@ impl Pushdown {
 
     /// The service with `inference` running its prefixes (ONNX Runtime in [`Self::new`]).
     pub(crate) fn with_inference(cfg: PushdownConfig, inference: Result<Arc<dyn Inference>, String>) -> Self {
-        let registry = Registry::load(&cfg.models_dir, cfg.load_limits, None);
+        let models_store = cfg.models_store.clone().and_then(|c| {
+            ModelsStore::new(c)
+                .inspect_err(|e| tracing::error!(error = %e, "pushdown.models_store unusable; models_dir only."))
+                .ok()
+        });
+        // The store's models as last mirrored are served at once (a restart or an upgraded binary
+        // does not wait for the store); the first refresh brings them up to date.
+        let roots = roots(&cfg.models_dir, models_store.as_ref());
+        let registry = Registry::load(&roots, cfg.load_limits, None);
         for (dir, why) in &registry.failed {
             tracing::warn!(dir = %dir.display(), error = %why, "Model not loaded.");
         }
@@ -193,7 +206,8 @@ impl Pushdown {
             scratch: scratch.clone(),
             cfg,
             registry: ArcSwap::from_pointee(registry),
-            rescan: Mutex::default(),
+            models_store,
+            refreshing: tokio::sync::Mutex::const_new(()),
             last_unknown_rescan: std::sync::atomic::AtomicU64::new(0),
             started: std::time::Instant::now(),
             inference,
@@ -287,14 +301,36 @@ impl Pushdown {
                 .is_ok()
     }
 
-    /// Reads the models directory again and serves what it holds now: models added are served
-    /// from the next request on; a removed or replaced model takes no new request, and its
-    /// engines stop (their memory returning to the budget) once the requests in flight on them
-    /// are done. Unchanged models are kept as they are. Blocking: call it on a blocking thread.
-    pub(crate) fn refresh_models(&self) -> Changes {
-        let _one = self.rescan.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Brings the store's models' mirror up to date (when there is a store) and reads the models
+    /// again ([`Self::rescan`]); one refresh at a time. A store that cannot be listed changes
+    /// none of its models (the reason is listed among the refusals).
+    pub(crate) async fn refresh(self: &Arc<Self>) -> Changes {
+        let _one = self.refreshing.lock().await;
+        let store_refused = match &self.models_store {
+            Some(store) => match store.sync(self.cfg.load_limits.max_model_bytes).await {
+                Ok(refused) => refused,
+                Err(why) => {
+                    tracing::warn!(store = %store.url(), error = %why, "Models store not read; its models stay as they were.");
+                    vec![(PathBuf::from(store.url()), format!("cannot list the models store: {why}"))]
+                }
+            },
+            None => Vec::new(),
+        };
+        let service = self.clone();
+        tokio::task::spawn_blocking(move || service.rescan(store_refused)).await.unwrap_or_default()
+    }
+
+    /// Reads the models again and serves what they are now: models added are served from the
+    /// next request on; a removed or replaced model takes no new request, and its engines stop
+    /// (their memory returning to the budget) once the requests in flight on them are done.
+    /// Unchanged models are kept as they are. `store_refused`: what the store holds that cannot
+    /// be served, listed with the directories' refusals. Blocking: call it on a blocking thread.
+    fn rescan(&self, store_refused: Vec<(PathBuf, String)>) -> Changes {
         let before = self.registry.load_full();
-        let after = Arc::new(Registry::load(&self.cfg.models_dir, self.cfg.load_limits, Some(&before)));
+        let roots = roots(&self.cfg.models_dir, self.models_store.as_ref());
+        let mut after = Registry::load(&roots, self.cfg.load_limits, Some(&before));
+        after.failed.extend(store_refused);
+        let after = Arc::new(after);
         let changes = after.changes_from(&before);
         let new_failures: Vec<_> = after.failed.iter().filter(|f| !before.failed.contains(f)).collect();
         for (dir, why) in &new_failures {
@@ -353,7 +389,7 @@ impl Pushdown {
     }
 
     /// Evicts idle engines every quarter of the idle time (at most every 30 s), and reads the
-    /// models directory again every `pushdown.models_refresh_secs` ([`Self::refresh_models`]),
+    /// models again every `pushdown.models_refresh_secs` ([`Self::refresh`], the first at once),
     /// for as long as the service exists.
     pub(crate) fn spawn_reaper(self: &Arc<Self>) {
         let period = (self.cfg.engine_idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
@@ -369,9 +405,10 @@ impl Pushdown {
         let service = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
                 let Some(service) = service.upgrade() else { break };
-                let _ = tokio::task::spawn_blocking(move || service.refresh_models()).await;
+                service.refresh().await;
+                drop(service);
+                tokio::time::sleep(every).await;
             }
         });
     }
@@ -479,4 +516,9 @@ impl Pushdown {
         }
         Ok(outputs.into_iter().flatten().collect())
     }
+}
+
+/// The directories models are read from: `models_dir`, then the store's mirror.
+fn roots<'a>(models_dir: &'a std::path::Path, store: Option<&'a ModelsStore>) -> Vec<&'a std::path::Path> {
+    std::iter::once(models_dir).chain(store.map(ModelsStore::mirror_dir)).collect()
 }
