@@ -68,8 +68,8 @@ scripts/models.sh
 
 # The same store-facing tests on the other stores: what passes on SeaweedFS alone is not verified
 # (SeaweedFS accepts requests that RGW and AWS refuse). The suites above ran everything on
-# SeaweedFS; here the passthrough and auth end-to-end tests, the real-client tests and the models
-# store (a cluster's models as a bucket of the store) run again.
+# SeaweedFS; here the passthrough and auth end-to-end tests, the real-client tests, the models
+# store (a cluster's models as a bucket of the store) and the no-downtime load run again.
 for store in ceph-rgw swift; do
   phase "store: $store (passthrough and auth end-to-end tests, real clients, the models store)"
   case $store in
@@ -82,8 +82,10 @@ for store in ceph-rgw swift; do
   else
     TENSORGATE_IT_STORE=$store cargo test -p integration-tests --locked --no-fail-fast -- passthrough:: auth:: transparent::
   fi
-  TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q tests/python/test_s3_clients.py tests/python/test_identity.py \
-    tests/python/test_models_store.py
+  # The no-downtime load runs 60 s on SeaweedFS above; here its same events within 30 s of load.
+  TENSORGATE_NO_DOWNTIME_SECS=30 TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q \
+    tests/python/test_s3_clients.py tests/python/test_identity.py tests/python/test_models_store.py \
+    tests/python/test_no_downtime.py
 done
 
 # Transparent identity mode (ADR 0013): the real-client tests again, signed with each store's own
