@@ -67,6 +67,13 @@ enum ModelsCommand {
         /// A Hugging Face preprocessor_config.json or a timm pretrained_cfg (JSON), over the preset.
         #[arg(long)]
         preprocess_config: Option<PathBuf>,
+        /// A text encoder's Hugging Face tokenizer.json (copied beside the model).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// A text encoder's token length where the graph does not fix it (default: the
+        /// tokenizer's truncation length).
+        #[arg(long)]
+        length: Option<usize>,
         #[arg(long, default_value = "unknown")]
         license: String,
         #[arg(long, default_value = "imported")]
@@ -194,11 +201,22 @@ fn models(cmd: ModelsCommand) -> anyhow::Result<()> {
                 println!("{name}");
             }
         }
-        ModelsCommand::Import { model, name, preset, preprocess_config, license, origin, out, ort_library } => {
+        ModelsCommand::Import {
+            model,
+            name,
+            preset,
+            preprocess_config,
+            tokenizer,
+            length,
+            license,
+            origin,
+            out,
+            ort_library,
+        } => {
             use crate::pushdown::import::{ImportOptions, import};
             let env = crate::pushdown::runtime::environment(ort_library.as_deref()).map_err(anyhow::Error::msg)?;
             let inference = crate::pushdown::runtime::OrtInference { env };
-            let opts = ImportOptions { name, preset, preprocess_config, license, origin, out };
+            let opts = ImportOptions { name, preset, preprocess_config, tokenizer, length, license, origin, out };
             let done = import(&model, &opts, &inference).map_err(anyhow::Error::msg)?;
             println!("{}: {} splits, freeze {}", done.dir.display(), done.manifest.splits.len(), done.manifest.freeze);
             for s in &done.manifest.splits {

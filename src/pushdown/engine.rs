@@ -33,6 +33,7 @@ use super::error::PushdownError;
 use super::fair::{FairSlots, Slot};
 use super::governor::{EngineHold, Governor, Held};
 use super::inference::{GiveBack, Inference, Session, SessionSettings};
+use super::manifest::Manifest;
 use super::memory::{self, MemoryModel, PROBE_BATCHES};
 use super::prefix;
 use super::queue::{Place, Queue, Refused};
@@ -526,16 +527,16 @@ fn check_prefix(
 /// A deterministic batch of probe values in [-1, 1); for a text model, token ids below 1,000
 /// (within every vocabulary) with every token attended.
 pub(crate) fn probe_input(model: &Model, batch: usize) -> (Vec<usize>, Vec<f32>) {
-    probe_texts(model, batch, usize::MAX)
+    probe_texts(&model.manifest, batch, usize::MAX)
 }
 
 /// [`probe_input`], a text model's rows attended over their first `attended` tokens (padded
 /// after, as the tokenizer pads shorter texts).
-pub(crate) fn probe_texts(model: &Model, batch: usize, attended: usize) -> (Vec<usize>, Vec<f32>) {
+pub(crate) fn probe_texts(manifest: &Manifest, batch: usize, attended: usize) -> (Vec<usize>, Vec<f32>) {
     let mut shape = vec![batch];
-    shape.extend(&model.manifest.input_shape);
+    shape.extend(&manifest.input_shape);
     let n: usize = shape.iter().product();
-    if let (Some(_), &[_, 2, len]) = (&model.manifest.text, shape.as_slice()) {
+    if let (Some(_), &[_, 2, len]) = (&manifest.text, shape.as_slice()) {
         let used = |i: usize| i < attended;
         let row = move |r: usize| {
             (0..len)

@@ -2,12 +2,15 @@
 //! from a model as an exporter left it, so that a user's own model needs no hand-written manifest.
 //!
 //! - The input: the graph's one float input of four dimensions, `NCHW` (three channels second) or
-//!   `NHWC` (three channels last); symbolic height and width take the preprocessing's crop.
+//!   `NHWC` (three channels last); symbolic height and width take the preprocessing's crop. Or a
+//!   text encoder's two int64 inputs, token ids and attention mask, with its `tokenizer.json`
+//!   ([`text_input`]): the gateway tokenizes texts to the length the graph, `--length` or the
+//!   tokenizer's truncation says.
 //! - Candidate splits at block boundaries, named after the module path the exporter kept in node
 //!   names (torch's `torch.onnx.export(..., dynamo=False)` writes `/layer1/layer1.0/conv1/Conv`):
-//!   the top-level modules in graph order, each one's split the output of its last node; a module
-//!   holding most of the graph (a ViT's `blocks`, a BERT's `encoder`) is split at its own children
-//!   instead ([`boundaries`]).
+//!   the top-level modules in graph order (below a wrapper module that holds every node), each
+//!   one's split the output of its last node; a module holding most of the graph (a ViT's
+//!   `blocks`, a BERT's `encoder`) is split at its own children instead ([`boundaries`]).
 //! - The freeze split: the last candidate before a classifier head (`fc`, `head`, `classifier`).
 //! - Preprocessing from a preset (`imagenet`, `clip`, `none`), a Hugging Face
 //!   `preprocessor_config.json` or a timm `pretrained_cfg` (JSON) ([`preprocess_from`]).
@@ -21,8 +24,8 @@ use sha2::{Digest, Sha256};
 
 use super::engine::OrtArena;
 use super::inference::{Inference, SessionSettings};
-use super::manifest::{Channels, Layout, Manifest, Preprocess, SplitDef};
-use super::prefix::{self, ELEM_FLOAT, NamedNode};
+use super::manifest::{Channels, Layout, Manifest, Preprocess, SplitDef, TextInput};
+use super::prefix::{self, ELEM_FLOAT, ELEM_INT64, GraphInput, NamedNode};
 
 /// How far a prefix's output may be from the full model's at the same tensor: the bar pushdowns
 /// are held to against onnxruntime.
@@ -55,6 +58,11 @@ pub(crate) struct ImportOptions {
     /// A Hugging Face `preprocessor_config.json` or a timm `pretrained_cfg` saved as JSON; over
     /// the preset.
     pub(crate) preprocess_config: Option<PathBuf>,
+    /// A text encoder's Hugging Face `tokenizer.json` (copied beside the model).
+    pub(crate) tokenizer: Option<PathBuf>,
+    /// A text encoder's token length, where the graph does not fix it (default: the tokenizer's
+    /// truncation length).
+    pub(crate) length: Option<usize>,
     pub(crate) license: String,
     pub(crate) origin: String,
     /// The directory the model's directory is written in (`models`).
@@ -87,11 +95,23 @@ pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inferen
     if prefix::has_external_data(&bytes).map_err(|e| e.to_string())? {
         return Err("the model keeps its weights in external data files: export it as one file".into());
     }
-    let preprocess = match &opts.preprocess_config {
-        Some(path) => Some(preprocess_from(path)?),
-        None => preset(opts.preset),
+    let inputs = prefix::graph_inputs(&bytes).map_err(|e| e.to_string())?;
+    let (input, input_shape, layout, preprocess, text) = if let Some(t) = text_input(&inputs, opts)? {
+        (
+            t.ids,
+            vec![2, t.length],
+            Layout::Nchw,
+            None,
+            Some((TextInput { tokenizer: TOKENIZER.into(), mask: t.mask }, t.json)),
+        )
+    } else {
+        let preprocess = match &opts.preprocess_config {
+            Some(path) => Some(preprocess_from(path)?),
+            None => preset(opts.preset),
+        };
+        let (input, shape, layout) = image_input(&inputs, preprocess.as_ref())?;
+        (input, shape, layout, preprocess, None)
     };
-    let (input, input_shape, layout) = image_input(&bytes, preprocess.as_ref())?;
     let candidates = boundaries(&prefix::named_nodes(&bytes).map_err(|e| e.to_string())?);
     if candidates.is_empty() {
         return Err("no module path in the graph's node names: export with torch.onnx.export(..., dynamo=False), \
@@ -109,7 +129,7 @@ pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inferen
         license: opts.license.clone(),
         origin: opts.origin.clone(),
         preprocess,
-        text: None,
+        text: text.as_ref().map(|(t, _)| t.clone()),
         splits: Vec::new(),
     };
     let dir = model.parent().unwrap_or(Path::new("."));
@@ -126,6 +146,9 @@ pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inferen
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
     std::fs::create_dir(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     std::fs::write(out.join("model.onnx"), &bytes).map_err(|e| format!("writing the model: {e}"))?;
+    if let Some((_, json)) = &text {
+        std::fs::write(out.join(TOKENIZER), json).map_err(|e| format!("writing the tokenizer: {e}"))?;
+    }
     // The manifest last, whole (renamed into place): a gateway reading the directory sees the
     // model once it is complete.
     let partial = out.join(".manifest.toml.partial");
@@ -134,10 +157,68 @@ pub(crate) fn import(model: &Path, opts: &ImportOptions, inference: &dyn Inferen
     Ok(Imported { dir: out, manifest, dropped })
 }
 
+/// A text encoder's tokenizer, as written beside its model.
+const TOKENIZER: &str = "tokenizer.json";
+
+/// A text encoder's inputs, length and tokenizer.
+#[derive(Debug)]
+struct TextModel {
+    ids: String,
+    mask: String,
+    length: usize,
+    /// The tokenizer file's text (loaded once to check it).
+    json: String,
+}
+
+/// The graph's text inputs, if it has a text encoder's: two int64 inputs `[batch, length]`, the
+/// attention mask the one whose name says `mask`. `None` for any other graph.
+///
+/// # Errors
+/// A text encoder without `--tokenizer`, with a third input (BERT's `token_type_ids`: export without
+/// it, its default is zeros), a fixed batch, or no length from the graph, `--length` or the tokenizer.
+fn text_input(inputs: &[GraphInput], opts: &ImportOptions) -> Result<Option<TextModel>, String> {
+    let int64 = inputs.iter().filter(|i| i.elem_type == ELEM_INT64 && i.dims.len() == 2).count();
+    if int64 == 0 || int64 < inputs.len() && opts.tokenizer.is_none() {
+        return Ok(None);
+    }
+    let names = || inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+    let (Some(mask), Some(ids), 2) = (
+        inputs.iter().find(|i| i.name.contains("mask")),
+        inputs.iter().find(|i| !i.name.contains("mask")),
+        inputs.len(),
+    ) else {
+        return Err(format!(
+            "a text encoder is fed token ids and an attention mask, and this model's inputs are {}: export it \
+             with those two (BERT's token_type_ids default to zeros)",
+            names()
+        ));
+    };
+    if [ids, mask].iter().any(|i| i.elem_type != ELEM_INT64 || i.dims.len() != 2 || i.dims[0].is_some()) {
+        return Err(format!("inputs {}: a text encoder's are int64 [batch, length] with a symbolic batch", names()));
+    }
+    let path = opts.tokenizer.as_ref().ok_or("a text encoder needs its tokenizer: --tokenizer tokenizer.json")?;
+    let json = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let truncation = serde_json::from_str::<serde_json::Value>(&json)
+        .ok()
+        .and_then(|v| v.get("truncation")?.get("max_length")?.as_u64())
+        .and_then(|n| usize::try_from(n).ok());
+    let fixed = ids.dims[1].and_then(|n| usize::try_from(n).ok());
+    let length = match (fixed, opts.length) {
+        (Some(f), Some(l)) if f != l => {
+            return Err(format!("--length {l}, and the graph's inputs are {f} tokens long"));
+        }
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => {
+            truncation.ok_or("no length: the graph's is symbolic and the tokenizer truncates to none; give --length")?
+        }
+    };
+    super::text::Encoder::from_json(&json, length).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(TextModel { ids: ids.name.clone(), mask: mask.name.clone(), length, json }))
+}
+
 /// The graph's image input: its name, per-sample shape and layout.
-fn image_input(bytes: &[u8], preprocess: Option<&Preprocess>) -> Result<(String, Vec<usize>, Layout), String> {
-    let inputs = prefix::graph_inputs(bytes).map_err(|e| e.to_string())?;
-    let [input] = inputs.as_slice() else {
+fn image_input(inputs: &[GraphInput], preprocess: Option<&Preprocess>) -> Result<(String, Vec<usize>, Layout), String> {
+    let [input] = inputs else {
         return Err(format!(
             "the model has {} inputs ({}); an image model has one",
             inputs.len(),
@@ -191,19 +272,29 @@ fn module_path(node: &NamedNode) -> Vec<&str> {
 pub(crate) fn boundaries(nodes: &[NamedNode]) -> Vec<(String, String)> {
     let paths: Vec<Vec<&str>> = nodes.iter().map(module_path).collect();
     let members: Vec<usize> = (0..nodes.len()).filter(|&i| !paths[i].is_empty()).collect();
+    // Below the modules every node is in (a wrapper around the exported model, `/model/...`).
+    let mut base = 0;
+    while let Some(&first) = members.first()
+        && let Some(key) = paths[first].get(base)
+        && members.iter().all(|&i| paths[i].get(base) == Some(key))
+        && members.iter().any(|&i| paths[i].len() > base + 1)
+    {
+        base += 1;
+    }
     let mut out = Vec::new();
-    split_at(nodes, &paths, &members, 0, &mut out);
+    split_at(nodes, &paths, &members, (base, base), &mut out);
     out
 }
 
-/// The candidates among `members` (nodes inside one module) at `depth`: a run of nodes in the
-/// same child module is one candidate, unless it holds most of the module's nodes (then its own
-/// children are, if it has at least two).
+/// The candidates among `members` (nodes inside one module) at `depth` (named from `base`, below
+/// any wrapper): a run of nodes in the same child module is one candidate, unless it holds most of
+/// the module's nodes and is not a numbered block (then its own children are, if it has at least
+/// two).
 fn split_at(
     nodes: &[NamedNode],
     paths: &[Vec<&str>],
     members: &[usize],
-    depth: usize,
+    (base, depth): (usize, usize),
     out: &mut Vec<(String, String)>,
 ) {
     let mut runs: Vec<(&str, Vec<usize>)> = Vec::new();
@@ -215,9 +306,13 @@ fn split_at(
         }
     }
     for (key, run) in &runs {
-        if run.len() * 2 > members.len() && depth < MAX_DEPTH {
+        // One of a module's numbered children (`layer.1`, `blocks.3`) is a repeated block: a
+        // boundary itself, however much of the graph it holds.
+        let numbered =
+            key.rsplit_once('.').is_some_and(|(_, i)| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+        if run.len() * 2 > members.len() && depth < MAX_DEPTH && !numbered {
             let mut inner = Vec::new();
-            split_at(nodes, paths, run, depth + 1, &mut inner);
+            split_at(nodes, paths, run, (base, depth + 1), &mut inner);
             if inner.len() >= 2 {
                 out.extend(inner);
                 continue;
@@ -226,7 +321,7 @@ fn split_at(
         let last = run.last().copied().unwrap_or_default();
         let Some(tensor) = nodes[last].outputs.first() else { continue };
         // torch names a container's children `layer1.0`: already qualified.
-        let name = if key.contains('.') { (*key).to_owned() } else { paths[last][..=depth].join(".") };
+        let name = if key.contains('.') { (*key).to_owned() } else { paths[last][base..=depth].join(".") };
         if !out.iter().any(|(n, _)| *n == name) {
             out.push((name, tensor.clone()));
         }
@@ -238,9 +333,7 @@ fn check(bytes: &[u8], manifest: &Manifest, tensor: &str, inference: &dyn Infere
     let cut = prefix::cut(bytes, &[tensor]).map_err(|e| format!("cannot cut: {e}"))?;
     let exposed = prefix::expose(bytes, &[tensor]).map_err(|e| format!("cannot expose: {e}"))?;
     let settings = SessionSettings { threads: 1, arena: OrtArena::Off };
-    let mut shape = vec![1];
-    shape.extend(&manifest.input_shape);
-    let probe = super::engine::probe_values(shape.iter().product());
+    let (shape, probe) = super::engine::probe_texts(manifest, 1, usize::MAX);
     let a = inference.session(&cut, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
     let b = inference.session(&exposed, settings, dir)?.run(manifest, tensor, &shape, &probe)?;
     if a.shape != b.shape {
@@ -368,6 +461,9 @@ fn manifest_toml(m: &Manifest, model: &Path) -> String {
             })
         ));
     }
+    if let Some(text) = &m.text {
+        t.push_str(&format!("\n[text]\ntokenizer = {}\nmask = {}\n", q(&text.tokenizer), q(&text.mask)));
+    }
     for s in &m.splits {
         t.push_str(&format!("\n[[splits]]\nname = {}\ntensor = {}\n", q(&s.name), q(&s.tensor)));
     }
@@ -412,6 +508,22 @@ mod tests {
         vit.push(node("/head/Gemm", "h"));
         let names: Vec<String> = boundaries(&vit).into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["patch_embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]);
+        // A wrapper around the exported model (`/model/...`, with nodes of its own) is looked through.
+        let wrapped = [
+            node("Identity_1", "w"),
+            node("/model/embeddings/word_embeddings/Gather", "e"),
+            node("/model/Cast", "mask"),
+            node("/model/encoder/layer.0/attention/MatMul", "a0"),
+            node("/model/encoder/layer.0/output/Add", "l0"),
+            node("/model/encoder/layer.1/attention/MatMul", "a1"),
+            node("/model/encoder/layer.1/attention/Softmax", "s1"),
+            node("/model/encoder/layer.1/output/Add", "l1"),
+        ];
+        let got = boundaries(&wrapped);
+        assert_eq!(
+            got,
+            [("embeddings".into(), "e".into()), ("layer.0".into(), "l0".into()), ("layer.1".into(), "l1".into())]
+        );
         // Names without a module path (another exporter's) give none.
         assert!(boundaries(&[node("node_Conv_0", "x")]).is_empty());
     }

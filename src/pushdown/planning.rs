@@ -75,7 +75,7 @@ impl Pushdown {
                 let bytes = prefix::cut(&m.bytes, &[&tensor]).map_err(|e| e.to_string())?;
                 let mut session = inference.session(&bytes, SessionSettings { threads: 1, arena }, &m.dir)?;
                 let cut = session.cut_padding_where_inert(&m.manifest, &tensor)?;
-                let (shape, input) = engine::probe_texts(&m, MEASURE_BATCH, length);
+                let (shape, input) = engine::probe_texts(&m.manifest, MEASURE_BATCH, length);
                 session.run(&m.manifest, &tensor, &shape, &input)?;
                 // CPU time (the session has one intra-op thread): requests running on the same
                 // core do not inflate it.

