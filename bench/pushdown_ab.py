@@ -2,7 +2,8 @@
 machine moves both sides alike: both gateways run at once (each alone on the last core, one
 inference worker, an fs backend with the same 48 synthetic 500x375 JPEGs, a 4 GiB budget so the
 budget is no variable, the cache off), and for each (model, split) the client (on the other
-cores, 4 threads) fetches every image from A, then from B, ROUNDS times. Reported per row:
+cores, 4 threads) fetches every image from A, then from B, ROUNDS times (B first in every other
+round, so neither side always runs second). Reported per row:
 images/s and the gateway's CPU milliseconds per image (user + system from /proc, so time the
 core spent on something else is not counted), medians over the rounds, and B / A.
 
@@ -86,8 +87,11 @@ def main():
                 for name in sides:
                     get(urls[name][0])  # warm-up: the engine starts and is checked
                 rate, cpu = {n: [] for n in sides}, {n: [] for n in sides}
-                for _ in range(ROUNDS):
-                    for name, (proc, _) in sides.items():
+                for r in range(ROUNDS):
+                    # A then B in even rounds, B then A in odd ones: whichever side runs second
+                    # in a round (a warmer core, caches) is not always the same one.
+                    for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                        proc = sides[name][0]
                         c, t = cpu_seconds(proc.pid), time.perf_counter()
                         with cf.ThreadPoolExecutor(4) as ex:
                             list(ex.map(get, urls[name]))

@@ -377,7 +377,8 @@ pub struct ModelsStoreSettings {
     pub(crate) bucket: String,
     #[serde(default)]
     pub(crate) prefix: String,
-    /// Where the models are mirrored (created, private to the gateway's user).
+    /// Where the models are mirrored (created, private to the gateway's user): a directory of its
+    /// own, apart from `models_dir`, since what the bucket does not hold is removed from it.
     pub(crate) mirror_dir: PathBuf,
     /// A key that may read the bucket; default: `backend.access_key`.
     pub(crate) access_key: Option<String>,
@@ -875,6 +876,13 @@ impl Config {
         }
         if m.bucket.is_empty() || m.bucket.contains('/') {
             return Err(invalid("pushdown.models_store.bucket", "must name a bucket"));
+        }
+        let models_dir = &self.pushdown.models_dir;
+        if m.mirror_dir.starts_with(models_dir) || models_dir.starts_with(&m.mirror_dir) {
+            return Err(invalid(
+                "pushdown.models_store.mirror_dir",
+                "must be a directory of its own, apart from models_dir (the mirror removes what the bucket does not hold)",
+            ));
         }
         if !m.prefix.is_empty() && !m.prefix.ends_with('/') {
             return Err(invalid(
@@ -1407,6 +1415,10 @@ mod tests {
         assert!(e(&keyed, "bucket = \"models\"\nprefix = \"tg\"").contains("must end with '/'"));
         assert!(e(&keyed, "bucket = \"a/b\"").contains("pushdown.models_store.bucket"));
         assert!(e("", "bucket = \"models\"").contains("needs the s3 backend"));
+        // The mirror removes what the bucket does not hold: never the models directory.
+        let inside = |dir: &str| format!("[pushdown]\nmodels_dir = \"{dir}\"\n{keyed}");
+        assert!(e(&inside("/tmp/m"), "bucket = \"models\"").contains("a directory of its own"));
+        assert!(e(&inside("/tmp"), "bucket = \"models\"").contains("a directory of its own"));
     }
 
     #[test]

@@ -57,8 +57,8 @@ const MAX_FILES_PER_MODEL: usize = 64;
 /// Largest listing page read: 1,000 entries with 1 KiB keys are about 1.3 MB of XML.
 const MAX_LISTING_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
-/// Longest a download may go without a byte before this sync gives the model up (the mirrored
-/// copy stays; the next sync tries again).
+/// Longest a download may go without a byte, or a listing page take, before this sync gives up
+/// (the mirrored copy stays; the next sync tries again).
 const DOWNLOAD_STALL: Duration = Duration::from_secs(30);
 
 /// Under the mirror: downloads in progress, and the listings the mirrored models were fetched at.
@@ -187,19 +187,7 @@ impl ModelsStore {
             create_private_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let client = http_client(cfg.connect_timeout, cfg.ca_file.as_deref()).map_err(|e| e.to_string())?;
-        let mut mirrored = BTreeMap::new();
-        for entry in std::fs::read_dir(cfg.mirror_dir.join(LISTINGS)).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let listing = std::fs::read(entry.path()).ok().and_then(|b| serde_json::from_slice::<Files>(&b).ok());
-            match listing {
-                Some(files) if plain_name(&name) && cfg.mirror_dir.join(&name).is_dir() => {
-                    mirrored.insert(name, files);
-                }
-                _ => {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
+        let mirrored = recover(&cfg.mirror_dir);
         Ok(Self { cfg, client, mirrored: tokio::sync::Mutex::new(mirrored) })
     }
 
@@ -258,9 +246,12 @@ impl ModelsStore {
             }
             let resp = self.send(&format!("/{}", uri_encode(&self.cfg.bucket)), Some(&query), None).await?;
             let status = resp.status();
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_LISTING_PAGE_BYTES)
-                .collect()
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_LISTING_PAGE_BYTES).collect();
+            let body = tokio::time::timeout(DOWNLOAD_STALL, body)
                 .await
+                .map_err(|_| {
+                    format!("listing the bucket: no answer for {} s (DOWNLOAD_STALL)", DOWNLOAD_STALL.as_secs())
+                })?
                 .map_err(|e| format!("listing the bucket: {e}"))?
                 .to_bytes();
             if status != StatusCode::OK {
@@ -385,6 +376,35 @@ impl ModelsStore {
     }
 }
 
+/// The mirror as a stopped process left it: the listings of the models it holds whole. Downloads
+/// in progress, listings without their model and models without their listing (a stop between
+/// placing a model and recording it) are removed, so nothing is served that a sync would not
+/// know to remove.
+fn recover(mirror: &Path) -> BTreeMap<String, Files> {
+    let _ = std::fs::remove_dir_all(mirror.join(PARTIAL));
+    let _ = std::fs::create_dir(mirror.join(PARTIAL));
+    let mut mirrored = BTreeMap::new();
+    for entry in std::fs::read_dir(mirror.join(LISTINGS)).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let listing = std::fs::read(entry.path()).ok().and_then(|b| serde_json::from_slice::<Files>(&b).ok());
+        match listing {
+            Some(files) if plain_name(&name) && mirror.join(&name).is_dir() => {
+                mirrored.insert(name, files);
+            }
+            _ => {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    for entry in std::fs::read_dir(mirror).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if plain_name(&name) && !mirrored.contains_key(&name) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    mirrored
+}
+
 /// `dir` and its parents, the last one readable by this user only (models are code the gateway
 /// runs: nobody else may put one there).
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
@@ -461,6 +481,22 @@ mod tests {
         let many: Vec<Listed> = (0..=MAX_FILES_PER_MODEL).map(|i| listed(&format!("many/f{i}"), 1, "e")).collect();
         let p = plan(&many, "", &BTreeMap::new(), 10);
         assert!(p.refused[0].1.contains("MAX_FILES_PER_MODEL"), "{:?}", p.refused);
+    }
+
+    #[test]
+    fn a_restart_keeps_the_models_mirrored_whole_and_drops_the_rest() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let m = root.path();
+        for dir in ["whole", "unrecorded", ".partial/half", ".listings"] {
+            std::fs::create_dir_all(m.join(dir)).expect("dir");
+        }
+        let whole = files(&[("manifest.toml", 1, "e")]);
+        std::fs::write(m.join(".listings/whole"), serde_json::to_vec(&whole).expect("json")).expect("write");
+        std::fs::write(m.join(".listings/gone"), b"[]").expect("write");
+        let mirrored = recover(m);
+        assert_eq!(mirrored.into_iter().collect::<Vec<_>>(), [("whole".to_owned(), whole)]);
+        assert!(!m.join("unrecorded").exists() && !m.join(".partial/half").exists());
+        assert!(!m.join(".listings/gone").exists() && m.join("whole").exists());
     }
 
     #[test]
