@@ -109,6 +109,10 @@ pub fn rank<'a, T: AsRef<str>>(ids: &'a [T], bucket: &str, key: &str) -> Vec<&'a
     scored.into_iter().map(|(_, m)| m).collect()
 }
 
+/// The header of `/readyz` that names the models a member serves (a hash of their names and
+/// versions): [`Cluster::report`] says whether the ready members agree.
+pub(crate) const MODELS_HEADER: http::HeaderName = http::HeaderName::from_static("x-tensorgate-models");
+
 /// Every [`MemberState::state`].
 pub(crate) const MEMBER_STATES: [&str; 3] = ["ready", "unready", "unreachable"];
 
@@ -123,6 +127,8 @@ pub(crate) struct MemberState {
     pub(crate) checked: Option<u64>,
     /// Why the last probe failed.
     pub(crate) error: Option<String>,
+    /// The models it serves, as its `/readyz` said ([`MODELS_HEADER`]; `None`: no pushdown).
+    pub(crate) models: Option<String>,
 }
 
 impl AsRef<str> for MemberState {
@@ -174,20 +180,26 @@ impl Cluster {
             .map(|m| m.member.clone())
     }
 
-    /// What `GET /v1/cluster` answers.
+    /// What `GET /v1/cluster` answers: the members, and whether the ready ones serve the same
+    /// models (`models_agree`: after a model is added to or removed from the models store, every
+    /// member has it once this is true again).
     #[must_use]
     pub(crate) fn report(&self) -> serde_json::Value {
+        let members = self.members();
+        let mut served = members.iter().filter(|m| m.state == "ready").map(|m| &m.models);
+        let first = served.next();
         serde_json::json!({
             "node": self.settings.node_id,
             "hashing": HASHING,
             "refresh_secs": self.settings.refresh_secs,
-            "members": self.members(),
+            "models_agree": served.all(|m| Some(m) == first),
+            "members": members,
         })
     }
 
     /// Re-resolves the members (DNS) and probes each one's `/readyz` (this node is ready while it
-    /// serves). One round; [`Cluster::spawn_refresh`] repeats it.
-    pub(crate) async fn refresh(&self, client: &probe::Prober) {
+    /// serves, with `own_models`). One round; [`Cluster::spawn_refresh`] repeats it.
+    pub(crate) async fn refresh(&self, client: &probe::Prober, own_models: Option<String>) {
         let mut found = self.settings.members.clone();
         if let Some(name) = &self.settings.dns {
             match tokio::net::lookup_host(name.as_str()).await {
@@ -207,31 +219,39 @@ impl Cluster {
         found.sort_by(|a, b| a.id.cmp(&b.id));
         found.dedup_by(|a, b| a.id == b.id);
         let timeout = Duration::from_millis(self.settings.probe_timeout_ms);
+        let own_models = &own_models;
         let probes = found.into_iter().map(|m| async move {
             let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).ok();
             if m.id == self.settings.node_id {
-                return MemberState { member: m, state: "ready", checked: now, error: None };
+                return MemberState {
+                    member: m,
+                    state: "ready",
+                    checked: now,
+                    error: None,
+                    models: own_models.clone(),
+                };
             }
-            let (state, error) = match client.get_status(&format!("{}/readyz", m.admin), timeout).await {
-                Ok(200) => ("ready", None),
-                Ok(code) => ("unready", Some(format!("/readyz answered {code}"))),
-                Err(e) => ("unreachable", Some(e)),
+            let (state, error, models) = match client.probe(&format!("{}/readyz", m.admin), timeout).await {
+                Ok((200, models)) => ("ready", None, models),
+                Ok((code, _)) => ("unready", Some(format!("/readyz answered {code}")), None),
+                Err(e) => ("unreachable", Some(e), None),
             };
-            MemberState { member: m, state, checked: now, error }
+            MemberState { member: m, state, checked: now, error, models }
         });
         let states = futures_util::future::join_all(probes).await;
         *self.members.write().unwrap_or_else(std::sync::PoisonError::into_inner) = states;
     }
 
-    /// Refreshes every `refresh_secs` for as long as the cluster exists.
-    pub(crate) fn spawn_refresh(self: &Arc<Self>) {
+    /// Refreshes every `refresh_secs` for as long as the cluster exists; `own_models` says what
+    /// this member serves at each round.
+    pub(crate) fn spawn_refresh(self: &Arc<Self>, own_models: impl Fn() -> Option<String> + Send + 'static) {
         let period = Duration::from_secs(self.settings.refresh_secs.max(1));
         let cluster = Arc::downgrade(self);
         tokio::spawn(async move {
             let client = probe::Prober::new();
             loop {
                 let Some(c) = cluster.upgrade() else { break };
-                c.refresh(&client).await;
+                c.refresh(&client, own_models()).await;
                 drop(c);
                 tokio::time::sleep(period).await;
             }
@@ -241,7 +261,7 @@ impl Cluster {
 
 fn unprobed(member: Member, node: &str) -> MemberState {
     let state = if member.id == node { "ready" } else { "unreachable" };
-    MemberState { member, state, checked: None, error: None }
+    MemberState { member, state, checked: None, error: None, models: None }
 }
 
 /// The small HTTP client the probes need (plain HTTP inside the cluster network).
@@ -263,14 +283,19 @@ pub(crate) mod probe {
             Self(Hyper::builder(TokioExecutor::new()).build_http())
         }
 
-        /// The status of a GET of `url`, within `timeout`.
+        /// The status of a GET of `url`, within `timeout`, and the models it says it serves
+        /// ([`super::MODELS_HEADER`]).
         ///
         /// # Errors
         /// An unusable URL, a connection failure or the timeout, as text.
-        pub(crate) async fn get_status(&self, url: &str, timeout: Duration) -> Result<u16, String> {
+        pub(crate) async fn probe(&self, url: &str, timeout: Duration) -> Result<(u16, Option<String>), String> {
             let uri: http::Uri = url.parse().map_err(|e| format!("bad address {url}: {e}"))?;
             match tokio::time::timeout(timeout, self.0.get(uri)).await {
-                Ok(Ok(resp)) => Ok(resp.status().as_u16()),
+                Ok(Ok(resp)) => {
+                    let models =
+                        resp.headers().get(super::MODELS_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                    Ok((resp.status().as_u16(), models))
+                }
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer in {} ms", timeout.as_millis())),
             }

@@ -203,7 +203,8 @@ impl Server {
             stopped.await.unwrap_or_default()
         }));
         if let Some(c) = &cluster {
-            c.spawn_refresh();
+            let pushdown = gateway.pushdown().cloned();
+            c.spawn_refresh(move || pushdown.as_ref().map(|p| p.registry().digest()));
         }
         let admin_app = admin::router(admin::AdminState {
             admission: gateway.admission().clone(),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 
@@ -184,9 +184,9 @@ async fn memory(State(s): State<AdminState>) -> impl IntoResponse {
 
 /// Ready while not draining. The body also says whether pushdown can run (passthrough serves
 /// either way, so a missing ONNX Runtime does not make the gateway unready).
-async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
+async fn ready(State(s): State<AdminState>) -> Response {
     if s.admission.is_draining() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_owned());
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
     }
     let pushdown = match &s.pushdown {
         None => "pushdown: disabled".to_owned(),
@@ -195,7 +195,12 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
             Err(why) => format!("pushdown: unavailable: {why}"),
         },
     };
-    (StatusCode::OK, format!("ready\n{pushdown}\n"))
+    let mut resp = (StatusCode::OK, format!("ready\n{pushdown}\n")).into_response();
+    // What it serves, for the other members' reports of whether they agree (`crate::cluster`).
+    if let Some(digest) = s.pushdown.as_ref().and_then(|p| HeaderValue::from_str(&p.registry().digest()).ok()) {
+        resp.headers_mut().insert(crate::cluster::MODELS_HEADER, digest);
+    }
+    resp
 }
 
 type Reply = (StatusCode, [(header::HeaderName, &'static str); 1], Vec<u8>);

@@ -216,6 +216,20 @@ impl Registry {
     pub(crate) fn names(&self) -> Vec<&str> {
         self.models.keys().map(String::as_str).collect()
     }
+
+    /// The models served, as one short hash of every (name, version): members of a cluster that
+    /// serve the same models have the same one (`/readyz` sends it, `/v1/cluster` compares).
+    #[must_use]
+    pub(crate) fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        for (name, m) in &self.models {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(m.version.as_bytes());
+            h.update([b'\n']);
+        }
+        hex::encode(&h.finalize()[..8])
+    }
 }
 
 /// Models added, replaced (new files under the same name) and removed by a rescan.

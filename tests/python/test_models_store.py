@@ -1,6 +1,7 @@
 """Models kept in a bucket of the store (`[pushdown.models_store]`), read by the three members of a
 cluster: a model written there with the aws CLI, as docs/pushdown.md says, is served by every member within seconds,
-without a restart, and equals the same weights from `models_dir`; a removed one stops being served
+without a restart, equals the same weights from `models_dir`, and each member's `/v1/cluster` says
+when they all agree; a removed one stops being served
 on every member, its engines' memory returned; hostile models (a hash that does not match, bytes
 that are not ONNX, a split naming a tensor the graph lacks, a file over `max_model_bytes`, a
 nested key) are refused with their reasons on every member and the rest serves on; a user without
@@ -27,7 +28,7 @@ from botocore.exceptions import ClientError
 from PIL import Image
 
 from conftest import ROOT, STORE_KIND, free_port, run_gateway
-from test_cluster import cluster_config, wait_states
+from test_cluster import cluster_config, cluster_report, wait_states
 from test_models_runtime import listing, until
 from test_pushdown import pushdown_get
 
@@ -141,6 +142,11 @@ def test_a_model_in_the_store_is_served_by_every_member_and_removed_from_every_m
         np.testing.assert_array_equal(features(s3, data_bucket, "my-model"), base)
         assert (mirror / "my-model" / "model.onnx").read_bytes() == (TINY / "model.onnx").read_bytes()
         assert "my-model" in memory_engines(admin)
+    # Each member's cluster report says when every ready member serves the same models.
+    for _, admin, _, _ in nodes:
+        until(lambda: cluster_report(admin)["models_agree"], f"{admin} reports the members agree")
+        digests = {m["models"] for m in cluster_report(admin)["members"]}
+        assert len(digests) == 1 and None not in digests, cluster_report(admin)
 
     for argv in remove:
         run(argv)
