@@ -211,6 +211,19 @@ impl Gateway {
         let mut admitted = None;
         let result = match routed {
             Ok((t, op)) => match self.admission.admit(&self.metrics) {
+                Ok(place) if self.finishes_detached(&req, &t, op) => {
+                    // Run apart from this connection: if the client goes away, the computation
+                    // still finishes into the cache (holding its place, within its deadline), so
+                    // the client's retry is served from there instead of computed again.
+                    let gateway = self.clone();
+                    match tokio::spawn(async move { (gateway.dispatch(req, t, op).await, place) }).await {
+                        Ok((result, place)) => {
+                            admitted = Some(place);
+                            result
+                        }
+                        Err(e) => Err(PushdownError::Internal(format!("the request's task ended: {e}")).into()),
+                    }
+                }
                 Ok(place) => {
                     admitted = Some(place);
                     self.dispatch(req, t, op).await
@@ -242,6 +255,16 @@ impl Gateway {
         }
         let counter = self.metrics.response_bytes.clone();
         resp.map(|b| Body::new(Metered::new(b, counter, (in_flight, admitted))))
+    }
+
+    /// Whether a request may ask for a pushdown whose output the cache keeps (a GET or HEAD with
+    /// pushdown fields, or of an alias bucket): told before it is authenticated, from its shape
+    /// alone; a request that is not one after all is served the same way.
+    fn finishes_detached(&self, req: &Request<Body>, target: &Target, op: S3Op) -> bool {
+        self.cache.is_some()
+            && matches!(op, S3Op::GetObject | S3Op::HeadObject)
+            && (pushdown_spec::names_fields(req.headers(), req.uri().query())
+                || target.bucket.as_ref().is_some_and(|b| self.cfg.load().aliases.contains_key(b)))
     }
 
     /// Runs an admitted request under its deadline: a request with a body must keep it coming

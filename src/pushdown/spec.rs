@@ -137,6 +137,17 @@ pub(crate) fn remove_trigger_headers(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether a request names any pushdown field (a header or query parameter), valid or not.
+#[must_use]
+pub(crate) fn names_fields(headers: &HeaderMap, query: Option<&str>) -> bool {
+    headers.keys().any(|n| n.as_str().starts_with(HEADER_PREFIX))
+        || query.is_some_and(|q| {
+            q.split('&').any(|p| {
+                crate::s3::sigv4::uri_decode(p.split('=').next().unwrap_or_default()).starts_with(QUERY_PREFIX)
+            })
+        })
+}
+
 /// Reads the spec from headers, then query parameters (a field may come from either, not both).
 /// `Ok(None)`: not a pushdown request.
 ///

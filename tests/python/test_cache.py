@@ -229,3 +229,32 @@ def test_anonymous_pushdowns_ask_the_store_even_when_cached(seaweed, tmp_path):
         # SeaweedFS grants anonymous requests nothing: its 403, not the cached tensor.
         assert e.value.code == 403
         assert b"AccessDenied" in e.value.read()
+
+
+def test_a_computation_whose_client_went_away_finishes_into_the_cache(gateway, s3, bucket):
+    """Issue 49: a reader whose SDK gives up on a slow first read and retries is served the
+    output its first request computed, not a second computation."""
+    import boto3
+    from botocore.config import Config
+
+    from conftest import CLIENT_AK, CLIENT_SK
+
+    endpoint, admin, _ = gateway
+    x = np.random.default_rng(12).random((48, 224, 224, 3), dtype=np.float32)
+    s3.put_object(Bucket=bucket, Key="slow.npy", Body=npy_bytes(x))
+    label = '{model="resnet50-thin",split="pool"}'
+    before = metric(admin, f"tensorgate_pushdown_requests_total{label}")
+    impatient = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=CLIENT_AK, aws_secret_access_key=CLIENT_SK,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, read_timeout=0.2, retries={"max_attempts": 1}))
+    with pytest.raises(botocore.exceptions.ReadTimeoutError):
+        pushdown_get(impatient, bucket, "slow.npy", model="resnet50-thin", split="pool")
+    for _ in range(600):
+        if metric(admin, f"tensorgate_pushdown_requests_total{label}") > before:
+            break
+        time.sleep(0.1)
+    body, headers = get(s3, bucket, "slow.npy", model="resnet50-thin")
+    assert headers["x-tensorgate-cache"] in ("hit", "revalidated"), headers
+    assert features(body).shape[0] == 48
+    assert metric(admin, f"tensorgate_pushdown_requests_total{label}") == before + 1
