@@ -906,12 +906,7 @@ impl Config {
                 )
             })?,
         };
-        let endpoint = b
-            .endpoint
-            .as_deref()
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| invalid("backend.endpoint", format!("{e}")))?;
+        let endpoint = self.backend_endpoint()?;
         Ok(Some(crate::pushdown::ModelsStoreConfig {
             endpoint,
             region: b.region.clone(),
@@ -1007,6 +1002,16 @@ impl Config {
         })
     }
 
+    /// `backend.endpoint` as a URI (its form was checked with `[backend]`).
+    fn backend_endpoint(&self) -> Result<http::Uri, ConfigError> {
+        self.backend
+            .endpoint
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| invalid("backend.endpoint", format!("{e}")))
+    }
+
     /// The backend to open: a directory, or a store with its keys read.
     fn backend_setup(&self) -> Result<BackendSetup, ConfigError> {
         let b = &self.backend;
@@ -1014,12 +1019,7 @@ impl Config {
         if b.kind == BackendKind::Fs {
             return Ok(BackendSetup::Fs(b.root.clone()));
         }
-        let endpoint = b
-            .endpoint
-            .as_deref()
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| invalid("backend.endpoint", format!("{e}")))?;
+        let endpoint = self.backend_endpoint()?;
         Ok(BackendSetup::S3(Box::new(S3BackendConfig {
             endpoint,
             region: b.region.clone(),

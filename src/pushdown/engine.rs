@@ -545,12 +545,7 @@ pub(crate) fn probe_texts(manifest: &Manifest, batch: usize, attended: usize) ->
         };
         return (shape, (0..batch).flat_map(row).collect());
     }
-    (shape, probe_values(n))
-}
-
-/// `n` deterministic probe values in [-1, 1).
-pub(crate) fn probe_values(n: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect()
+    (shape, (0..n).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect())
 }
 
 /// Creates the first session, checks the prefix, and measures the memory model (module docs of

@@ -183,7 +183,7 @@ impl ModelsStore {
     /// # Errors
     /// A mirror that cannot be created, or no usable TLS configuration.
     pub(crate) fn new(cfg: ModelsStoreConfig) -> Result<Self, String> {
-        for dir in [cfg.mirror_dir.clone(), cfg.mirror_dir.join(PARTIAL), cfg.mirror_dir.join(LISTINGS)] {
+        for dir in [cfg.mirror_dir.clone(), cfg.mirror_dir.join(LISTINGS)] {
             create_private_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let client = http_client(cfg.connect_timeout, cfg.ca_file.as_deref()).map_err(|e| e.to_string())?;
@@ -497,6 +497,79 @@ mod tests {
         assert_eq!(mirrored.into_iter().collect::<Vec<_>>(), [("whole".to_owned(), whole)]);
         assert!(!m.join("unrecorded").exists() && !m.join(".partial/half").exists());
         assert!(!m.join(".listings/gone").exists() && m.join("whole").exists());
+    }
+
+    /// A store on loopback that answers each request (by its request line) with `answer`'s
+    /// status and body, closing the connection after each.
+    async fn hostile_store(answer: fn(&str) -> (u16, Vec<u8>)) -> (ModelsStore, tempfile::TempDir) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_owned();
+                    let (status, body) = answer(&line);
+                    let resp =
+                        format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                    let _ = conn.write_all(resp.as_bytes()).await;
+                    let _ = conn.write_all(&body).await;
+                });
+            }
+        });
+        let mirror = tempfile::tempdir().expect("temp dir");
+        let store = ModelsStore::new(ModelsStoreConfig {
+            endpoint: format!("http://{addr}").parse().expect("uri"),
+            region: "us-east-1".into(),
+            bucket: "models".into(),
+            prefix: String::new(),
+            key: ("k".into(), SecretKey::new("s".into())),
+            mirror_dir: mirror.path().join("mirror"),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            ca_file: None,
+        })
+        .expect("store");
+        (store, mirror)
+    }
+
+    fn page(entries: usize, more: bool) -> Vec<u8> {
+        let contents: String = (0..entries)
+            .map(|i| format!("<Contents><Key>m{i}/manifest.toml</Key><ETag>\"e\"</ETag><Size>5</Size></Contents>"))
+            .collect();
+        format!(
+            "<ListBucketResult><IsTruncated>{more}</IsTruncated><NextContinuationToken>t</NextContinuationToken>{contents}</ListBucketResult>"
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_hostile_store_is_refused_within_the_bounds() {
+        // A listing that never ends stops at MAX_LISTED_KEYS, and changes nothing.
+        let (endless, _dir) = hostile_store(|_| (200, page(1000, true))).await;
+        let e = endless.sync(1 << 20).await.expect_err("endless listing");
+        assert!(e.contains("MAX_LISTED_KEYS"), "{e}");
+        assert!(endless.mirrored.lock().await.is_empty());
+        // A page over MAX_LISTING_PAGE_BYTES is not read whole.
+        let (huge, _dir) = hostile_store(|_| (200, vec![b' '; MAX_LISTING_PAGE_BYTES + 1])).await;
+        let e = huge.sync(1 << 20).await.expect_err("huge page");
+        assert!(e.contains("listing the bucket"), "{e}");
+        // A file longer than its listing said is refused, and nothing of it is mirrored.
+        let (liar, _dir) = hostile_store(|line| {
+            if line.contains("list-type=2") { (200, page(1, false)) } else { (200, b"ten bytes!".to_vec()) }
+        })
+        .await;
+        let refused = liar.sync(1 << 20).await.expect("listed");
+        assert!(refused.iter().any(|(_, why)| why.contains("its listing said 5")), "{refused:?}");
+        assert!(!liar.mirror_dir().join("m0").exists() && liar.mirrored.lock().await.is_empty());
     }
 
     #[test]
