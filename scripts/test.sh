@@ -69,7 +69,8 @@ scripts/models.sh
 # The same store-facing tests on the other stores: what passes on SeaweedFS alone is not verified
 # (SeaweedFS accepts requests that RGW and AWS refuse). The suites above ran everything on
 # SeaweedFS; here the passthrough and auth end-to-end tests, the real-client tests, the models
-# store (a cluster's models as a bucket of the store) and the no-downtime load run again.
+# store (a cluster's models as a bucket of the store), alias endpoints and the no-downtime load run
+# again.
 for store in ceph-rgw swift; do
   phase "store: $store (passthrough and auth end-to-end tests, real clients, the models store)"
   case $store in
@@ -84,7 +85,8 @@ for store in ceph-rgw swift; do
   fi
   # The no-downtime load runs 60 s on SeaweedFS above; here its same events within 30 s of load.
   TENSORGATE_NO_DOWNTIME_SECS=30 TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q \
-    tests/python/test_s3_clients.py tests/python/test_identity.py tests/python/test_models_store.py \
+    tests/python/test_s3_clients.py tests/python/test_identity.py tests/python/test_alias_endpoints.py \
+    tests/python/test_models_store.py \
     tests/python/test_no_downtime.py
 done
 

@@ -44,6 +44,9 @@ pub(crate) const DEFAULT_BACKEND_PERMIT_TIMEOUT_MS: u64 = 10_000;
 pub(crate) const DEFAULT_SOURCE_TIMEOUT_SECS: u64 = 30;
 /// How long shutdown waits for in-flight requests before exiting anyway.
 pub(crate) const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+/// Most alias endpoints: each is a listening socket handed over on an upgrade in one message
+/// (`crate::upgrade`), and an alias per (model, split, format) a node serves is a handful.
+pub(crate) const MAX_ALIAS_ENDPOINTS: usize = 32;
 /// Access key used when nothing is configured, the gateway only listens on loopback and serves the
 /// embedded `fs` backend.
 pub(crate) const DEV_ACCESS_KEY: &str = "tensorgate-dev";
@@ -354,6 +357,8 @@ pub struct PushdownSettings {
     pub inference_runs: usize,
     /// Alias buckets (`[[pushdown.aliases]]`).
     pub aliases: Vec<AliasConfig>,
+    /// Alias endpoints (`[[pushdown.alias_endpoints]]`): a listener per alias.
+    pub alias_endpoints: Vec<AliasEndpointConfig>,
     /// The tensor cache (`[pushdown.cache]`).
     pub cache: CacheSettings,
     /// Bytes pushdown may hold: engines' sessions plus samples in flight (see
@@ -478,21 +483,58 @@ impl AliasConfig {
     /// # Errors
     /// A bad format or dtype, naming the field.
     pub(crate) fn spec(&self) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
-        let mut q = format!("tensorgate-model={}&tensorgate-split={}", self.model, self.split);
-        if let Some(f) = &self.format {
-            q.push_str(&format!("&tensorgate-format={f}"));
-        }
-        if let Some(d) = &self.dtype {
-            q.push_str(&format!("&tensorgate-dtype={d}"));
-        }
-        if let Some(c) = &self.column {
-            let c = percent_encoding::utf8_percent_encode(c, percent_encoding::NON_ALPHANUMERIC);
-            q.push_str(&format!("&tensorgate-column={c}"));
-        }
-        crate::pushdown::spec::parse(&http::HeaderMap::new(), Some(&q))
-            .map_err(|e| invalid("pushdown.aliases", e.to_string()))?
-            .ok_or_else(|| invalid("pushdown.aliases", "model and split are required"))
+        alias_spec("pushdown.aliases", &self.model, &self.split, [&self.format, &self.dtype, &self.column])
     }
+}
+
+/// `[[pushdown.alias_endpoints]]`: every object read on the listener `listen` is a pushdown of the
+/// same bucket and key with this model and split (and optionally format and dtype). The path
+/// stays the store's, so a request is signed as a plain read of the real bucket is: the store
+/// can check the caller's own signature (transparent identity mode), and readers that cannot
+/// add a query parameter or header need only an endpoint URL (ADR 0029).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AliasEndpointConfig {
+    pub listen: SocketAddr,
+    pub model: String,
+    pub split: String,
+    pub format: Option<String>,
+    pub dtype: Option<String>,
+    /// A Parquet source's input column (default `image`).
+    pub column: Option<String>,
+}
+
+impl AliasEndpointConfig {
+    /// The pushdown request this endpoint stands for (validated like a request's fields).
+    ///
+    /// # Errors
+    /// A bad format or dtype, naming the field.
+    pub(crate) fn spec(&self) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
+        alias_spec("pushdown.alias_endpoints", &self.model, &self.split, [&self.format, &self.dtype, &self.column])
+    }
+}
+
+/// The pushdown request an alias (`key`) stands for, parsed as a request's query would be.
+fn alias_spec(
+    key: &'static str,
+    model: &str,
+    split: &str,
+    [format, dtype, column]: [&Option<String>; 3],
+) -> Result<crate::pushdown::spec::PushdownSpec, ConfigError> {
+    let mut q = format!("tensorgate-model={model}&tensorgate-split={split}");
+    if let Some(f) = format {
+        q.push_str(&format!("&tensorgate-format={f}"));
+    }
+    if let Some(d) = dtype {
+        q.push_str(&format!("&tensorgate-dtype={d}"));
+    }
+    if let Some(c) = column {
+        let c = percent_encoding::utf8_percent_encode(c, percent_encoding::NON_ALPHANUMERIC);
+        q.push_str(&format!("&tensorgate-column={c}"));
+    }
+    crate::pushdown::spec::parse(&http::HeaderMap::new(), Some(&q))
+        .map_err(|e| invalid(key, e.to_string()))?
+        .ok_or_else(|| invalid(key, "model and split are required"))
 }
 
 impl PushdownSettings {
@@ -602,6 +644,7 @@ impl Default for PushdownSettings {
             preprocess_threads: 0,
             inference_runs: 0,
             aliases: Vec::new(),
+            alias_endpoints: Vec::new(),
             cache: CacheSettings::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,
             adaptation: true,
@@ -931,6 +974,7 @@ impl Config {
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));
         }
+        self.check_alias_endpoints()?;
         if let Some(d) = self.domains.iter().find(|d| d.is_empty() || d.contains('/') || d.contains(':')) {
             return Err(invalid("domains", format!("{d:?} is not a host name")));
         }
@@ -940,6 +984,33 @@ impl Config {
         self.edge.check()?;
         self.pushdown.check()?;
         self.check_backend()
+    }
+
+    /// `[[pushdown.alias_endpoints]]`: at most [`MAX_ALIAS_ENDPOINTS`], each on an address of its
+    /// own (a port of 0 is never shared: the system picks one per listener), served only with
+    /// pushdown on.
+    fn check_alias_endpoints(&self) -> Result<(), ConfigError> {
+        let endpoints = &self.pushdown.alias_endpoints;
+        if endpoints.is_empty() {
+            return Ok(());
+        }
+        if !self.pushdown.enabled {
+            return Err(invalid("pushdown.alias_endpoints", "serve pushdowns: set pushdown.enabled = true"));
+        }
+        if endpoints.len() > MAX_ALIAS_ENDPOINTS {
+            return Err(invalid("pushdown.alias_endpoints", format!("at most {MAX_ALIAS_ENDPOINTS}")));
+        }
+        let mut taken = vec![self.listen, self.admin_listen];
+        for e in endpoints {
+            if e.listen.port() != 0 && taken.contains(&e.listen) {
+                return Err(invalid(
+                    "pushdown.alias_endpoints",
+                    format!("{} is already listened on (listen, admin_listen or another alias endpoint)", e.listen),
+                ));
+            }
+            taken.push(e.listen);
+        }
+        Ok(())
     }
 
     /// `[backend]`, and what the identity mode it resolves to cannot combine with.
@@ -999,6 +1070,7 @@ impl Config {
                     Ok((a.bucket.clone(), crate::proxy::AliasBucket { target: a.target.clone(), spec: a.spec()? }))
                 })
                 .collect::<Result<_, ConfigError>>()?,
+            endpoints: self.pushdown.alias_endpoints.iter().map(AliasEndpointConfig::spec).collect::<Result<_, _>>()?,
         })
     }
 
@@ -1064,7 +1136,7 @@ impl Config {
         if !self.pushdown.aliases.is_empty() {
             return Err(invalid(
                 "pushdown.aliases",
-                "an alias bucket is not a bucket of the store, so a request signed for it cannot be forwarded as signed (transparent identity mode)",
+                "an alias bucket is not a bucket of the store, so a request signed for it cannot be forwarded as signed (transparent identity mode): use [[pushdown.alias_endpoints]]",
             ));
         }
         Ok(())
@@ -1464,6 +1536,39 @@ mod tests {
         assert!(err(c).contains("cannot be forwarded as signed"));
         let c = Config::from_toml("[backend]\nidentity = \"transparent\"\n").expect("toml");
         assert!(err(c).contains("backend.identity"));
+    }
+
+    #[test]
+    fn alias_endpoints_need_an_address_of_their_own_and_serve_in_both_modes() {
+        let with = |extra: &str, endpoints: &str| {
+            let mut c = Config::from_toml(&format!(
+                "listen = \"127.0.0.1:9000\"\nadmin_listen = \"127.0.0.1:9001\"\n[backend]\nkind = \"s3\"\n\
+                 endpoint = \"http://127.0.0.1:8333\"\n{extra}{endpoints}"
+            ))
+            .expect("toml");
+            c.apply(&Overrides::default());
+            c
+        };
+        let one = |addr: &str| format!("[[pushdown.alias_endpoints]]\nlisten = \"{addr}\"\nmodel = \"m\"\nsplit = \"pool\"\n");
+        // Transparent mode (no key): an endpoint is signed as a plain read of the real bucket.
+        let c = with("", &one("127.0.0.1:9101"));
+        assert!(c.transparent());
+        c.validate().expect("valid in transparent mode");
+        let front = c.front_config().expect("front");
+        assert_eq!(front.endpoints.len(), 1);
+        assert_eq!((front.endpoints[0].model.as_str(), front.endpoints[0].split.as_str()), ("m", "pool"));
+        let err = |c: Config| c.validate().expect_err("refused").to_string();
+        for taken in ["127.0.0.1:9000", "127.0.0.1:9001"] {
+            assert!(err(with("", &one(taken))).contains("already listened on"), "{taken}");
+        }
+        assert!(err(with("", &format!("{}{}", one("127.0.0.1:9101"), one("127.0.0.1:9101")))).contains("already"));
+        // Port 0: the system picks one per listener.
+        with("", &format!("{}{}", one("127.0.0.1:0"), one("127.0.0.1:0"))).validate().expect("two free ports");
+        assert!(err(with("[pushdown]\nenabled = false\n", &one("127.0.0.1:9101"))).contains("pushdown.enabled"));
+        let many: String = (0..=MAX_ALIAS_ENDPOINTS).map(|i| one(&format!("127.0.0.1:{}", 9100 + i))).collect();
+        assert!(err(with("", &many)).contains("at most"));
+        let bad = "[[pushdown.alias_endpoints]]\nlisten = \"127.0.0.1:9101\"\nmodel = \"m\"\nsplit = \"pool\"\nformat = \"gif\"\n";
+        assert!(err(with("", bad)).contains("pushdown.alias_endpoints"));
     }
 
     #[test]

@@ -63,11 +63,12 @@ const REFUSAL_LINGER: Duration = Duration::from_millis(500);
 /// Pause after an accept error (out of file descriptors): retrying at once would spin a core.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Serves `app` on `listener` until `stop` resolves, then waits for open connections to finish
-/// (the caller bounds that wait).
+/// Serves each listener's app on it (the S3 port, and each alias endpoint's) until `stop`
+/// resolves, then waits for open connections to finish (the caller bounds that wait). The
+/// connection limit counts them all; the listeners are polled in turn, so a flood on one does
+/// not starve the others' accepts.
 pub(crate) async fn serve(
-    listener: TcpListener,
-    app: Router,
+    listeners: Vec<(TcpListener, Router)>,
     cfg: EdgeConfig,
     metrics: Metrics,
     stop: impl Future<Output = Duration> + Send + 'static,
@@ -81,10 +82,11 @@ pub(crate) async fn serve(
         .max_header_size(MAX_HEADER_BYTES)
         .max_buf_size(IO_BUFFER_BYTES);
     tokio::pin!(stop);
+    let mut turn = 0;
     let linger = loop {
-        let (tcp, _peer) = tokio::select! {
+        let (tcp, app) = tokio::select! {
             linger = &mut stop => break linger,
-            accepted = listener.accept() => match accepted {
+            accepted = accept(&listeners, &mut turn) => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "Accept failed; backing off.");
@@ -106,7 +108,7 @@ pub(crate) async fn serve(
             continue;
         };
         let io = TokioIo::new(Stalling::new(tcp, cfg.stall_timeout));
-        let conn = graceful.watch(http.serve_connection(io, TowerToHyperService::new(app.clone())));
+        let conn = graceful.watch(http.serve_connection(io, TowerToHyperService::new(app)));
         let (open, closed) = (metrics.connections_open.clone(), metrics.connections_closed.clone());
         open.inc();
         tokio::spawn(async move {
@@ -121,7 +123,7 @@ pub(crate) async fn serve(
             drop(slot);
         });
     };
-    drop(listener);
+    drop(listeners);
     // Connections may finish on their own first (a hand-over's answers close them); the rest
     // finish the request they serve, and idle ones are closed.
     let deadline = tokio::time::Instant::now() + linger;
@@ -129,6 +131,24 @@ pub(crate) async fn serve(
         tokio::time::sleep(LINGER_POLL).await;
     }
     graceful.shutdown().await;
+}
+
+/// The next connection of any listener, with the app that serves it; the listener polled first
+/// moves on with each accept (`turn`).
+async fn accept(listeners: &[(TcpListener, Router)], turn: &mut usize) -> io::Result<(TcpStream, Router)> {
+    let n = listeners.len();
+    let (tcp, i) = std::future::poll_fn(|cx| {
+        for k in 0..n {
+            let i = (*turn + k) % n;
+            if let Poll::Ready(r) = listeners[i].0.poll_accept(cx) {
+                return Poll::Ready(r.map(|(tcp, _peer)| (tcp, i)));
+            }
+        }
+        Poll::Pending
+    })
+    .await?;
+    *turn = turn.wrapping_add(1);
+    Ok((tcp, listeners[i].1.clone()))
 }
 
 /// How often a hand-over's linger looks whether every connection has closed.

@@ -43,7 +43,7 @@ pub(crate) enum GatewayError {
     InvalidRange { size: usize },
     #[error("too many requests in flight; retry later")]
     Overloaded,
-    #[error("alias buckets are read-only: write to the bucket they stand for")]
+    #[error("aliases are read-only: write to the bucket they stand for, through the gateway's S3 endpoint")]
     AliasReadOnly,
     /// Cluster policy: a request signed with the cluster credential that is not a pushdown read.
     #[error("the cluster credential signs only pushdown reads between gateways")]

@@ -6,9 +6,10 @@
 //!   refused from its next request on, on kept-alive connections and for cached outputs too,
 //!   because every request is authenticated against the store in force), `domains`,
 //!   `allow_anonymous`, `max_body_bytes`, `max_in_flight`, alias buckets
-//!   (`[[pushdown.aliases]]`) and `log.filter`.
+//!   (`[[pushdown.aliases]]`), what alias endpoints stand for (`[[pushdown.alias_endpoints]]`, not
+//!   their addresses) and `log.filter`.
 //! - Refused by name, nothing changed: keys that need a restart ([`fixed_changes`]: the listen
-//!   addresses, `region`, `admin_open_reads`, `shutdown_grace_secs`, `upgrade_socket`, `[edge]`, `[backend]`,
+//!   addresses (alias endpoints' too), `region`, `admin_open_reads`, `shutdown_grace_secs`, `upgrade_socket`, `[edge]`, `[backend]`,
 //!   `[pushdown]` other than its aliases, `[cluster]`, `log.format`, and a client's own store
 //!   key).
 //! - A file that does not load or check changes nothing either.
@@ -129,7 +130,12 @@ impl Reloader {
 /// The keys `new` changes that a running gateway cannot: what its listeners, backend, engines,
 /// cache, cluster and log format were built from.
 pub(crate) fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let without_aliases = |c: &Config| crate::config::PushdownSettings { aliases: Vec::new(), ..c.pushdown.clone() };
+    let without_aliases = |c: &Config| crate::config::PushdownSettings {
+        aliases: Vec::new(),
+        alias_endpoints: Vec::new(),
+        ..c.pushdown.clone()
+    };
+    let endpoints = |c: &Config| c.pushdown.alias_endpoints.iter().map(|e| e.listen).collect::<Vec<_>>();
     let store_keys = |c: &Config| {
         let mut keys: Vec<_> = c
             .credentials
@@ -157,6 +163,7 @@ pub(crate) fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         ("edge", old.edge != new.edge),
         ("backend", old.backend != new.backend),
         ("pushdown", without_aliases(old) != without_aliases(new)),
+        ("pushdown.alias_endpoints.listen", endpoints(old) != endpoints(new)),
         ("cluster", old.cluster != new.cluster),
         ("log.format", old.log.format != new.log.format),
         ("credentials.store_access_key", store_keys(old) != store_keys(new)),
@@ -175,6 +182,7 @@ pub(crate) fn reloadable_changes(old: &Config, new: &Config) -> Vec<&'static str
         ("max_body_bytes", old.max_body_bytes != new.max_body_bytes),
         ("max_in_flight", old.max_in_flight != new.max_in_flight),
         ("pushdown.aliases", old.pushdown.aliases != new.pushdown.aliases),
+        ("pushdown.alias_endpoints", old.pushdown.alias_endpoints != new.pushdown.alias_endpoints),
         ("log.filter", old.log.filter != new.log.filter),
     ]
     .into_iter()
@@ -188,7 +196,7 @@ mod tests {
 
     #[test]
     fn what_needs_a_restart_is_named_and_what_does_not_is_applied() {
-        let old = Config::default();
+        let mut old = Config::default();
         let mut new = old.clone();
         assert!(fixed_changes(&old, &new).is_empty());
         assert!(reloadable_changes(&old, &new).is_empty());
@@ -203,8 +211,25 @@ mod tests {
             dtype: None,
             column: None,
         }];
+        let endpoint = |split: &str| crate::config::AliasEndpointConfig {
+            listen: "127.0.0.1:9101".parse().expect("address"),
+            model: "tiny-cnn".into(),
+            split: split.into(),
+            format: None,
+            dtype: None,
+            column: None,
+        };
+        old.pushdown.alias_endpoints = vec![endpoint("pool")];
+        new.pushdown.alias_endpoints = vec![endpoint("block1")];
         assert!(fixed_changes(&old, &new).is_empty(), "aliases are not the rest of [pushdown]");
-        assert_eq!(reloadable_changes(&old, &new), ["max_in_flight", "pushdown.aliases", "log.filter"]);
+        assert_eq!(
+            reloadable_changes(&old, &new),
+            ["max_in_flight", "pushdown.aliases", "pushdown.alias_endpoints", "log.filter"]
+        );
+        // What an endpoint stands for is reloaded; where it listens is not.
+        let mut moved = new.clone();
+        moved.pushdown.alias_endpoints[0].listen = "127.0.0.1:9102".parse().expect("address");
+        assert_eq!(fixed_changes(&new, &moved), ["pushdown.alias_endpoints.listen"]);
         new.listen = "127.0.0.1:1".parse().expect("address");
         new.pushdown.max_batch = 3;
         assert_eq!(fixed_changes(&old, &new), ["listen", "pushdown"]);

@@ -48,10 +48,13 @@ pub enum ServeError {
 pub struct Server {
     pub s3_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// Each alias endpoint's address (`[[pushdown.alias_endpoints]]`, in order).
+    pub alias_addrs: Vec<SocketAddr>,
     pub gateway: Arc<Gateway>,
     reloader: Arc<Reloader>,
-    /// Copies of the listening sockets, offered to a successor (`upgrade_socket`).
-    offered: Option<(OwnedFd, OwnedFd)>,
+    /// Copies of the listening sockets (S3, admin, alias endpoints), offered to a successor
+    /// (`upgrade_socket`).
+    offered: Option<Vec<OwnedFd>>,
     /// The gateway these sockets came from, told once this one serves.
     predecessor: Option<crate::upgrade::Predecessor>,
     stop: Option<oneshot::Sender<Duration>>,
@@ -98,6 +101,29 @@ fn adopt(listener: std::net::TcpListener, addr: SocketAddr) -> Result<TcpListene
         )));
     }
     TcpListener::from_std(listener).map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// The alias endpoints' sockets taken over, each matched to a configured address (a port of 0
+/// takes one on the same host address); an endpoint new to this configuration is bound afresh,
+/// and one it dropped is closed.
+async fn adopt_aliases(
+    mut inherited: Vec<std::net::TcpListener>,
+    endpoints: &[SocketAddr],
+) -> Result<Vec<TcpListener>, ServeError> {
+    let mut listeners = Vec::with_capacity(endpoints.len());
+    for &addr in endpoints {
+        let same = |l: &std::net::TcpListener| {
+            l.local_addr().is_ok_and(|a| a == addr || (addr.port() == 0 && a.ip() == addr.ip()))
+        };
+        listeners.push(match inherited.iter().position(same) {
+            Some(i) => adopt(inherited.swap_remove(i), addr)?,
+            None => bind(addr).await?,
+        });
+    }
+    for l in inherited {
+        tracing::warn!(addr = ?l.local_addr().ok(), "Upgrade: this configuration has no alias endpoint there; closing it.");
+    }
+    Ok(listeners)
 }
 
 impl Server {
@@ -178,30 +204,60 @@ impl Server {
             None => None,
         };
         let (listeners, predecessor) = taken.map_or((None, None), |(i, p)| (Some(i), Some(p)));
-        let (s3_listener, admin_listener) = match listeners {
-            Some(Inherited { s3, admin }) => (adopt(s3, config.listen)?, adopt(admin, config.admin_listen)?),
-            None => (bind(config.listen).await?, bind(config.admin_listen).await?),
+        let endpoints: Vec<SocketAddr> = config.pushdown.alias_endpoints.iter().map(|e| e.listen).collect();
+        let (s3_listener, admin_listener, alias_listeners) = match listeners {
+            Some(Inherited { s3, admin, aliases }) => (
+                adopt(s3, config.listen)?,
+                adopt(admin, config.admin_listen)?,
+                adopt_aliases(aliases, &endpoints).await?,
+            ),
+            None => {
+                let mut aliases = Vec::with_capacity(endpoints.len());
+                for addr in &endpoints {
+                    aliases.push(bind(*addr).await?);
+                }
+                (bind(config.listen).await?, bind(config.admin_listen).await?, aliases)
+            }
         };
+        let all = [(&s3_listener, config.listen), (&admin_listener, config.admin_listen)]
+            .into_iter()
+            .chain(alias_listeners.iter().zip(endpoints.iter().copied()));
         // Copies of the listening sockets to offer a successor (`upgrade_socket`).
         let offered = match &config.upgrade_socket {
-            Some(_) => {
-                let dup = |l: &TcpListener, addr| {
-                    l.as_fd().try_clone_to_owned().map_err(|source| ServeError::Bind { addr, source })
-                };
-                Some((dup(&s3_listener, config.listen)?, dup(&admin_listener, config.admin_listen)?))
-            }
+            Some(_) => Some(
+                all.clone()
+                    .map(|(l, addr)| l.as_fd().try_clone_to_owned().map_err(|source| ServeError::Bind { addr, source }))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
             None => None,
         };
-        let s3_addr = s3_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
-        let admin_addr =
-            admin_listener.local_addr().map_err(|source| ServeError::Bind { addr: config.admin_listen, source })?;
+        let mut addrs = all
+            .map(|(l, addr)| l.local_addr().map_err(|source| ServeError::Bind { addr, source }))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
+        let (s3_addr, admin_addr) =
+            (addrs.next().unwrap_or(config.listen), addrs.next().unwrap_or(config.admin_listen));
+        let alias_addrs: Vec<SocketAddr> = addrs.collect();
 
-        let app = Router::new().fallback(handle).with_state(gateway.clone());
+        // Each alias endpoint's requests carry which one they arrived on (`AliasEndpoint`).
+        let apps = std::iter::once((s3_listener, Router::new().fallback(handle).with_state(gateway.clone())))
+            .chain(alias_listeners.into_iter().enumerate().map(|(i, l)| {
+                let app = Router::new()
+                    .fallback(handle)
+                    .layer(axum::Extension(crate::proxy::AliasEndpoint(i)))
+                    .with_state(gateway.clone());
+                (l, app)
+            }))
+            .collect();
         let (stop, stopped) = oneshot::channel::<Duration>();
         let edge = rt.edge;
-        let task = tokio::spawn(crate::edge::serve(s3_listener, app, edge, metrics.clone(), async move {
-            stopped.await.unwrap_or_default()
-        }));
+        let task =
+            tokio::spawn(crate::edge::serve(
+                apps,
+                edge,
+                metrics.clone(),
+                async move { stopped.await.unwrap_or_default() },
+            ));
         if let Some(c) = &cluster {
             let pushdown = gateway.pushdown().cloned();
             c.spawn_refresh(move || pushdown.as_ref().map(|p| p.registry().digest()));
@@ -221,10 +277,11 @@ impl Server {
                 tracing::error!(error = %e, "Admin listener failed.");
             }
         });
-        tracing::info!(%s3_addr, %admin_addr, backend = gateway.backend().kind(), "Listening.");
+        tracing::info!(%s3_addr, %admin_addr, alias_endpoints = ?alias_addrs, backend = gateway.backend().kind(), "Listening.");
         Ok(Self {
             s3_addr,
             admin_addr,
+            alias_addrs,
             gateway,
             reloader,
             offered,
@@ -333,9 +390,9 @@ pub(crate) async fn serve(
     }
     let hangups = tokio::spawn(reload_on_hangup(hangups, server.reloader.clone()));
     let offer = match (&config.upgrade_socket, server.offered.as_ref()) {
-        (Some(path), Some((s3, admin))) => {
+        (Some(path), Some(sockets)) => {
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ServeError::Upgrade(e.to_string()));
-            Some(crate::upgrade::offer(path.clone(), dup(s3)?, dup(admin)?))
+            Some(crate::upgrade::offer(path.clone(), sockets.iter().map(dup).collect::<Result<_, _>>()?))
         }
         _ => None,
     };

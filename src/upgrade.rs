@@ -4,7 +4,7 @@
 //! 1. The running gateway listens on `upgrade_socket` (mode 0600: only its user may take its
 //!    sockets) while it serves ([`offer`]).
 //! 2. A new process started with the same configuration connects there first ([`take_over`]) and
-//!    receives the S3 and admin listening sockets (`SCM_RIGHTS`): the very sockets, with the
+//!    receives the S3, admin and alias endpoints' listening sockets (`SCM_RIGHTS`): the very sockets, with the
 //!    connections the kernel has queued on them, so no connection is refused in between.
 //! 3. Once it serves on them, it says so ([`Inherited::serving`]); the old process then stops
 //!    accepting, answers each kept-alive connection's next request with `Connection: close`,
@@ -55,15 +55,20 @@ pub(crate) const SUCCESSOR_START_WAIT: Duration = Duration::from_secs(120);
 pub(crate) enum UpgradeError {
     #[error("upgrade socket {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("upgrade socket {path}: the running gateway sent {got} sockets, not 2")]
+    #[error("upgrade socket {path}: the running gateway sent {got} sockets, not 2 to {MAX_SOCKETS}")]
     Sockets { path: PathBuf, got: usize },
 }
+
+/// Most listening sockets handed over: the S3 and admin ports and each alias endpoint's.
+const MAX_SOCKETS: usize = 2 + crate::config::MAX_ALIAS_ENDPOINTS;
 
 /// The listening sockets a new process took from the running one.
 #[derive(Debug)]
 pub(crate) struct Inherited {
     pub(crate) s3: std::net::TcpListener,
     pub(crate) admin: std::net::TcpListener,
+    /// The alias endpoints' (`[[pushdown.alias_endpoints]]`), in the running gateway's order.
+    pub(crate) aliases: Vec<std::net::TcpListener>,
 }
 
 /// The line back to the process the sockets came from.
@@ -99,7 +104,7 @@ pub(crate) fn take_over(path: &Path) -> Result<Option<(Inherited, Predecessor)>,
     // not hold this start forever.
     predecessor.set_read_timeout(Some(HAND_OVER_WAIT)).map_err(io)?;
     let mut byte = [0u8; 1];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     rustix::net::recvmsg(&predecessor, &mut [IoSliceMut::new(&mut byte)], &mut control, RecvFlags::CMSG_CLOEXEC)
         .map_err(|e| io(e.into()))?;
@@ -110,24 +115,29 @@ pub(crate) fn take_over(path: &Path) -> Result<Option<(Inherited, Predecessor)>,
         }
     }
     let got = fds.len();
-    let (Some(admin), Some(s3), None) = (fds.pop(), fds.pop(), fds.pop()) else {
+    if !(2..=MAX_SOCKETS).contains(&got) {
+        return Err(UpgradeError::Sockets { path: path.to_owned(), got });
+    }
+    let mut listeners = fds.into_iter().map(std::net::TcpListener::from);
+    let (Some(s3), Some(admin)) = (listeners.next(), listeners.next()) else {
         return Err(UpgradeError::Sockets { path: path.to_owned(), got });
     };
-    let (s3, admin) = (std::net::TcpListener::from(s3), std::net::TcpListener::from(admin));
-    for l in [&s3, &admin] {
+    let inherited = Inherited { s3, admin, aliases: listeners.collect() };
+    for l in [&inherited.s3, &inherited.admin].into_iter().chain(&inherited.aliases) {
         l.set_nonblocking(true).map_err(io)?;
     }
-    Ok(Some((Inherited { s3, admin }, Predecessor(predecessor))))
+    Ok(Some((inherited, Predecessor(predecessor))))
 }
 
-/// The running gateway's side: offers its listening sockets (`s3`, `admin`) at `path` until a
+/// The running gateway's side: offers its listening sockets (`sockets`: the S3 port's, the admin
+/// port's, then each alias endpoint's) at `path` until a
 /// successor serves on them, then returns (the caller hands over: stops accepting and drains).
 /// A successor that disconnects or does not serve within [`SUCCESSOR_START_WAIT`] changes
 /// nothing: the offer stands for the next one.
 ///
 /// # Errors
 /// The socket cannot be bound at `path`.
-pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<(), UpgradeError> {
+pub(crate) async fn offer(path: PathBuf, sockets: Vec<OwnedFd>) -> Result<(), UpgradeError> {
     let io = |source| UpgradeError::Io { path: path.clone(), source };
     // A stale socket of an earlier process (its successor, this process, replaced it).
     match std::fs::remove_file(&path) {
@@ -141,7 +151,7 @@ pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<
     rustix::process::umask(umask);
     let listener = bound.map_err(io)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    let fds = std::sync::Arc::new((s3, admin));
+    let fds = std::sync::Arc::new(sockets);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -152,7 +162,7 @@ pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<
             }
         };
         let fds = fds.clone();
-        let handed = tokio::task::spawn_blocking(move || hand(stream, &fds.0, &fds.1)).await;
+        let handed = tokio::task::spawn_blocking(move || hand(stream, &fds)).await;
         match handed {
             Ok(Ok(())) => {
                 tracing::info!("Upgrade: the new process serves; handing over.");
@@ -165,12 +175,12 @@ pub(crate) async fn offer(path: PathBuf, s3: OwnedFd, admin: OwnedFd) -> Result<
 }
 
 /// Sends the sockets to a successor and waits for it to serve. Blocking.
-fn hand(stream: tokio::net::UnixStream, s3: &OwnedFd, admin: &OwnedFd) -> std::io::Result<()> {
+fn hand(stream: tokio::net::UnixStream, sockets: &[OwnedFd]) -> std::io::Result<()> {
     let mut stream = stream.into_std()?;
     stream.set_nonblocking(false)?;
     same_user(&stream)?;
-    let fds = [s3.as_fd(), admin.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let fds: Vec<_> = sockets.iter().map(AsFd::as_fd).collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(std::io::Error::other("no room for the sockets"));
@@ -180,4 +190,39 @@ fn hand(stream: tokio::net::UnixStream, s3: &OwnedFd, admin: &OwnedFd) -> std::i
     let mut said = [0u8; SERVING.len()];
     stream.read_exact(&mut said)?;
     if said == SERVING { Ok(()) } else { Err(std::io::Error::other("unexpected message")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_listening_socket_is_handed_over_in_order() {
+        let dir = std::env::temp_dir().join(format!("tg-upgrade-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("upgrade.sock");
+        // The S3 port, the admin port and two alias endpoints.
+        let listeners: Vec<_> =
+            (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().expect("addr")).collect();
+        let fds = listeners.iter().map(|l| l.as_fd().try_clone_to_owned().expect("dup")).collect();
+        let offered = tokio::spawn(offer(path.clone(), fds));
+        let taken = loop {
+            let p = path.clone();
+            match tokio::task::spawn_blocking(move || take_over(&p)).await.expect("join").expect("hand-over") {
+                Some(t) => break t,
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let (inherited, predecessor) = taken;
+        let got: Vec<_> = [&inherited.s3, &inherited.admin]
+            .into_iter()
+            .chain(&inherited.aliases)
+            .map(|l| l.local_addr().expect("addr"))
+            .collect();
+        assert_eq!(got, addrs);
+        tokio::task::spawn_blocking(move || predecessor.serving()).await.expect("join").expect("told");
+        offered.await.expect("join").expect("the offer ends once the successor serves");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

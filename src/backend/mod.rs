@@ -63,6 +63,15 @@ impl Backend {
         }
     }
 
+    /// Whether the gateway holds a store key of its own (`backend.access_key`).
+    #[must_use]
+    pub(crate) fn has_store_key(&self) -> bool {
+        match self {
+            Self::S3(b) => b.has_store_key(),
+            Self::Fs(_) => false,
+        }
+    }
+
     /// Short name for logs.
     #[must_use]
     pub(crate) fn kind(&self) -> &'static str {

@@ -91,6 +91,11 @@ impl S3Backend {
     }
 
     #[must_use]
+    pub(crate) fn has_store_key(&self) -> bool {
+        self.cfg.key.is_some()
+    }
+
+    #[must_use]
     pub(crate) fn checks_payload_hash(&self) -> bool {
         self.cfg.checks_payload_hash
     }

@@ -79,6 +79,8 @@ pub(crate) struct FrontConfig {
     pub(crate) request_timeout: Duration,
     /// Alias buckets: reading `bucket/key` from one is a pushdown GET of `target/key`.
     pub(crate) aliases: HashMap<String, AliasBucket>,
+    /// What each alias endpoint stands for, by [`AliasEndpoint`] (config order).
+    pub(crate) endpoints: Vec<PushdownSpec>,
     /// Transparent identity mode: the store authenticates every request, forwarded as signed
     /// (`transparent.rs`; ADR 0013).
     pub(crate) transparent: bool,
@@ -92,6 +94,13 @@ pub(crate) struct AliasBucket {
     pub(crate) target: String,
     pub(crate) spec: PushdownSpec,
 }
+
+/// The alias endpoint a request arrived on (`[[pushdown.alias_endpoints]]`, by position): set
+/// by its listener, before the request path sees the request (`crate::server`). Every object
+/// read there is a pushdown of the same bucket and key, so it is signed as a plain read is (ADR
+/// 0029); writes are refused as on an alias bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AliasEndpoint(pub(crate) usize);
 
 /// Shared state of the S3 front end.
 #[derive(Debug)]
@@ -264,7 +273,53 @@ impl Gateway {
         self.cache.is_some()
             && matches!(op, S3Op::GetObject | S3Op::HeadObject)
             && (pushdown_spec::names_fields(req.headers(), req.uri().query())
+                || req.extensions().get::<AliasEndpoint>().is_some()
                 || target.bucket.as_ref().is_some_and(|b| self.cfg.load().aliases.contains_key(b)))
+    }
+
+    /// The alias a request reads through: its bucket's (`[[pushdown.aliases]]`), or the alias
+    /// endpoint it arrived on, which stands for the request's own bucket. Checked here, for both
+    /// identity modes: an alias already names the model and split (a request naming them too is
+    /// refused), and only reads pass (`AliasReadOnly`).
+    fn alias_of(
+        &self,
+        parts: &http::request::Parts,
+        target: &Target,
+        op: S3Op,
+    ) -> Result<Option<AliasBucket>, GatewayError> {
+        let cfg = self.cfg.load();
+        let alias = match parts.extensions.get::<AliasEndpoint>() {
+            Some(AliasEndpoint(i)) => {
+                let spec = cfg.endpoints.get(*i).cloned().ok_or(GatewayError::AliasReadOnly)?;
+                if op == S3Op::ListBuckets {
+                    return Ok(None);
+                }
+                AliasBucket { target: target.bucket.clone().unwrap_or_default(), spec }
+            }
+            None => match target.bucket.as_ref().and_then(|b| cfg.aliases.get(b)) {
+                Some(a) => a.clone(),
+                None => return Ok(None),
+            },
+        };
+        if pushdown_spec::names_fields(&parts.headers, parts.uri.query()) {
+            return Err(PushdownError::InvalidArgument {
+                field: "model".into(),
+                message: "the alias already names the model and split".into(),
+            }
+            .into());
+        }
+        if !matches!(
+            op,
+            S3Op::GetObject
+                | S3Op::HeadObject
+                | S3Op::ListObjects
+                | S3Op::ListObjectsV2
+                | S3Op::HeadBucket
+                | S3Op::GetBucketLocation
+        ) {
+            return Err(GatewayError::AliasReadOnly);
+        }
+        Ok(Some(alias))
     }
 
     /// Runs an admitted request under its deadline: a request with a body must keep it coming
@@ -306,7 +361,9 @@ impl Gateway {
             return self.forward_as_sent(req, target, op).await;
         }
         if op == S3Op::PostObject {
-            if target.bucket.as_ref().is_some_and(|b| self.cfg.load().aliases.contains_key(b)) {
+            if req.extensions().get::<AliasEndpoint>().is_some()
+                || target.bucket.as_ref().is_some_and(|b| self.cfg.load().aliases.contains_key(b))
+            {
                 return Err(GatewayError::AliasReadOnly);
             }
             // Authenticated by the form's signed policy, not by headers.
@@ -326,28 +383,10 @@ impl Gateway {
             Some(r) => r.acting_identity(identity, authority, &parts.headers),
             None => (identity, authority, false),
         };
+        let alias = self.alias_of(&parts, &target, op)?;
         let requested = pushdown_spec::parse(&parts.headers, parts.uri.query())?;
-        let alias = target.bucket.as_ref().and_then(|b| self.cfg.load().aliases.get(b).cloned());
         let mut target = target;
         if let Some(alias) = &alias {
-            if requested.is_some() {
-                return Err(PushdownError::InvalidArgument {
-                    field: "model".into(),
-                    message: "the alias bucket already names the model and split".into(),
-                }
-                .into());
-            }
-            if !matches!(
-                op,
-                S3Op::GetObject
-                    | S3Op::HeadObject
-                    | S3Op::ListObjects
-                    | S3Op::ListObjectsV2
-                    | S3Op::HeadBucket
-                    | S3Op::GetBucketLocation
-            ) {
-                return Err(GatewayError::AliasReadOnly);
-            }
             target.bucket = Some(alias.target.clone());
         }
         let (job, planned_none) = match requested.or_else(|| alias.as_ref().map(|a| a.spec.clone())) {

@@ -24,7 +24,9 @@ use crate::backend::s3::{S3Backend, S3BackendConfig};
 use crate::backend::{ForwardPayload, ForwardRequest, forwarded_headers, forwarded_query};
 use crate::cluster::{Cluster, Member};
 use crate::metrics::Metrics;
-use crate::pushdown::spec::{HEADER_PREFIX, PushdownSpec, remove_trigger_headers, without_trigger_params};
+use crate::pushdown::spec::{
+    HEADER_PREFIX, PushdownSpec, names_fields, remove_trigger_headers, without_trigger_params,
+};
 use crate::s3::authority::{Authenticated, Authority};
 use crate::s3::credentials::SecretKey;
 use crate::s3::headers::HOP_BY_HOP;
@@ -117,7 +119,7 @@ impl Routing {
         authority: &Authority,
     ) -> Option<Response<Body>> {
         match authority {
-            Authority::Caller(_) => self.forward_as_sent(parts, target, &spec.split).await,
+            Authority::Caller(_) => self.forward_as_sent(parts, target, spec).await,
             Authority::Gateway(proof) => self.forward(parts, target, spec, tenant, proof).await,
             // An anonymous pushdown is computed where it arrives: the hop credential never
             // acts for a request nobody authenticated.
@@ -159,14 +161,19 @@ impl Routing {
     /// ([`HOP`], unsigned) so the owner serves it instead of routing it again, with the split
     /// `split=auto` resolved to here ([`HOP_SPLIT`]). The owner reads the source with the
     /// caller's request, so the store decides there as it would here. `None`: serve it here.
-    async fn forward_as_sent(&self, parts: &Parts, target: &Target, split: &str) -> Option<Response<Body>> {
+    async fn forward_as_sent(&self, parts: &Parts, target: &Target, spec: &PushdownSpec) -> Option<Response<Body>> {
         let (owner, peer) = self.owner_elsewhere(target)?;
         let mut headers = parts.headers.clone();
         for name in HOP_BY_HOP {
             headers.remove(*name);
         }
+        if !names_fields(&parts.headers, parts.uri.query()) {
+            // Read through an alias endpoint: the fields travel as unsigned headers beside the
+            // caller's signature, as the hop marks do (the owner's S3 port is not that endpoint).
+            insert_fields(&mut headers, spec);
+        }
         headers.insert(HOP, HeaderValue::from_str(self.node_id()).ok()?);
-        headers.insert(HOP_SPLIT, HeaderValue::from_str(split).ok()?);
+        headers.insert(HOP_SPLIT, HeaderValue::from_str(&spec.split).ok()?);
         let req = ForwardRequest {
             op: if parts.method == Method::HEAD { S3Op::HeadObject } else { S3Op::GetObject },
             method: parts.method.clone(),
@@ -250,14 +257,19 @@ fn hop_headers(client: &HeaderMap, spec: &PushdownSpec, tenant: &str) -> HeaderM
     let mut h = forwarded_headers(client);
     remove_trigger_headers(&mut h);
     h.remove(&PEER_TENANT);
+    insert_fields(&mut h, spec);
+    if let Ok(v) = HeaderValue::from_str(tenant) {
+        h.insert(PEER_TENANT, v);
+    }
+    h
+}
+
+/// The pushdown fields of `spec` as trigger headers.
+fn insert_fields(h: &mut HeaderMap, spec: &PushdownSpec) {
     for (k, v) in spec.fields() {
         if let (Ok(name), Ok(value)) = (format!("{HEADER_PREFIX}{k}").parse::<HeaderName>(), HeaderValue::from_str(&v))
         {
             h.insert(name, value);
         }
     }
-    if let Ok(v) = HeaderValue::from_str(tenant) {
-        h.insert(PEER_TENANT, v);
-    }
-    h
 }

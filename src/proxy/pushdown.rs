@@ -137,12 +137,16 @@ impl Gateway {
     ) -> Result<(Arc<Cached>, Computed), GatewayError> {
         let ranged = job.ranged();
         let partial = source.partial();
-        if as_caller && (parts.method == Method::HEAD || (partial && !ranged)) {
-            // The caller's signed HEAD or Range read the store's answer, not the whole source.
-            // A Range the store answered with every byte (`bytes=0-`, or a block larger than
-            // the object, as s3fs and pyarrow ask for small objects) is the whole source.
-            return Err(PushdownError::WholeReadFirst.into());
-        }
+        // The caller's signed HEAD or Range read the store's answer, not the whole source (a
+        // Range the store answered with every byte, `bytes=0-` or a block larger than the
+        // object as s3fs and pyarrow ask for small objects, is the whole source): the version
+        // the store let this caller read is read whole with the gateway's reader key.
+        let source = if as_caller && (parts.method == Method::HEAD || (partial && !ranged)) {
+            self.read_accepted(parts, reader, source).await?
+        } else {
+            source
+        };
+        let partial = source.partial();
         let declared = source.header(&http::header::CONTENT_LENGTH).and_then(|v| v.parse().ok());
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
         let source_last_modified = source.header(&http::header::LAST_MODIFIED).map(str::to_owned);
@@ -189,6 +193,54 @@ impl Gateway {
             source_bytes: source_bytes as u64,
         });
         Ok((data, Computed { reservation: out.reservation, timing }))
+    }
+
+    /// Transparent mode, after the store accepted the caller's own signed `HEAD` or `Range` of
+    /// the source (`accepted`): that very version (`If-Match` its ETag), read whole with the
+    /// gateway's key (`backend.access_key`), so that readers which size or sample a file before
+    /// they read it (the aws CLI, pyarrow, s3fs) get features on their first read. Both reads
+    /// need the same right (S3's `s3:GetObject` covers `HEAD` and ranges). Without a gateway
+    /// key such a request is refused until a whole `GET` computed the output
+    /// (`WholeReadFirst`).
+    async fn read_accepted(
+        &self,
+        parts: &Parts,
+        reader: &SourceReader<'_>,
+        accepted: SourceBody,
+    ) -> Result<SourceBody, GatewayError> {
+        let caller = crate::s3::authority::claimed_access_key(&parts.headers, parts.uri.query()).unwrap_or_default();
+        let proof = crate::s3::authority::Authenticated::store_accepted(&caller, &accepted.resp)
+            .filter(|_| self.backend.has_store_key() && !accepted.etag.is_empty())
+            .ok_or(PushdownError::WholeReadFirst)?;
+        let mut headers = forwarded_headers(&parts.headers);
+        pushdown_spec::remove_trigger_headers(&mut headers);
+        for name in OUTPUT_SCOPED {
+            headers.remove(name);
+        }
+        let delegated = SourceReader {
+            backend: &self.backend,
+            method: Method::GET,
+            target: reader.target.clone(),
+            query: reader.query.clone(),
+            headers,
+            authority: Authority::Gateway(proof),
+        };
+        let etag = accepted.etag.clone();
+        drop(accepted);
+        match delegated.read(SourceRead { if_match: Some(&etag), ..SourceRead::WHOLE }).await? {
+            SourceOutcome::Body(body) if !body.partial() => Ok(body),
+            SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
+                "the object changed between the caller's read and the gateway's: retry".into(),
+            )
+            .into()),
+            SourceOutcome::Body(SourceBody { resp, .. })
+            | SourceOutcome::Refused(resp)
+            | SourceOutcome::NotModified(resp) => Err(PushdownError::SourceRead(format!(
+                "the store answered the gateway's read of the accepted version with {}",
+                resp.status()
+            ))
+            .into()),
+        }
     }
 
     /// The row groups' bytes `start..end` of a Parquet file of `len` bytes, from the version its

@@ -36,8 +36,14 @@ impl Gateway {
         let hop = parts.headers.remove(owner::HOP).is_some();
         let hop_split = parts.headers.remove(owner::HOP_SPLIT).and_then(|v| v.to_str().ok().map(str::to_owned));
         let mut planned_none = false;
+        // An alias endpoint's read is a pushdown of the very object the caller signed a read of.
+        let alias = self.alias_of(&parts, &target, op)?.map(|a| a.spec);
+        let requested = match alias {
+            Some(spec) => Some(spec),
+            None => pushdown_spec::parse(&parts.headers, parts.uri.query())?,
+        };
         if matches!(op, S3Op::GetObject | S3Op::HeadObject)
-            && let Some(mut spec) = pushdown_spec::parse(&parts.headers, parts.uri.query())?
+            && let Some(mut spec) = requested
         {
             if let Some(split) = hop_split.filter(|_| hop) {
                 spec.split = split;

@@ -26,7 +26,7 @@ pub enum PushdownError {
     /// Transparent identity mode: a caller's signed HEAD or Range reads only part of the source,
     /// and the gateway holds no key to read the rest, so an output not yet cached cannot be made.
     #[error(
-        "in transparent identity mode a pushdown output is first computed from the caller's own GET of the whole object: send a GET without Range once (HEAD and Range are then answered from the cache)"
+        "in transparent identity mode without a gateway key (backend.access_key) a pushdown output is first computed from the caller's own GET of the whole object: send a GET without Range once (HEAD and Range are then answered from the cache)"
     )]
     WholeReadFirst,
     #[error("cannot use the object as model input: {0}")]

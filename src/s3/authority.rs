@@ -27,6 +27,15 @@ impl Authenticated {
         &self.access_key
     }
 
+    /// Transparent mode: the store accepted the caller's own signed read of an object (`answer`,
+    /// a `2xx` to the request the caller signed, forwarded unchanged), naming `claimed`. The
+    /// store authenticated it, so the gateway's key may read that same version for it (ADR
+    /// 0029); any other answer proves nothing.
+    #[must_use]
+    pub(crate) fn store_accepted<B>(claimed: &str, answer: &http::Response<B>) -> Option<Self> {
+        answer.status().is_success().then(|| Self { access_key: claimed.to_owned() })
+    }
+
     /// A cluster hop, authenticated by the cluster credential, acts for the tenant it names (the
     /// member that forwarded it verified that tenant): the proof moves to that tenant.
     #[must_use]
