@@ -174,6 +174,15 @@ def test_parquet_readers_read_a_file_nobody_computed_yet(gw, dataset, tmp_path, 
                          "client_kwargs": {"endpoint_url": eps["parquet"], "region_name": "us-east-1"}},
         cache_dir=str(tmp_path / "hf-cache"))
     check(ds.data.table, "datasets")
+    if mode == "terminating":
+        # The gateway verified the caller: a listing reports each output's size, so a reader
+        # that sizes files from it (pyarrow.dataset) reads a directory too.
+        import pyarrow.dataset as pads
+
+        listed = client(eps["parquet"], ak, sk).list_objects_v2(Bucket=bucket, Prefix="table/")["Contents"]
+        head = client(eps["parquet"], ak, sk).head_object(Bucket=bucket, Key=key)
+        assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [(key, head["ContentLength"], head["ETag"])]
+        check(pads.dataset(f"{bucket}/table/", filesystem=fs, format="parquet").to_table(), "pyarrow dataset")
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
 
 
