@@ -43,18 +43,18 @@ def code(call) -> str:
 
 
 @contextlib.contextmanager
-def gateway_with_endpoints(store, logdir, mode: str):
+def gateway_with_endpoints(store, logdir, mode: str, extra: str = "", ports=None):
     """A gateway in `mode` with two alias endpoints: `npy` (tiny-cnn at pool, the default
     format) and `parquet` (the same as a Parquet file). Transparent: the store authenticates
     its users, and the gateway's own key reads only what the store let a caller read.
     Terminating: the development client key, the store's main user's key. Yields (S3 endpoint,
     admin, {name: endpoint}, (access key, secret key) a client signs with)."""
-    ports = {"npy": free_port(), "parquet": free_port()}
+    endpoints = {"npy": free_port(), "parquet": free_port()}
     config = "".join(
         f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{port}"\nmodel = "{MODEL}"\nsplit = "{SPLIT}"\n'
         + ('format = "parquet"\n' if name == "parquet" else "")
-        for name, port in ports.items()
-    )
+        for name, port in endpoints.items()
+    ) + extra
     env = {"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"], "TENSORGATE_BACKEND_ACCESS_KEY": store["access_key"],
            "TENSORGATE_BACKEND_SECRET_KEY": store["secret_key"], "TENSORGATE_BACKEND_IDENTITY": mode}
     if mode == "terminating":
@@ -62,8 +62,8 @@ def gateway_with_endpoints(store, logdir, mode: str):
         keys = ("tensorgate-dev", "tensorgate-dev-secret")
     else:
         keys = (store["access_key"], store["secret_key"])
-    with run_gateway(logdir, config, env=env) as (endpoint, admin, _, _):
-        yield endpoint, admin, {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}, keys
+    with run_gateway(logdir, config, env=env, ports=ports) as (endpoint, admin, _, _):
+        yield endpoint, admin, {n: f"http://127.0.0.1:{p}" for n, p in endpoints.items()}, keys
 
 
 @pytest.fixture(scope="module", params=["transparent", "terminating"])
@@ -251,6 +251,36 @@ def test_another_user_gets_what_the_store_answers_cached_or_not(gw, dataset, sto
     bp = client(eps["parquet"], *alt)
     assert code(lambda: bp.get_object(Bucket=bucket, Key="table/train-00000-of-00001.parquet")) == refused
     assert metric(admin, "tensorgate_cache_misses_total") == misses, "nothing computed for B"
+
+
+def test_a_transparent_cluster_computes_an_endpoints_reads_at_each_objects_owner(store, dataset, tmp_path):
+    """Two transparent members with the same endpoints: a read through either member's endpoint
+    (a `HEAD` first, as the aws CLI reads) is computed by the object's owner, which gets the
+    caller's own request with the endpoint's fields beside it, and reads the source there."""
+    from tensorgate.cluster import rank
+    from test_cluster import cluster_config, wait_states
+
+    bucket, images, _, _ = dataset
+    members = [{"id": f"ep-{i}", "s3": f"http://127.0.0.1:{free_port()}", "admin": f"http://127.0.0.1:{free_port()}"}
+               for i in range(2)]
+    with contextlib.ExitStack() as stack:
+        gws = []
+        for m in members:
+            ports = (int(m["s3"].rsplit(":", 1)[1]), int(m["admin"].rsplit(":", 1)[1]))
+            gws.append(stack.enter_context(gateway_with_endpoints(
+                store, tmp_path, "transparent", cluster_config(m["id"], members), ports)))
+        wait_states([m["admin"] for m in members], ["ready"] * 2)
+        owners = {k: rank([m["id"] for m in members], bucket, k)[0] for k in images}
+        assert len(set(owners.values())) == 2, "the keys spread over both members"
+        for key, owner in owners.items():
+            for _, _, eps, (ak, sk) in gws:
+                a = client(eps["npy"], ak, sk)
+                head = a.head_object(Bucket=bucket, Key=key)
+                got = a.get_object(Bucket=bucket, Key=key)
+                assert got["ResponseMetadata"]["HTTPHeaders"]["x-tensorgate-computed-by"] == owner, key
+                body = got["Body"].read()
+                assert head["ContentLength"] == len(body)
+                assert rel_l2(np.load(io.BytesIO(body)), features_of([images[key]])) <= 1e-3, key
 
 
 def test_without_a_gateway_key_a_first_head_is_refused_clearly(store, tmp_path):
