@@ -9,6 +9,8 @@
 #      off), the OSD binds in PORT+10..PORT+29 (it takes 4 of them).
 #      RGW_ACCESS_KEY / RGW_SECRET_KEY (default rgw-ak / rgw-sk): user "tester";
 #      RGW_ALT_ACCESS_KEY / RGW_ALT_SECRET_KEY (default rgw-alt-ak / rgw-alt-sk): user "alt".
+#      RGW_TENANT_ACCESS_KEY / RGW_TENANT_SECRET_KEY (default rgw-tenant-ak / rgw-tenant-sk): user
+#        "s3t$tenanted", of tenant "s3t" (its buckets are not in the default tenant's namespace).
 #      RGW_DOMAIN (default localhost): virtual-host addressing, a Host of <bucket>.<domain>.
 #      STS is on (rgw sts key), and "tester" may manage roles, so tests can assume one.
 # Every start wipes the state: buckets and users do not survive a stop.
@@ -19,6 +21,8 @@ AK=${RGW_ACCESS_KEY:-rgw-ak}
 SK=${RGW_SECRET_KEY:-rgw-sk}
 ALT_AK=${RGW_ALT_ACCESS_KEY:-rgw-alt-ak}
 ALT_SK=${RGW_ALT_SECRET_KEY:-rgw-alt-sk}
+TENANT_AK=${RGW_TENANT_ACCESS_KEY:-rgw-tenant-ak}
+TENANT_SK=${RGW_TENANT_SECRET_KEY:-rgw-tenant-sk}
 MON_PORT=$((PORT+7))
 DIR=$PWD/.tmp/ceph-rgw-$PORT
 CONF=$DIR/ceph.conf
@@ -153,6 +157,9 @@ CONF
     timeout 60 radosgw-admin -c "$CONF" user create --uid alt --display-name alt \
       --email alt@example.com --access-key "$ALT_AK" --secret-key "$ALT_SK" >> "$DIR/log/mkfs.out" 2>&1 ||
       fail "radosgw-admin user create alt failed"
+    timeout 60 radosgw-admin -c "$CONF" user create --tenant s3t --uid tenanted --display-name tenanted \
+      --email tenanted@example.com --access-key "$TENANT_AK" --secret-key "$TENANT_SK" >> "$DIR/log/mkfs.out" 2>&1 ||
+      fail "radosgw-admin user create s3t\$tenanted failed"
     # The main user may manage roles (IAM CreateRole/PutRolePolicy), so a test can make one to
     # assume through STS.
     timeout 60 radosgw-admin -c "$CONF" caps add --uid tester --caps "roles=*" >> "$DIR/log/mkfs.out" 2>&1 ||

@@ -7,8 +7,9 @@
 #     STORE: seaweedfs | ceph-rgw | swift     MODE: bare | gateway | transparent
 #   transparent: the gateway in transparent identity mode (no keys at all: ADR 0013).
 #   S3T_WITH_ALT=1: the suite's second user is the store's second user (the store scripts make
-#     one), so the multi-user and bucket-policy tests run; in gateway (terminating) mode both users
-#     are client credentials of the gateway, each with its own store key.
+#     one), so the multi-user and bucket-policy tests run, and on Ceph RGW its tenant user too (the
+#     tenant tests); in gateway (terminating) mode every user is a client credential of the
+#     gateway, each with its own store key.
 #   then: scripts/s3-tests.sh --compare OUT_OF_BARE OUT_OF_GATEWAY
 # Per store: Swift's bare run gets S3T_DELETE_OBJECTS_MD5=1 (its s3api refuses the suite's own
 # cleanup otherwise; the gateway run uses stock boto3, since the gateway adds the header);
@@ -30,13 +31,17 @@ case "$STORE" in
   seaweedfs) export SEAWEED_PORT=18933; AK=seaweed-ak; SK=seaweed-sk; TRAILING=true
     ALT_AK=seaweed-alt-ak; ALT_SK=seaweed-alt-sk ;;
   ceph-rgw) export RGW_PORT=20033; AK=rgw-ak; SK=rgw-sk; ALT_AK=rgw-alt-ak; ALT_SK=rgw-alt-sk
+    TENANT_AK=rgw-tenant-ak; TENANT_SK=rgw-tenant-sk
     EXTRA=(--deselect s3tests/functional/test_s3.py::test_upload_part_copy_percent_encoded_key) ;;
   swift) export SWIFT_PORT=19833; AK=test:tester; SK=testing; ALT_AK=test2:tester2; ALT_SK=testing2
     [ "$MODE" = bare ] && export S3T_DELETE_OBJECTS_MD5=1 ;;
   *) echo "s3-tests-store.sh: unknown store $STORE" >&2; exit 2 ;;
 esac
 case "$MODE" in bare|gateway|transparent) ;; *) echo "s3-tests-store.sh: MODE is bare, gateway or transparent" >&2; exit 2 ;; esac
-if [ "${S3T_WITH_ALT:-0}" = 1 ]; then export S3T_ALT_ACCESS_KEY=$ALT_AK S3T_ALT_SECRET_KEY=$ALT_SK; fi
+if [ "${S3T_WITH_ALT:-0}" = 1 ]; then
+  export S3T_ALT_ACCESS_KEY=$ALT_AK S3T_ALT_SECRET_KEY=$ALT_SK
+  if [ -n "${TENANT_AK:-}" ]; then export S3T_TENANT_ACCESS_KEY=$TENANT_AK S3T_TENANT_SECRET_KEY=$TENANT_SK; fi
+fi
 
 GW_PID=
 cleanup() {
@@ -64,6 +69,10 @@ secret_key = "$ALT_SK"
 store_access_key = "$ALT_AK"
 store_secret_key = "$ALT_SK"
 TOML
+    if [ -n "${TENANT_AK:-}" ]; then
+      printf '[[credentials]]\naccess_key = "%s"\nsecret_key = "%s"\nstore_access_key = "%s"\nstore_secret_key = "%s"\n' \
+        "$TENANT_AK" "$TENANT_SK" "$TENANT_AK" "$TENANT_SK" >> "$OUT/gateway.toml"
+    fi
     KEYS=(--config "$OUT/gateway.toml" --allow-anonymous true --backend-trailing-checksums "$TRAILING")
   else
     KEYS=(--allow-anonymous true --backend-access-key "$AK" --backend-secret-key "$SK"

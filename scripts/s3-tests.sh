@@ -6,6 +6,9 @@
 # Env: S3T_ACCESS_KEY / S3T_SECRET_KEY (main user, required);
 #      S3T_ALT_ACCESS_KEY / S3T_ALT_SECRET_KEY (second user; without them the tests that need one are
 #        deselected and the suite's alt/tenant sections reuse the main keys, for its bucket cleanup);
+#      S3T_TENANT_ACCESS_KEY / S3T_TENANT_SECRET_KEY (a user of tenant S3T_TENANT, default s3t, as
+#        Ceph RGW has them, e.g. scripts/ceph-rgw.sh's "s3t$tenanted"; without them the tests that
+#        need one are deselected), S3T_TENANT_USER_ID (default: $S3T_TENANT$ + the display name);
 #      S3T_DISPLAY_NAME / S3T_EMAIL / S3T_USER_ID (main owner, for tests that check it; by default the
 #        owner that ListBuckets reports), S3T_ALT_DISPLAY_NAME / S3T_ALT_EMAIL / S3T_ALT_USER_ID likewise;
 #      S3T_MARKEXPR / S3T_KEYWORDS (override the -m / -k selection below), S3T_TIMEOUT (per-test seconds,
@@ -112,6 +115,24 @@ else
   ALT_ID=$MAIN_ID; ALT_NAME=$MAIN_NAME; ALT_EMAIL=$MAIN_EMAIL
 fi
 
+# A tenant user: its display name as the store reports it (its ListBuckets).
+TENANT=${S3T_TENANT:-s3t}
+if [ -n "${S3T_TENANT_ACCESS_KEY:-}" ] && [ -n "${S3T_TENANT_SECRET_KEY:-}" ]; then
+  HAVE_TENANT=1; TENANT_AK=$S3T_TENANT_ACCESS_KEY; TENANT_SK=$S3T_TENANT_SECRET_KEY
+  TENANT_NAME=$(S3T_ACCESS_KEY=$TENANT_AK S3T_SECRET_KEY=$TENANT_SK "$PY" - "$ENDPOINT" <<'PY'
+import os, sys, boto3
+c = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=os.environ["S3T_ACCESS_KEY"],
+                 aws_secret_access_key=os.environ["S3T_SECRET_KEY"], verify=False)
+print(c.list_buckets().get("Owner", {}).get("DisplayName") or "tenanted")
+PY
+)
+  TENANT_ID=${S3T_TENANT_USER_ID:-$TENANT\$$TENANT_NAME}; TENANT_EMAIL=$TENANT_NAME@example.com
+else
+  HAVE_TENANT=0; TENANT_AK=$ALT_AK; TENANT_SK=$ALT_SK
+  TENANT_NAME=$ALT_NAME; TENANT_ID=$ALT_ID; TENANT_EMAIL=$ALT_EMAIL
+fi
+export S3T_HAVE_TENANT=$HAVE_TENANT
+
 CONF=$OUT/s3tests.conf
 cat > "$CONF" <<CONF
 [DEFAULT]
@@ -140,14 +161,14 @@ email = $ALT_EMAIL
 access_key = $ALT_AK
 secret_key = $ALT_SK
 
-# No tenant user: the tests that need one are always deselected; these keys serve the cleanup only.
+# Without a tenant user the tests that need one are deselected, and these keys serve the cleanup.
 [s3 tenant]
-display_name = $ALT_NAME
-user_id = $ALT_ID
-email = $ALT_EMAIL
-access_key = $ALT_AK
-secret_key = $ALT_SK
-tenant = s3t
+display_name = $TENANT_NAME
+user_id = $TENANT_ID
+email = $TENANT_EMAIL
+access_key = $TENANT_AK
+secret_key = $TENANT_SK
+tenant = $TENANT
 
 # No IAM either (the parser requires these sections; the IAM tests are deselected).
 [iam]
@@ -171,7 +192,7 @@ email = $ALT_EMAIL
 CONF
 
 # A pytest plugin that deselects the tests needing a second user (without S3T_HAVE_ALT=1), a tenant
-# user or IAM: test functions that reach, directly or through the module's helpers, the suite's
+# user (without S3T_HAVE_TENANT=1) or IAM: test functions that reach, directly or through the module's helpers, the suite's
 # accessors for those users.
 PLUG=$OUT/.plugin
 mkdir -p "$PLUG"
@@ -179,10 +200,10 @@ cat > "$PLUG/s3t_select.py" <<'PY'
 import ast, os
 ALT = {"get_alt_client", "get_alt_aws_access_key", "get_alt_aws_secret_key", "get_alt_display_name",
        "get_alt_user_id", "get_alt_email", "get_alt_iam_client"}
-TENANT = {"get_tenant_client", "get_v2_tenant_client", "get_tenant_iam_client", "get_tenant_aws_access_key",
+TENANT = {"get_tenant_client", "get_v2_tenant_client", "get_tenant_aws_access_key",
           "get_tenant_aws_secret_key", "get_tenant_display_name", "get_tenant_name", "get_tenant_user_id",
           "get_tenant_email"}
-IAM = {"iam_root", "iam_alt_root", "get_iam_client", "get_iam_s3client", "get_iam_root_client",
+IAM = {"iam_root", "iam_alt_root", "get_iam_client", "get_iam_s3client", "get_iam_root_client", "get_tenant_iam_client",
        "get_iam_alt_root_client", "get_iam_root_s3client", "get_iam_access_key", "get_iam_secret_key",
        "get_sts_client"}
 
@@ -205,7 +226,8 @@ def _needing(path, seeds):
     return bad
 
 def pytest_collection_modifyitems(session, config, items):
-    seeds = TENANT | IAM | (set() if os.environ.get("S3T_HAVE_ALT") == "1" else ALT)
+    seeds = IAM | (set() if os.environ.get("S3T_HAVE_ALT") == "1" else ALT)
+    seeds |= set() if os.environ.get("S3T_HAVE_TENANT") == "1" else TENANT
     cache, keep, drop = {}, [], []
     for it in items:
         path = str(it.fspath)

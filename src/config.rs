@@ -1549,7 +1549,9 @@ mod tests {
             c.apply(&Overrides::default());
             c
         };
-        let one = |addr: &str| format!("[[pushdown.alias_endpoints]]\nlisten = \"{addr}\"\nmodel = \"m\"\nsplit = \"pool\"\n");
+        let one = |addr: &str| {
+            format!("[[pushdown.alias_endpoints]]\nlisten = \"{addr}\"\nmodel = \"m\"\nsplit = \"pool\"\n")
+        };
         // Transparent mode (no key): an endpoint is signed as a plain read of the real bucket.
         let c = with("", &one("127.0.0.1:9101"));
         assert!(c.transparent());

@@ -202,8 +202,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("upgrade.sock");
         // The S3 port, the admin port and two alias endpoints.
-        let listeners: Vec<_> =
-            (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+        let listeners: Vec<_> = (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
         let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().expect("addr")).collect();
         let fds = listeners.iter().map(|l| l.as_fd().try_clone_to_owned().expect("dup")).collect();
         let offered = tokio::spawn(offer(path.clone(), fds));

@@ -95,14 +95,21 @@ pub fn copy_source(header: &str) -> Result<(String, String), RouteError> {
 }
 
 /// Bucket names: the union of current and legacy S3 rules (letters, digits, `.`, `-`, `_`), and never
-/// `.`/`..`-like names, so that no backend can be tricked into a path outside its root.
+/// `.`/`..`-like names, so that no backend can be tricked into a path outside its root. One `:` may
+/// precede the name: Ceph RGW's `tenant:bucket` names another tenant's bucket (`:bucket` the
+/// global tenant's); the store decides (AWS refuses it).
 fn validate_bucket(b: &str) -> Result<(), RouteError> {
-    let ok = !b.is_empty()
-        && b.len() <= MAX_BUCKET_NAME
+    let name =
+        b.split_once(':').map_or(b, |(tenant, name)| if valid_name(tenant) || tenant.is_empty() { name } else { "" });
+    let ok = b.len() <= MAX_BUCKET_NAME && valid_name(name);
+    if ok { Ok(()) } else { Err(RouteError::InvalidBucketName) }
+}
+
+fn valid_name(b: &str) -> bool {
+    !b.is_empty()
         && b.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_'))
         && !b.contains("..")
-        && b != ".";
-    if ok { Ok(()) } else { Err(RouteError::InvalidBucketName) }
+        && b != "."
 }
 
 macro_rules! ops {
@@ -270,6 +277,12 @@ mod tests {
         assert_eq!(resolve(Some("s3.example.com"), "/", &d).expect("ok"), t(None, None));
         assert_eq!(resolve(None, "/b/", &d).expect("ok"), t(Some("b"), None));
         assert!(matches!(resolve(None, "/../x", &d), Err(RouteError::InvalidBucketName)));
+        // Ceph RGW's tenant syntax: one `:`, before a valid name.
+        assert_eq!(resolve(None, "/s3t:b/k", &d).expect("ok"), t(Some("s3t:b"), Some("k")));
+        assert_eq!(resolve(None, "/:b/k", &d).expect("ok"), t(Some(":b"), Some("k")));
+        for bad in ["/s3t:/k", "/a:b:c/k", "/..:b/k", "/s3t:../k"] {
+            assert!(matches!(resolve(None, bad, &d), Err(RouteError::InvalidBucketName)), "{bad}");
+        }
         // A key may contain `..` segments in S3; only the fs backend refuses them (see backend::fs).
         assert_eq!(resolve(None, "/a%2F..%2Fb/x", &d).expect("ok"), t(Some("a"), Some("../b/x")));
         let long = format!("/b/{}", "k".repeat(MAX_KEY_BYTES + 1));

@@ -145,18 +145,18 @@ pub fn verify(
     now: OffsetDateTime,
 ) -> Result<Verified, AuthError> {
     let query = uri.query();
+    let presigned = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("X-Amz-Signature=")));
     // Every `OPTIONS` is a CORS preflight to S3 (without `Origin` the store answers `400`). Browsers
     // never sign them; credentials in the URL belong to the request the preflight asks about. They
     // read nothing but the bucket's CORS rules, which the store applies.
     if method == Method::OPTIONS {
-        return Ok(Verified {
+        return Ok(presigned.then(|| preflight_of_presigned(uri, headers, creds, now)).flatten().unwrap_or(Verified {
             identity: Identity::Anonymous,
             authority: Authority::Anonymous,
             payload: Payload::Unsigned,
             presigned: false,
-        });
+        }));
     }
-    let presigned = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("X-Amz-Signature=")));
     if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
         let auth = auth.to_str().map_err(|_| AuthError::MalformedHeader("not ASCII"))?;
         if let Some(v2) = auth.strip_prefix("AWS ") {
@@ -322,6 +322,29 @@ fn verify_v2_presigned(
         payload: Payload::Unsigned,
         presigned: true,
     })
+}
+
+/// Methods a presigned URL's preflight may ask about when it names none
+/// (`Access-Control-Request-Method`): what S3 presigns.
+const PRESIGNED_METHODS: [Method; 5] = [Method::GET, Method::PUT, Method::HEAD, Method::DELETE, Method::POST];
+
+/// A preflight (`OPTIONS`) of a presigned URL whose signature verifies for the method it asks
+/// about (or, when it names none, one that S3 presigns): it comes from that URL's client, and is
+/// sent to the store as that client, so a store that keeps each user's buckets apart (Ceph RGW's
+/// tenants) finds the bucket the URL names, as it does for the URL sent to it directly. `None`:
+/// an anonymous preflight, as before.
+fn preflight_of_presigned(
+    uri: &Uri,
+    headers: &HeaderMap,
+    creds: &CredentialStore,
+    now: OffsetDateTime,
+) -> Option<Verified> {
+    let asked = headers
+        .get("access-control-request-method")
+        .map(|v| Method::from_bytes(v.as_bytes()).ok().into_iter().collect::<Vec<_>>());
+    let methods = asked.unwrap_or_else(|| PRESIGNED_METHODS.to_vec());
+    let verified = methods.iter().find_map(|m| verify_presigned(m, uri, headers, creds, now).ok())?;
+    Some(Verified { payload: Payload::Unsigned, ..verified })
 }
 
 fn verify_presigned(
@@ -625,8 +648,21 @@ mod tests {
         // with a presigned URL's parameters (they sign the request the preflight asks about).
         let bare_options = http::Request::options("/bucket/key").body(()).expect("request");
         assert_eq!(check_req(&bare_options, now).expect("preflight").identity, Identity::Anonymous);
+        // A presigned URL's own preflight acts as its client (so the store finds the bucket in
+        // that client's namespace); a preflight asking about another method than the URL signs,
+        // or with a forged signature, stays anonymous.
         let presigned_options = http::Request::options(url.uri().clone()).body(()).expect("request");
-        assert_eq!(check_req(&presigned_options, now).expect("preflight").identity, Identity::Anonymous);
+        let got = check_req(&presigned_options, now).expect("preflight");
+        assert!(matches!(got.identity, Identity::AccessKey(ref k) if k == "AKID"), "{:?}", got.identity);
+        assert!(matches!(got.authority, Authority::Gateway(_)));
+        let other_method = http::Request::options(url.uri().clone())
+            .header("access-control-request-method", "DELETE")
+            .body(())
+            .expect("request");
+        assert_eq!(check_req(&other_method, now).expect("preflight").identity, Identity::Anonymous);
+        let forged = url.uri().to_string().replace("X-Amz-Signature=", "X-Amz-Signature=0");
+        let forged = http::Request::options(forged).body(()).expect("request");
+        assert_eq!(check_req(&forged, now).expect("preflight").identity, Identity::Anonymous);
         let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
             .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
