@@ -16,6 +16,7 @@ import urllib.request
 
 import boto3
 import botocore.exceptions
+import botocore.handlers
 import numpy as np
 import pytest
 from botocore.config import Config
@@ -437,6 +438,45 @@ def test_terminating_mode_with_a_store_key_per_client_keeps_users_apart(store, t
         b.create_bucket(Bucket=own)
         b.put_object(Bucket=own, Key="k", Body=b"b's")
         assert b_direct.get_object(Bucket=own, Key="k")["Body"].read() == b"b's"  # stored as B's
+
+
+@pytest.mark.skipif(STORE_KIND != "ceph-rgw", reason="of the three stores, Ceph RGW has tenants")
+def test_a_tenant_users_presigned_urls_and_their_preflights_work_as_directly(store, tmp_path):
+    """Terminating mode with a store key per client, the client a user of an RGW tenant
+    (scripts/ceph-rgw.sh makes `s3t$tenanted`): a presigned GET, and the CORS preflights of that
+    URL, get what RGW answers them directly (the preflight goes to RGW as that client, so RGW looks
+    in its tenant); a bucket named across tenants (`s3t:bucket`) reaches the store."""
+    import requests
+
+    ak, sk = "rgw-tenant-ak", "rgw-tenant-sk"
+    config = (f'[[credentials]]\naccess_key = "{ak}"\nsecret_key = "{sk}"\n'
+              f'store_access_key = "{ak}"\nstore_secret_key = "{sk}"\n'
+              f'[[credentials]]\naccess_key = "{store["access_key"]}"\nsecret_key = "{store["secret_key"]}"\n'
+              f'store_access_key = "{store["access_key"]}"\nstore_secret_key = "{store["secret_key"]}"\n')
+    v4 = Config(s3={"addressing_style": "path"}, signature_version="s3v4", retries={"max_attempts": 1})
+    with run_gateway(tmp_path, config, env={"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"]}) as (endpoint, *_):
+        via = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak, aws_secret_access_key=sk,
+                           region_name="us-east-1", config=v4)
+        direct = boto3.client("s3", endpoint_url=store["endpoint"], aws_access_key_id=ak, aws_secret_access_key=sk,
+                              region_name="us-east-1", config=v4)
+        bucket = f"tenanted-{os.getpid()}-{next(_names)}"
+        via.create_bucket(Bucket=bucket, ACL="public-read")
+        via.put_object(Bucket=bucket, Key="foo", Body=b"tenant's", ACL="public-read")
+        asked = {"Origin": "example", "Access-Control-Request-Method": "GET"}
+
+        def answers(c) -> list[int]:
+            url = c.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "foo"}, ExpiresIn=600)
+            return [requests.get(url, timeout=10).status_code, requests.options(url, timeout=10).status_code,
+                    requests.options(url, headers=asked, timeout=10).status_code]
+
+        assert answers(via) == answers(direct) == [200, 400, 403]
+        via.put_bucket_cors(Bucket=bucket, CORSConfiguration={
+            "CORSRules": [{"AllowedMethods": ["GET"], "AllowedOrigins": ["example"]}]})
+        assert answers(via) == answers(direct) == [200, 400, 200]
+        # The global tenant's user reads the tenant's public bucket by its name across tenants.
+        main = client(endpoint, store["access_key"], store["secret_key"])
+        main.meta.events.unregister("before-parameter-build.s3", botocore.handlers.validate_bucket_name)
+        assert main.get_object(Bucket=f"s3t:{bucket}", Key="foo")["Body"].read() == b"tenant's"
 
 
 def test_a_transparent_cluster_routes_the_callers_own_request_to_the_owner(store, tmp_path, users):
