@@ -79,6 +79,34 @@ def test_the_rendered_configuration_is_one_the_gateway_accepts(tmp_path):
     assert r.returncode != 0
 
 
+def test_alias_endpoints_are_ports_of_the_pod_the_service_and_the_policy(tmp_path):
+    """`aliasEndpoints` renders each as `[[pushdown.alias_endpoints]]` on all addresses, a named
+    container port, a Service port and an S3-side NetworkPolicy port; the gateway accepts the
+    file, and the manifests match the Kubernetes schemas."""
+    endpoints = [{"name": "feat-pool", "port": 9100, "model": "tiny-cnn", "split": "pool"},
+                 {"name": "feat-parquet", "port": 9101, "model": "tiny-cnn", "split": "pool", "format": "parquet"}]
+    docs = render({"aliasEndpoints": endpoints, "cluster": {"enabled": False}})
+    for items in docs.values():
+        for doc in items:
+            kubernetes_validate.validate(doc, K8S, strict=True)
+    toml = docs["ConfigMap"][0]["data"]["config.toml"]
+    (tmp_path / "config.toml").write_text(toml)
+    import tomllib
+
+    cfg = tomllib.loads(toml)
+    assert cfg["pushdown"]["alias_endpoints"] == [
+        {"listen": "0.0.0.0:9100", "model": "tiny-cnn", "split": "pool"},
+        {"listen": "0.0.0.0:9101", "model": "tiny-cnn", "split": "pool", "format": "parquet"}]
+    r = subprocess.run([str(BINARY), "check-config", str(tmp_path / "config.toml")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "TENSORGATE_BACKEND_ENDPOINT": "http://10.0.0.7:8333"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    ports = {p["name"]: p["containerPort"] for p in docs["DaemonSet"][0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"s3": 9000, "admin": 9001, "feat-pool": 9100, "feat-parquet": 9101}
+    assert {p["name"]: p["port"] for p in docs["Service"][0]["spec"]["ports"]} == ports
+    s3_side = docs["NetworkPolicy"][0]["spec"]["ingress"][0]["ports"]
+    assert [p["port"] for p in s3_side] == ["s3", "feat-pool", "feat-parquet"]
+
+
 def test_the_daemonset_runs_beside_the_store_non_root_with_probes_and_derived_memory():
     docs = render({**TERMINATING, "nodeSelector": {"storage": "true"},
                    "config": {"pushdown": {"memory_budget": 3 << 30, "cache": {"memory_bytes": 1 << 30}}},
