@@ -212,17 +212,12 @@ impl Gateway {
         let proof = crate::s3::authority::Authenticated::store_accepted(&caller, &accepted.resp)
             .filter(|_| self.backend.has_store_key() && !accepted.etag.is_empty())
             .ok_or(PushdownError::WholeReadFirst)?;
-        let mut headers = forwarded_headers(&parts.headers);
-        pushdown_spec::remove_trigger_headers(&mut headers);
-        for name in OUTPUT_SCOPED {
-            headers.remove(name);
-        }
         let delegated = SourceReader {
             backend: &self.backend,
             method: Method::GET,
             target: reader.target.clone(),
             query: reader.query.clone(),
-            headers,
+            headers: gateway_read_headers(&parts.headers),
             authority: Authority::Gateway(proof),
         };
         let etag = accepted.etag.clone();
@@ -303,12 +298,7 @@ impl SourceSide {
             }
             h
         } else {
-            let mut h = forwarded_headers(&parts.headers);
-            pushdown_spec::remove_trigger_headers(&mut h);
-            for name in OUTPUT_SCOPED {
-                h.remove(name);
-            }
-            h
+            gateway_read_headers(&parts.headers)
         };
         // Row groups of a Parquet file: the source is read by ranges (its tail, then the groups'
         // span), each an unsigned `Range` beside the caller's signature as `If-None-Match` is.
@@ -452,6 +442,17 @@ fn none_match(headers: &HeaderMap, etag: &str) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim() == "*" || bare(t) == bare(etag))
+}
+
+/// The headers of a source read the gateway signs: the client's forwarded ones, less the triggers
+/// and what applies to the output ([`OUTPUT_SCOPED`]).
+fn gateway_read_headers(client: &HeaderMap) -> HeaderMap {
+    let mut h = forwarded_headers(client);
+    pushdown_spec::remove_trigger_headers(&mut h);
+    for name in OUTPUT_SCOPED {
+        h.remove(name);
+    }
+    h
 }
 
 /// Headers beside the triggers that apply to the pushdown output, not to the source object: not

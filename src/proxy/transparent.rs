@@ -38,12 +38,11 @@ impl Gateway {
         let mut planned_none = false;
         // An alias endpoint's read is a pushdown of the very object the caller signed a read of.
         let alias = self.alias_of(&parts, &target, op)?.map(|a| a.spec);
-        let requested = match alias {
-            Some(spec) => Some(spec),
-            None => pushdown_spec::parse(&parts.headers, parts.uri.query())?,
-        };
         if matches!(op, S3Op::GetObject | S3Op::HeadObject)
-            && let Some(mut spec) = requested
+            && let Some(mut spec) = match alias {
+                Some(spec) => Some(spec),
+                None => pushdown_spec::parse(&parts.headers, parts.uri.query())?,
+            }
         {
             if let Some(split) = hop_split.filter(|_| hop) {
                 spec.split = split;
