@@ -2,7 +2,8 @@
 eight verifying clients with retries off (PUT and GET of 64 KiB to 8 MiB with HEAD, Range, multipart
 and DELETE; pushdowns on two models), for at least TENSORGATE_NO_DOWNTIME_SECS (60 s), the test adds
 a model, removes one, rotates a key by SIGHUP, revokes one through the admin API, reloads a bad file
-and then a good one, and upgrades the binary twice. Every answer is checked against what it must
+and then a good one, and upgrades the binary twice (one client reads through an alias endpoint,
+whose socket each upgrade hands over too). Every answer is checked against what it must
 be; none may fail. The revoked and rotated keys are refused from their next request (on kept-alive
 connections, and by the upgraded processes); the removed model's engines leave `/v1/memory`. On the
 store the tests run against (TENSORGATE_TEST_STORE: SeaweedFS, Ceph RGW, Swift)."""
@@ -72,8 +73,11 @@ def objects(endpoint, bucket, n, stop, failures, counts, deadline):
             return
 
 
-def pushdowns(endpoint, bucket, n, stop, failures, counts, deadline, want):
+def pushdowns(endpoint, bucket, n, stop, failures, counts, deadline, want, alias=None):
+    """Pushdowns with fields; with `alias` (an endpoint URL and the bytes it must answer), a read
+    through that alias endpoint too."""
     s3 = client(endpoint, "load", LOAD)
+    through = client(alias[0], "load", LOAD) if alias else None
     for i in range(MAX_ROUNDS):
         if stop.is_set() or time.monotonic() > deadline:
             return
@@ -81,6 +85,8 @@ def pushdowns(endpoint, bucket, n, stop, failures, counts, deadline, want):
             for (model, split), expected in want.items():
                 got = pushdown_get(s3, bucket, "img.png", model=model, split=split)["Body"].read()
                 assert got == expected, f"pushdown {model} {split} differs"
+            if through:
+                assert through.get_object(Bucket=bucket, Key="img.png")["Body"].read() == alias[1], "alias endpoint"
             counts[n] += 1
         except Exception as e:  # noqa: BLE001
             failures.append(f"pushdown client {n} round {i}: {type(e).__name__}: {e}")
@@ -142,7 +148,9 @@ def test_nothing_stops_while_models_keys_configuration_and_the_binary_change(sto
         shutil.copytree(ROOT / "models" / name, models / name)
     add_model(models, "extra", "tiny-extra")
     config = tmp_path / "tensorgate.toml"
-    settings = "[pushdown]\nmodels_refresh_secs = 1\n"
+    alias_port = free_port()
+    settings = ("[pushdown]\nmodels_refresh_secs = 1\n"
+                f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{alias_port}"\nmodel = "tiny-cnn"\nsplit = "pool"\n')
     config.write_text(credentials(("load", LOAD), ("alice", ALICE_OLD), ("carol", CAROL)) + settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORGATE_", "ORT_", "AWS_"))}
     env.update(
@@ -181,8 +189,10 @@ def test_nothing_stops_while_models_keys_configuration_and_the_binary_change(sto
         counts = [0] * 8
         threads = [threading.Thread(target=objects, args=(endpoint, bucket, n, stop, failures, counts, deadline))
                    for n in range(6)]
+        alias = (f"http://127.0.0.1:{alias_port}", want[0][("tiny-cnn", "pool")])
         threads += [threading.Thread(target=pushdowns, args=(endpoint, bucket, 6 + i, stop, failures, counts,
-                                                             deadline, want[i])) for i in range(2)]
+                                                             deadline, want[i], alias if i == 0 else None))
+                    for i in range(2)]
         for t in threads:
             t.start()
 
