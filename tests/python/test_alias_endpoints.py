@@ -1,7 +1,8 @@
 """Alias endpoints (`[[pushdown.alias_endpoints]]`, ADR 0029): a listener per alias, whose object
 reads are pushdowns of the same bucket and key, so a request is signed exactly as a plain read of
 the real bucket is. The readers users bring (boto3, the aws CLI, pyarrow, Polars, Hugging Face
-`datasets`, s3torchconnector) read features through one with nothing but an endpoint URL, in
+`datasets` on Parquet files and WebDataset shards, s3torchconnector) read features through one
+with nothing but an endpoint URL, in
 both identity modes; in transparent mode with each user's own store keys, and a user the store
 refuses gets the store's `403`, also when another user's read of the same object is cached.
 Runs against the store TENSORGATE_TEST_STORE names (scripts/test.sh runs it on SeaweedFS, Ceph
@@ -44,15 +45,16 @@ def code(call) -> str:
 
 @contextlib.contextmanager
 def gateway_with_endpoints(store, logdir, mode: str, extra: str = "", ports=None):
-    """A gateway in `mode` with two alias endpoints: `npy` (tiny-cnn at pool, the default
-    format) and `parquet` (the same as a Parquet file). Transparent: the store authenticates
+    """A gateway in `mode` with three alias endpoints: `npy` (tiny-cnn at pool, the default
+    format), `parquet` (the same as a Parquet file) and `tar` (a shard as a WebDataset shard of
+    `.npy` features). Transparent: the store authenticates
     its users, and the gateway's own key reads only what the store let a caller read.
     Terminating: the development client key, the store's main user's key. Yields (S3 endpoint,
     admin, {name: endpoint}, (access key, secret key) a client signs with)."""
-    endpoints = {"npy": free_port(), "parquet": free_port()}
+    endpoints = {"npy": free_port(), "parquet": free_port(), "tar": free_port()}
     config = "".join(
         f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{port}"\nmodel = "{MODEL}"\nsplit = "{SPLIT}"\n'
-        + ('format = "parquet"\n' if name == "parquet" else "")
+        + (f'format = "{name}"\n' if name != "npy" else "")
         for name, port in endpoints.items()
     ) + extra
     env = {"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"], "TENSORGATE_BACKEND_ACCESS_KEY": store["access_key"],
@@ -183,6 +185,27 @@ def test_parquet_readers_read_a_file_nobody_computed_yet(gw, dataset, tmp_path, 
         head = client(eps["parquet"], ak, sk).head_object(Bucket=bucket, Key=key)
         assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [(key, head["ContentLength"], head["ETag"])]
         check(pads.dataset(f"{bucket}/table/", filesystem=fs, format="parquet").to_table(), "pyarrow dataset")
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
+
+
+def test_datasets_reads_a_webdataset_shard_of_features_nobody_computed_yet(gw, dataset, tmp_path, monkeypatch):
+    """Hugging Face `datasets`' WebDataset loader, pointed at the `tar` endpoint: the shard's
+    samples come back as `.npy` features (numpy arrays), equal to the reference, keys kept."""
+    mode, _, admin, eps, (ak, sk) = gw
+    bucket, _, _, _ = dataset
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import datasets
+
+    misses = metric(admin, "tensorgate_cache_misses_total")
+    ds = datasets.load_dataset(
+        "webdataset", data_files=f"s3://{bucket}/shard/000.tar", split="train",
+        storage_options={"key": ak, "secret": sk,
+                         "client_kwargs": {"endpoint_url": eps["tar"], "region_name": "us-east-1"}},
+        cache_dir=str(tmp_path / "hf-cache"))
+    assert [r["__key__"] for r in ds] == [f"s{i}" for i in range(4)]
+    want = features_of([jpeg(7100 + i, (56, 72)) for i in range(4)])
+    got = np.stack([np.asarray(r["npy"], dtype=np.float32) for r in ds])
+    assert rel_l2(got.reshape(want.shape), want) <= 1e-3
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
 
 
