@@ -49,6 +49,20 @@ const SUBRESOURCES: &[&str] = &[
     "website",
 ];
 
+/// The other spelling of a bucket's own resource: `/bucket/` for `/bucket` (sub-resources kept),
+/// as S3 names a bucket. botocore signs a path-style bucket request (`PUT /bucket`, CreateBucket)
+/// with the slash it does not send; clients that sign the path as sent exist too. `None` for any
+/// other resource.
+#[must_use]
+pub(crate) fn bucket_resource_with_slash(resource: &str) -> Option<String> {
+    let (path, subs) = resource.split_once('?').map_or((resource, None), |(p, q)| (p, Some(q)));
+    let bucket = path.strip_prefix('/').filter(|b| !b.is_empty() && !b.contains('/'))?;
+    Some(match subs {
+        Some(q) => format!("/{bucket}/?{q}"),
+        None => format!("/{bucket}/"),
+    })
+}
+
 /// `CanonicalizedResource`: `/bucket` for virtual-host requests, the path as sent, then the
 /// sub-resources sorted by name.
 #[must_use]
@@ -149,5 +163,10 @@ mod tests {
     fn subresources_are_sorted_and_filtered() {
         assert_eq!(canonical_resource(None, "/b/k", Some("versionId=3&acl&prefix=x")), "/b/k?acl&versionId=3");
         assert_eq!(canonical_resource(None, "", None), "/");
+        assert_eq!(bucket_resource_with_slash("/b").as_deref(), Some("/b/"));
+        assert_eq!(bucket_resource_with_slash("/b?acl").as_deref(), Some("/b/?acl"));
+        for other in ["/", "/b/", "/b/k", "/b/?acl"] {
+            assert_eq!(bucket_resource_with_slash(other), None, "{other}");
+        }
     }
 }

@@ -283,9 +283,9 @@ fn verify_v2_header(
     let secret = creds.get(access_key).ok_or(AuthError::UnknownAccessKey)?;
     let resource = sigv2::canonical_resource(vhost_bucket, uri.path(), uri.query());
     let date_line = if amz_date.is_some() { "" } else { date };
-    let expected =
-        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, date_line, &resource));
-    check(&expected, sig)?;
+    check_v2(&resource, sig, |r| {
+        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, date_line, r))
+    })?;
     Ok(Verified {
         authority: Authority::Gateway(Authenticated::new(access_key)),
         identity: Identity::AccessKey(access_key.to_owned()),
@@ -313,9 +313,9 @@ fn verify_v2_presigned(
     }
     let secret = creds.get(&access_key).ok_or(AuthError::UnknownAccessKey)?;
     let resource = sigv2::canonical_resource(vhost_bucket, uri.path(), uri.query());
-    let expected =
-        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, &expires, &resource));
-    check(&expected, &sig)?;
+    check_v2(&resource, &sig, |r| {
+        sigv2::signature(secret.expose().as_bytes(), &sigv2::string_to_sign(method, headers, &expires, r))
+    })?;
     Ok(Verified {
         authority: Authority::Gateway(Authenticated::new(&access_key)),
         identity: Identity::AccessKey(access_key),
@@ -468,6 +468,15 @@ fn matching_signature(
         }
     }
     Err(AuthError::SignatureDoesNotMatch)
+}
+
+/// A SigV2 signature `sent`, checked against `sign` of the resource as sent and, for a bucket's
+/// own resource, of its other spelling (`/bucket/`, [`sigv2::bucket_resource_with_slash`]).
+fn check_v2(resource: &str, sent: &str, sign: impl Fn(&str) -> String) -> Result<(), AuthError> {
+    check(&sign(resource), sent).or_else(|e| match sigv2::bucket_resource_with_slash(resource) {
+        Some(other) => check(&sign(&other), sent),
+        None => Err(e),
+    })
 }
 
 fn check(expected: &str, sent: &str) -> Result<(), AuthError> {
@@ -729,6 +738,19 @@ mod tests {
         h.insert("authorization", format!("AWS test:tester:{sig}").parse().expect("auth"));
         let ok = verify(&Method::PUT, &uri, Some("vb"), &h, &swift, false, now.into()).expect("valid");
         assert_eq!(ok.identity, Identity::AccessKey("test:tester".into()));
+        // A path-style bucket request (CreateBucket `PUT /b`) signed as botocore signs it,
+        // `/b/`, and as sent, `/b`: both verify; another bucket's does not.
+        let mut h = HeaderMap::new();
+        h.insert("date", date.parse().expect("date"));
+        let bucket: Uri = "/b".parse().expect("uri");
+        for signed_as in ["/b/", "/b"] {
+            let sig = sigv2::signature(b"SECRET", &sigv2::string_to_sign(&Method::PUT, &h, &date, signed_as));
+            h.insert("authorization", format!("AWS AKID:{sig}").parse().expect("auth"));
+            verify(&Method::PUT, &bucket, None, &h, &store(), false, now.into()).expect(signed_as);
+            let other: Uri = "/c".parse().expect("uri");
+            let refused = verify(&Method::PUT, &other, None, &h, &store(), false, now.into());
+            assert!(matches!(refused, Err(AuthError::SignatureDoesNotMatch)), "{signed_as}");
+        }
 
         let expires = (now + Duration::from_secs(60))
             .duration_since(SystemTime::UNIX_EPOCH)
