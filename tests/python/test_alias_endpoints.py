@@ -15,32 +15,19 @@ import json
 import os
 import subprocess
 
-import boto3
 import botocore.exceptions
 import numpy as np
 import pytest
-from botocore.config import Config
 
 from conftest import STORE_KIND, free_port, metric, run_gateway
 from test_parquet import hf_table, jpeg, parquet_bytes
+from test_identity import answer, client
 from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2, tar_of
 
 pytestmark = pytest.mark.skipif(STORE_KIND == "fs", reason="the embedded backend has no users of its own")
 
 MODEL, SPLIT = "tiny-cnn", "pool"
 _names = itertools.count()
-
-
-def client(endpoint: str, ak: str, sk: str):
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak, aws_secret_access_key=sk,
-                        region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
-
-
-def code(call) -> str:
-    with pytest.raises(botocore.exceptions.ClientError) as e:
-        call()
-    return e.value.response["Error"]["Code"]
 
 
 @contextlib.contextmanager
@@ -237,9 +224,9 @@ def test_an_endpoint_is_read_only_and_names_its_own_model(gw, dataset):
     mode, endpoint, _, eps, (ak, sk) = gw
     bucket, images, _, _ = dataset
     a = client(eps["npy"], ak, sk)
-    assert code(lambda: a.put_object(Bucket=bucket, Key="new.jpg", Body=b"x")) == "MethodNotAllowed"
-    assert code(lambda: a.delete_object(Bucket=bucket, Key="img/0.jpg")) == "MethodNotAllowed"
-    assert code(lambda: pushdown_get(a, bucket, "img/0.jpg", model=MODEL, split="stem")) == "InvalidArgument"
+    assert answer(lambda: a.put_object(Bucket=bucket, Key="new.jpg", Body=b"x"))[1] == "MethodNotAllowed"
+    assert answer(lambda: a.delete_object(Bucket=bucket, Key="img/0.jpg"))[1] == "MethodNotAllowed"
+    assert answer(lambda: pushdown_get(a, bucket, "img/0.jpg", model=MODEL, split="stem"))[1] == "InvalidArgument"
     listed = a.list_objects_v2(Bucket=bucket, Prefix="img/")["Contents"]
     assert [o["Key"] for o in listed] == sorted(images)
     plain = client(endpoint, ak, sk).get_object(Bucket=bucket, Key="img/0.jpg")["Body"].read()
@@ -259,20 +246,14 @@ def test_another_user_gets_what_the_store_answers_cached_or_not(gw, dataset, sto
     a, b, b_direct = client(eps["npy"], ak, sk), client(eps["npy"], *alt), client(store["endpoint"], *alt)
     a.get_object(Bucket=bucket, Key="img/4.jpg")["Body"].read()  # cached now
     misses = metric(admin, "tensorgate_cache_misses_total")
-    refused = code(lambda: b_direct.get_object(Bucket=bucket, Key="img/4.jpg"))
+    refused = answer(lambda: b_direct.get_object(Bucket=bucket, Key="img/4.jpg"))[1]
     assert refused in ("AccessDenied", "NoSuchBucket")
-
-    def status(call) -> int:
-        with pytest.raises(botocore.exceptions.ClientError) as e:
-            call()
-        return e.value.response["ResponseMetadata"]["HTTPStatusCode"]
-
-    head_status = status(lambda: b_direct.head_object(Bucket=bucket, Key="img/4.jpg"))
+    head_status = answer(lambda: b_direct.head_object(Bucket=bucket, Key="img/4.jpg"))[0]
     for key in ("img/4.jpg", "img/5.jpg"):
-        assert code(lambda: b.get_object(Bucket=bucket, Key=key)) == refused, key
-        assert status(lambda: b.head_object(Bucket=bucket, Key=key)) == head_status, key
+        assert answer(lambda: b.get_object(Bucket=bucket, Key=key))[1] == refused, key
+        assert answer(lambda: b.head_object(Bucket=bucket, Key=key))[0] == head_status, key
     bp = client(eps["parquet"], *alt)
-    assert code(lambda: bp.get_object(Bucket=bucket, Key="table/train-00000-of-00001.parquet")) == refused
+    assert answer(lambda: bp.get_object(Bucket=bucket, Key="table/train-00000-of-00001.parquet"))[1] == refused
     assert metric(admin, "tensorgate_cache_misses_total") == misses, "nothing computed for B"
 
 
