@@ -237,27 +237,48 @@ impl Footer {
             out.push(Row { key, input, label: labels.as_ref().and_then(|l| l[i]) });
         }
         if let Some(kept) = kept {
-            let schema = self.metadata.file_metadata().schema_descr();
-            let chunks: Vec<ColumnChunkMetaData> = meta
-                .columns()
-                .iter()
-                .enumerate()
-                .filter(|(leaf, _)| schema.get_column_root_idx(*leaf) != self.image)
-                .map(|(_, c)| c.clone())
-                .collect();
-            self.check_kept(object, &chunks)?;
-            kept.groups.push(KeptGroup { source: object.clone(), rows: expected, chunks });
+            let (rows, chunks) = self.kept_chunks(part, Some(object))?;
+            kept.groups.push(KeptGroup { source: object.clone(), rows, chunks });
         }
         Ok(out)
     }
 }
 
 impl Footer {
+    /// The `part`-th row group read: its rows, and its chunks but the input column's, which a
+    /// Parquet output copies as they are, checked ([`Self::check_kept`]) against the bytes
+    /// read (`object`), or, without them (an outline), against the file.
+    ///
+    /// # Errors
+    /// As [`Self::check_kept`].
+    pub(crate) fn kept_chunks(
+        &self,
+        part: usize,
+        object: Option<&Source>,
+    ) -> Result<(usize, Vec<ColumnChunkMetaData>), PushdownError> {
+        let group = *self.groups.get(part).ok_or_else(|| PushdownError::Internal(format!("no row group {part}")))?;
+        let meta = self.metadata.row_group(group);
+        let schema = self.metadata.file_metadata().schema_descr();
+        let chunks: Vec<ColumnChunkMetaData> = meta
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|(leaf, _)| schema.get_column_root_idx(*leaf) != self.image)
+            .map(|(_, c)| c.clone())
+            .collect();
+        self.check_kept(object, &chunks)?;
+        Ok((usize::try_from(meta.num_rows()).unwrap_or(0), chunks))
+    }
+
     /// Checks the chunks a Parquet output copies as they are: each lies within the bytes read
-    /// and before the footer, its pages within it, its sizes not negative, and their sum within
+    /// (when given) and before the footer, its pages within it, its sizes not negative, and their sum within
     /// what the writer counts in (so a footer that lies is a `400` before the output is written,
     /// not a wrapped offset in it).
-    pub(super) fn check_kept(&self, object: &Source, chunks: &[ColumnChunkMetaData]) -> Result<(), PushdownError> {
+    pub(super) fn check_kept(
+        &self,
+        object: Option<&Source>,
+        chunks: &[ColumnChunkMetaData],
+    ) -> Result<(), PushdownError> {
         let mut total = 0i64;
         for chunk in chunks {
             let data = chunk.data_page_offset();
@@ -265,7 +286,10 @@ impl Footer {
             let (size, raw) = (chunk.compressed_size(), chunk.uncompressed_size());
             let end = start.checked_add(size);
             let fits = |at: i64, n: i64| {
-                u64::try_from(at).ok().zip(usize::try_from(n).ok()).is_some_and(|(at, n)| object.slice(at, n).is_some())
+                u64::try_from(at)
+                    .ok()
+                    .zip(usize::try_from(n).ok())
+                    .is_some_and(|(at, n)| object.is_none_or(|o| o.slice(at, n).is_some()))
             };
             let within = start >= MAGIC.len() as i64
                 && raw >= 0

@@ -27,7 +27,7 @@ mod write;
 pub use self::footer::Footer;
 pub use self::layout::{DEFAULT_COLUMN, FEATURES_COLUMN, MAX_FOOTER_BYTES, Reading, Row, TAIL_BYTES, is_parquet};
 pub use self::source::Source;
-pub use self::write::{Kept, Provenance, write};
+pub use self::write::{Kept, Outline, Provenance, outline, write};
 
 #[cfg(test)]
 mod tests;

@@ -128,8 +128,9 @@ fn a_parquet_output_keeps_the_other_columns_and_row_groups_and_adds_the_features
 /// and values come back whole and in order across the slices, in both dtypes.
 #[test]
 fn features_written_in_slices_read_back_whole() {
-    let (rows, per) = (MAX_SAMPLES, 20usize);
-    assert!(rows * per > 2 * WRITE_VALUES);
+    let (rows, per) = (MAX_SAMPLES, 40usize);
+    // More than the writer's page (1 MiB) in f32, as well as several slices.
+    assert!(rows * per > 2 * WRITE_VALUES && rows * per * 4 > 1 << 20);
     let object = file(vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]; rows])) as ArrayRef)], rows);
     let footer = read(&object, None, 1 << 24, true).expect("footer");
     let (_, kept) = footer.rows(&Source::whole(object)).expect("rows");
@@ -138,6 +139,9 @@ fn features_written_in_slices_read_back_whole() {
     let features: Vec<f32> = (0..rows * per).map(|i| (i % 1000) as f32).collect();
     for dtype in [Dtype::F32, Dtype::F16] {
         let out = write(&kept, &features, &[rows, per], dtype, ("m", "s")).expect("write");
+        // Pages split where they would for any values: the outline holds across them.
+        let outline = outline(&footer, &[per], dtype, ("m", "s")).expect("outline");
+        assert_eq!((outline.len, &outline.tail[..]), (out.len() as u64, &out[out.len() - outline.tail.len()..]));
         let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(out)).expect("output");
         let mut values = Vec::new();
         for batch in reader.build().expect("reader") {
@@ -429,5 +433,62 @@ fn a_delta_encoded_input_column_is_refused_before_its_lengths_are_allocated() {
             }
             Err(e) => assert!(!readable && matches!(e, PushdownError::Unsupported(_)), "{encoding:?}: {e}"),
         }
+    }
+}
+
+/// An output's outline, from the footer alone, is the output's layout: its length, its row
+/// groups' bytes and its tail; and a row group's bytes are those of the output of that group
+/// alone (`row-groups`), in both dtypes, with groups of different sizes and kept columns.
+#[test]
+fn an_outline_from_the_footer_alone_is_the_outputs_layout() {
+    let data: Vec<&[u8]> = vec![b"A", b"BB", b"CCC", b"DDDD", b"EEEEE", b"F", b"GG"];
+    let captions: ArrayRef =
+        Arc::new(StringArray::from(vec![Some("a"), None, Some("c"), Some("d"), None, None, Some("g")]));
+    let object = file(
+        vec![
+            ("caption", captions),
+            ("image", Arc::new(BinaryArray::from(data)) as ArrayRef),
+            ("label", Arc::new(Int64Array::from(vec![0, 1, 2, 3, 4, 5, 6])) as ArrayRef),
+        ],
+        3,
+    );
+    let len = object.len() as u64;
+    let at = |from: u64, to: u64| object.slice(usize::try_from(from).unwrap()..usize::try_from(to).unwrap());
+    let tail_at = len.saturating_sub(TAIL_BYTES);
+    let tail = Source::piece(len, tail_at, at(tail_at, len));
+    let want = |row_groups| Reading { max_decoded: 1 << 20, keep: true, row_groups, ..Reading::default() };
+    let footer = Footer::read(&tail, want(None)).expect("footer");
+    let (per_row, per) = ([2usize, 3], 6usize);
+    // Values that differ in every row: the layout must not depend on them.
+    let features: Vec<f32> = (0..7 * per).map(|i| (i as f32 * 0.37).sin() * 100.0).collect();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        let outline = outline(&footer, &per_row, dtype, ("m", "s")).expect("outline");
+        let (_, kept) =
+            read(&object, None, 1 << 20, true).expect("footer").rows(&Source::whole(object.clone())).expect("rows");
+        let out = write(&kept.expect("kept"), &features, &[7, 2, 3], dtype, ("m", "s")).expect("write");
+        assert_eq!(outline.len, out.len() as u64, "{dtype:?}");
+        let tail_start = usize::try_from(outline.tail_start()).unwrap();
+        assert_eq!(&out[tail_start..], &outline.tail[..], "{dtype:?}");
+        assert_eq!(outline.shape, [7, 2, 3]);
+        assert_eq!(outline.known(0, 4).as_deref(), Some(&b"PAR1"[..]));
+        assert_eq!(outline.known(outline.tail_start(), outline.len).as_deref(), Some(&outline.tail[..]));
+        assert!(outline.known(2, 8).is_none());
+        let mut first = 0usize;
+        let mut previous = 4u64;
+        for (g, &(start, end)) in outline.groups.iter().enumerate() {
+            assert_eq!(start, previous, "groups follow each other");
+            previous = end;
+            let one = Footer::read(&tail, want(Some(RowGroups { first: g, last: g }))).expect("footer");
+            let (s, e) = one.span().expect("span");
+            let (rows, kept) = one.rows(&Source::piece(len, s, at(s, e))).expect("rows");
+            let n = rows.len();
+            let piece =
+                write(&kept.expect("kept"), &features[first * per..(first + n) * per], &[n, 2, 3], dtype, ("m", "s"))
+                    .expect("write");
+            let (start, end) = (usize::try_from(start).unwrap(), usize::try_from(end).unwrap());
+            assert_eq!(&piece[4..4 + end - start], &out[start..end], "group {g}, {dtype:?}");
+            first += n;
+        }
+        assert_eq!((previous, outline.groups.len()), (outline.tail_start(), 3));
     }
 }

@@ -1,20 +1,32 @@
 //! A Parquet output: the source's other columns copied as encoded chunks, the features in
-//! place of the input column, in the source's row groups ([`write`]).
+//! place of the input column, in the source's row groups ([`write`]); and its [`Outline`], the
+//! same file's size, row groups' places and tail known from the source's footer alone, before
+//! any feature is computed ([`outline`], ADR 0030).
+//!
+//! Both go through one writer ([`OutputWriter`]), and the features column is written so that
+//! its bytes' layout depends on the row count and the row length only, never on the values:
+//! uncompressed, `PLAIN`, no dictionary, no statistics. Its chunk is encoded apart
+//! ([`features_chunk`]) and spliced in as the kept chunks are, so a row group's bytes are the same
+//! in the whole output and in an output of that group alone (`row-groups`).
 
+use std::io::Write;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use parquet::basic::{Compression, LogicalType, Repetition, Type as Physical};
-use parquet::column::writer::ColumnCloseResult;
+use parquet::basic::{Compression, Encoding, LogicalType, Repetition, Type as Physical};
+use parquet::column::writer::{ColumnCloseResult, ColumnWriter, get_column_writer, get_typed_column_writer_mut};
 use parquet::data_type::{ByteArray, FixedLenByteArray, FixedLenByteArrayType, FloatType};
 use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
-use parquet::file::properties::WriterProperties;
-use parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
-use parquet::schema::types::{ColumnPath, Type, TypePtr};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesPtr};
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
+use parquet::schema::types::{ColumnDescPtr, ColumnPath, SchemaDescriptor, Type, TypePtr};
 
 use super::super::error::PushdownError;
 use super::super::spec::Dtype;
-use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, WRITE_VALUES};
+use super::footer::Footer;
+use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, MAGIC, WRITE_VALUES};
 use super::source::Source;
 
 /// One row group's columns but the input one, encoded as the source holds them.
@@ -54,11 +66,11 @@ pub struct Provenance<'a> {
 
 /// A Parquet output: `kept`'s columns, copied as they are encoded, then the features (`rows x
 /// per-row values`, row-major) as a list column [`FEATURES_COLUMN`] of `f32` or `f16` (each row's
-/// list as long as the per-row values), in the source's row groups, Snappy pages. The file's
-/// key-value metadata is kept, without the source's Arrow schema (the columns changed), with
-/// Hugging Face `datasets`' feature description updated (the input column gone, the features
-/// added as a sequence of that length) and a `tensorgate` entry naming the model, the split and
-/// the feature shape.
+/// list as long as the per-row values), in the source's row groups. The file's key-value
+/// metadata is kept, without the source's Arrow schema (the columns changed), with Hugging Face
+/// `datasets`' feature description updated (the input column gone, the features added as a
+/// sequence of that length) and a `tensorgate` entry naming the model, the split and the feature
+/// shape.
 ///
 /// # Errors
 /// `Internal` if the row counts disagree (a bug) or a kept chunk lies outside the bytes read;
@@ -78,43 +90,233 @@ pub fn write(
     {
         return Err(internal(&format!("{} feature values for {rows} rows of {per}", features.len())));
     }
-    let schema = output_schema(kept, dtype)?;
-    let provenance =
-        Provenance { model: model.0, split: model.1, shape: &shape[1..], dtype: dtype.name(), column: &kept.column };
-    let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(output_metadata(kept, &provenance, dtype)))
-        // Feature values rarely repeat: a dictionary would be tried, then written beside the
-        // plain pages it falls back to.
-        .set_column_dictionary_enabled(
-            ColumnPath::new(vec![FEATURES_COLUMN.into(), LIST_GROUP.into(), LIST_ELEMENT.into()]),
-            false,
-        )
-        .set_compression(Compression::SNAPPY)
-        .build();
-    let mut writer =
-        SerializedFileWriter::new(Vec::new(), Arc::new(schema), Arc::new(props)).map_err(|e| internal(&e))?;
-    let levels = Levels::new(per);
+    let mut out = OutputWriter::new(kept, &shape[1..], dtype, model, Vec::new())?;
     let mut done = 0usize;
     for group in kept.groups.iter().filter(|g| g.rows > 0) {
-        let mut rg = writer.next_row_group().map_err(|e| internal(&e))?;
-        for chunk in &group.chunks {
+        let values = &features[done * per..(done + group.rows) * per];
+        let (chunk, close) = out.features_chunk(group.rows, Some(values), Vec::new())?;
+        out.group(&group.source, &group.chunks, group.rows, (&Bytes::from(chunk), close))?;
+        done += group.rows;
+    }
+    out.finish()
+}
+
+/// A Parquet output's layout, known before its features ([`outline`]): its length, where each
+/// row group's chunks lie in it, and its tail (the footer, and the page index before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outline {
+    pub len: u64,
+    /// Each row group's bytes `[start, end)`, in the order of the footer's groups (empty for a
+    /// group without rows, which the output leaves out).
+    pub groups: Vec<(u64, u64)>,
+    /// The bytes after the last row group, to the end.
+    pub tail: Bytes,
+    /// The output's shape: rows, then one row's features.
+    pub shape: Vec<usize>,
+}
+
+impl Outline {
+    /// Where the tail starts.
+    #[must_use]
+    pub fn tail_start(&self) -> u64 {
+        self.len - self.tail.len() as u64
+    }
+
+    /// The bytes `[start, end)` known without any features: the leading magic and the tail.
+    #[must_use]
+    pub fn known(&self, start: u64, end: u64) -> Option<Bytes> {
+        let tail_start = self.tail_start();
+        if end <= MAGIC.len() as u64 {
+            Some(Bytes::from_static(MAGIC).slice(usize::try_from(start).ok()?..usize::try_from(end).ok()?))
+        } else if start >= tail_start {
+            let at = |n: u64| usize::try_from(n - tail_start).ok();
+            Some(self.tail.slice(at(start)?..at(end)?))
+        } else {
+            None
+        }
+    }
+}
+
+/// The outline of the Parquet output of the file whose footer is `footer` (read to keep the
+/// other columns), with `shape` the features of one row: the same writer as [`write`], run over
+/// zeros where the kept chunks and the features would be (its output discarded but for the
+/// tail). A features chunk is encoded once per distinct row count.
+///
+/// # Errors
+/// `BadInput` for kept chunks the footer places outside the file; `InvalidArgument` for `bf16`;
+/// `Internal` for what the writer refuses.
+pub fn outline(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &str)) -> Result<Outline, PushdownError> {
+    let kept = footer.kept().ok_or_else(|| internal(&"the footer was not read to keep the other columns"))?;
+    let tail_from = Arc::new(AtomicU64::new(u64::MAX));
+    let sink = TailSink { at: 0, from: tail_from.clone(), kept: Vec::new() };
+    let mut out = OutputWriter::new(&kept, shape, dtype, model, sink)?;
+    let mut encoded: Vec<(usize, ColumnCloseResult)> = Vec::new();
+    let (mut groups, mut rows) = (Vec::with_capacity(footer.group_count()), 0usize);
+    for part in 0..footer.group_count() {
+        let (n, chunks) = footer.kept_chunks(part, None)?;
+        rows += n;
+        if n == 0 {
+            let at = out.position();
+            groups.push((at, at));
+            continue;
+        }
+        let close = match encoded.iter().find(|(r, _)| *r == n) {
+            Some((_, close)) => close.clone(),
+            None => {
+                let (_, close) = out.features_chunk(n, None, std::io::sink())?;
+                encoded.push((n, close.clone()));
+                close
+            }
+        };
+        groups.push(out.group(&Zeros, &chunks, n, (&Zeros, close))?);
+    }
+    let tail_start = out.position();
+    tail_from.store(tail_start, Ordering::SeqCst);
+    let sink = out.finish()?;
+    let len = sink.at;
+    let tail = Bytes::from(sink.kept);
+    if len.checked_sub(tail_start) != Some(tail.len() as u64) {
+        return Err(internal(&format!("a tail of {} bytes from {tail_start} of {len}", tail.len())));
+    }
+    Ok(Outline { len, groups, tail, shape: std::iter::once(rows).chain(shape.iter().copied()).collect() })
+}
+
+/// An output being written: the file writer, and how its features column is encoded.
+struct OutputWriter<W: Write + Send> {
+    writer: SerializedFileWriter<W>,
+    features: ColumnDescPtr,
+    props: WriterPropertiesPtr,
+    levels: Levels,
+    dtype: Dtype,
+}
+
+impl<W: Write + Send> OutputWriter<W> {
+    /// A writer of `kept`'s columns and features of one row's `shape`, into `sink`.
+    fn new(kept: &Kept, shape: &[usize], dtype: Dtype, model: (&str, &str), sink: W) -> Result<Self, PushdownError> {
+        let per = shape.iter().product::<usize>();
+        let schema = Arc::new(output_schema(kept, dtype)?);
+        let provenance =
+            Provenance { model: model.0, split: model.1, shape, dtype: dtype.name(), column: &kept.column };
+        let path = ColumnPath::new(vec![FEATURES_COLUMN.into(), LIST_GROUP.into(), LIST_ELEMENT.into()]);
+        let props = Arc::new(
+            WriterProperties::builder()
+                .set_key_value_metadata(Some(output_metadata(kept, &provenance, dtype)))
+                .set_compression(Compression::SNAPPY)
+                // The features' layout follows from the rows alone (module docs). Feature
+                // values rarely repeat or compress (a dictionary would be tried, then written
+                // beside the plain pages it falls back to).
+                .set_column_compression(path.clone(), Compression::UNCOMPRESSED)
+                .set_column_dictionary_enabled(path.clone(), false)
+                .set_column_encoding(path.clone(), Encoding::PLAIN)
+                .set_column_statistics_enabled(path, EnabledStatistics::None)
+                .build(),
+        );
+        let descr = SchemaDescriptor::new(schema.clone());
+        let features = descr.column(descr.num_columns() - 1);
+        let writer = SerializedFileWriter::new(sink, schema, props.clone()).map_err(|e| internal(&e))?;
+        Ok(Self { writer, features, props, levels: Levels::new(per.max(1)), dtype })
+    }
+
+    /// Bytes written so far.
+    fn position(&self) -> u64 {
+        self.writer.bytes_written() as u64
+    }
+
+    /// The features column's chunk of `rows` rows of `values` (zeros when `None`), encoded into
+    /// `sink` (its offsets from the sink's start).
+    fn features_chunk<S: Write + Send>(
+        &self,
+        rows: usize,
+        values: Option<&[f32]>,
+        sink: S,
+    ) -> Result<(S, ColumnCloseResult), PushdownError> {
+        let mut tracked = TrackedWrite::new(sink);
+        let close = {
+            let pages = Box::new(SerializedPageWriter::new(&mut tracked));
+            let mut col = get_column_writer(self.features.clone(), self.props.clone(), pages);
+            self.levels.write(&mut col, rows, values, self.dtype)?;
+            col.close().map_err(|e| internal(&e))?
+        };
+        Ok((tracked.into_inner().map_err(|e| internal(&e))?, close))
+    }
+
+    /// One row group of `rows` rows: the kept `chunks`, read from `kept` at their offsets, then
+    /// the features chunk (`features`: where its bytes are read from, and its description).
+    /// Returns the group's bytes `[start, end)` in the output.
+    fn group<K: ChunkReader, F: ChunkReader>(
+        &mut self,
+        kept: &K,
+        chunks: &[ColumnChunkMetaData],
+        rows: usize,
+        features: (&F, ColumnCloseResult),
+    ) -> Result<(u64, u64), PushdownError> {
+        let start = self.position();
+        let mut rg = self.writer.next_row_group().map_err(|e| internal(&e))?;
+        for chunk in chunks {
             let close = ColumnCloseResult {
                 bytes_written: u64::try_from(chunk.compressed_size()).unwrap_or(0),
-                rows_written: group.rows as u64,
+                rows_written: rows as u64,
                 metadata: chunk.clone(),
                 bloom_filter: None,
                 column_index: None,
                 offset_index: None,
             };
-            rg.append_column(&group.source, close).map_err(|e| internal(&e))?;
+            rg.append_column(kept, close).map_err(|e| internal(&e))?;
         }
-        let mut col = rg.next_column().map_err(|e| internal(&e))?.ok_or_else(|| internal(&"no features column"))?;
-        levels.write(&mut col, &features[done * per..(done + group.rows) * per], dtype)?;
-        col.close().map_err(|e| internal(&e))?;
+        rg.append_column(features.0, features.1).map_err(|e| internal(&e))?;
         rg.close().map_err(|e| internal(&e))?;
-        done += group.rows;
+        Ok((start, self.position()))
     }
-    writer.into_inner().map_err(|e| internal(&e))
+
+    fn finish(self) -> Result<W, PushdownError> {
+        self.writer.into_inner().map_err(|e| internal(&e))
+    }
+}
+
+/// Zeros of any length: what an outline reads in place of chunks it does not have.
+struct Zeros;
+
+impl Length for Zeros {
+    fn len(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+impl ChunkReader for Zeros {
+    type T = std::io::Repeat;
+
+    fn get_read(&self, _start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(std::io::repeat(0))
+    }
+
+    fn get_bytes(&self, _start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        Ok(Bytes::from(vec![0; length]))
+    }
+}
+
+/// A sink that counts what is written and keeps it from position `from` on (set once the row
+/// groups are written: the writer buffers, so the sink's own count says where a byte lies).
+struct TailSink {
+    at: u64,
+    from: Arc<AtomicU64>,
+    kept: Vec<u8>,
+}
+
+impl Write for TailSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let from = self.from.load(Ordering::SeqCst);
+        let end = self.at + buf.len() as u64;
+        if end > from {
+            let skip = usize::try_from(from.saturating_sub(self.at)).unwrap_or(buf.len());
+            self.kept.extend_from_slice(&buf[skip.min(buf.len())..]);
+        }
+        self.at = end;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn internal(e: &dyn std::fmt::Display) -> PushdownError {
@@ -187,10 +389,24 @@ impl Levels {
         Self { per, rows_per_write, defs, reps }
     }
 
-    /// Writes a group's `features` as whole rows, a slice at a time: the levels (and, for f16, a
-    /// handle per value) beside the features stay bounded, whatever the group's size.
-    fn write(&self, col: &mut SerializedColumnWriter<'_>, features: &[f32], dtype: Dtype) -> Result<(), PushdownError> {
-        for slice in features.chunks(self.rows_per_write * self.per) {
+    /// Writes `rows` rows of `values` (zeros when `None`) a slice of whole rows at a time: the
+    /// levels (and, for f16, a handle per value) beside the features stay bounded, whatever the
+    /// group's size.
+    fn write(
+        &self,
+        col: &mut ColumnWriter<'_>,
+        rows: usize,
+        values: Option<&[f32]>,
+        dtype: Dtype,
+    ) -> Result<(), PushdownError> {
+        let zeros = if values.is_none() { vec![0f32; rows.min(self.rows_per_write) * self.per] } else { Vec::new() };
+        let mut done = 0usize;
+        while done < rows {
+            let n = (rows - done).min(self.rows_per_write);
+            let slice = match values {
+                Some(v) => &v[done * self.per..(done + n) * self.per],
+                None => &zeros[..n * self.per],
+            };
             let (defs, reps) = (&self.defs[..slice.len()], &self.reps[..slice.len()]);
             let written = if dtype == Dtype::F16 {
                 let buf =
@@ -198,11 +414,12 @@ impl Levels {
                 let halves: Vec<FixedLenByteArray> = (0..slice.len())
                     .map(|i| FixedLenByteArray::from(ByteArray::from(buf.slice(2 * i..2 * i + 2))))
                     .collect();
-                col.typed::<FixedLenByteArrayType>().write_batch(&halves, Some(defs), Some(reps))
+                get_typed_column_writer_mut::<FixedLenByteArrayType>(col).write_batch(&halves, Some(defs), Some(reps))
             } else {
-                col.typed::<FloatType>().write_batch(slice, Some(defs), Some(reps))
+                get_typed_column_writer_mut::<FloatType>(col).write_batch(slice, Some(defs), Some(reps))
             };
             written.map_err(|e| internal(&e))?;
+            done += n;
         }
         Ok(())
     }
