@@ -186,7 +186,7 @@ impl Server {
                 metrics.clone(),
             ));
         }
-        let gateway = Arc::new(gateway);
+        let gateway = gateway.shared();
         let reloader = Arc::new(Reloader::new(
             source,
             (config.clone(), cluster_secret),

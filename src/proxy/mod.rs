@@ -5,6 +5,7 @@
 
 pub(crate) mod admit;
 mod alias;
+mod outline;
 pub(crate) mod owner;
 mod passthrough;
 mod post_object;
@@ -115,6 +116,9 @@ pub struct Gateway {
     pushdown: Option<Arc<Pushdown>>,
     cache: Option<Arc<TensorCache>>,
     routing: Option<owner::Routing>,
+    /// This gateway, for work that outlives the request that started it (an outlined output's
+    /// row groups, streamed by a task of their own): set by [`Self::shared`].
+    me: std::sync::Weak<Gateway>,
 }
 
 /// Request ids: a random per-process prefix and a counter. Unique across restarts and replicas
@@ -160,7 +164,24 @@ impl Gateway {
         cache: Option<Arc<TensorCache>>,
     ) -> Self {
         let admission = Arc::new(admit::Admission::new(cfg.load().max_in_flight));
-        Self { cfg, creds, backend, metrics, admission, request_ids: RequestIds::new(), pushdown, cache, routing: None }
+        Self {
+            cfg,
+            creds,
+            backend,
+            metrics,
+            admission,
+            request_ids: RequestIds::new(),
+            pushdown,
+            cache,
+            routing: None,
+            me: std::sync::Weak::new(),
+        }
+    }
+
+    /// The gateway, shared, knowing itself ([`Self::me`]).
+    #[must_use]
+    pub(crate) fn shared(self) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self { me: me.clone(), ..self })
     }
 
     /// Makes this gateway a cluster member that routes pushdowns to their owners.

@@ -89,6 +89,9 @@ impl Gateway {
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
         let side = SourceSide::of(parts, &job, authority)?;
+        if super::outline::outlined(&job) {
+            return self.serve_outlined(parts, target, job, authority, side).await;
+        }
         // When the store decides who may read (an anonymous reader; any caller in transparent
         // mode; every caller when clients have store keys of their own), an output is never
         // served from the cache before the store said yes to this caller on this request.
@@ -125,16 +128,17 @@ impl Gateway {
     }
 
     /// The computation on a cache miss: the source's body read, then the job run on it (for
-    /// `row-groups`, after the groups' span was read: [`Gateway::read_row_groups`]), its costs
+    /// `row-groups`, after the groups' span was read: [`Gateway::run_row_groups`]), its costs
     /// counted, and the output made cacheable.
     async fn compute(
         &self,
         parts: &Parts,
-        mut job: Job<'_>,
+        job: Job<'_>,
         reader: &SourceReader<'_>,
         as_caller: bool,
         source: SourceBody,
     ) -> Result<(Arc<Cached>, Computed), GatewayError> {
+        let mut job = job;
         let ranged = job.ranged();
         let partial = source.partial();
         // The caller's signed HEAD or Range read the store's answer, not the whole source (a
@@ -142,7 +146,8 @@ impl Gateway {
         // object as s3fs and pyarrow ask for small objects, is the whole source): the version
         // the store let this caller read is read whole with the gateway's reader key.
         let source = if as_caller && (parts.method == Method::HEAD || (partial && !ranged)) {
-            self.read_accepted(parts, reader, source).await?
+            let delegated = self.delegated(parts, reader, &source)?;
+            read_accepted(&delegated, source).await?
         } else {
             source
         };
@@ -156,18 +161,44 @@ impl Gateway {
         let (fetch, source_bytes, out) = match content_range.filter(|_| partial && ranged) {
             // The tail of a larger file: its footer names the row groups' span, read next.
             Some((offset, _, len)) => {
-                let tail_bytes = object.len();
-                let (footer, (start, end)) = job.read_footer((len, offset, object)).await?;
-                let span = Self::read_row_groups(&mut job, reader, &source_etag, (start, end, len)).await?;
-                let fetch = started.elapsed().saturating_sub(job.engine_wait());
-                let source_bytes = tail_bytes + span.len();
-                (fetch, source_bytes, job.run_table(table::Source::piece(len, start, span), footer).await?)
+                Self::run_row_groups(job, reader, &source_etag, (len, offset, object), started).await?
             }
             None => {
                 let fetch = started.elapsed().saturating_sub(job.engine_wait());
                 (fetch, object.len(), job.run(object).await?)
             }
         };
+        Ok(self.computed(&spec, out, (fetch, source_bytes), source_etag, source_last_modified))
+    }
+
+    /// Runs a `row-groups` job on a Parquet file whose tail (the bytes from `offset` of `len`)
+    /// was read from version `etag`: its footer names the groups' span, read next with
+    /// `reader`. Returns the fetch time (since `started`), the source bytes read and the output.
+    pub(super) async fn run_row_groups(
+        mut job: Job<'_>,
+        reader: &SourceReader<'_>,
+        etag: &str,
+        (len, offset, tail): (u64, u64, bytes::Bytes),
+        started: std::time::Instant,
+    ) -> Result<(std::time::Duration, usize, crate::pushdown::Output), GatewayError> {
+        let tail_bytes = tail.len();
+        let (footer, (start, end)) = job.read_footer((len, offset, tail)).await?;
+        let span = Self::read_row_groups(&mut job, reader, etag, (start, end, len)).await?;
+        let fetch = started.elapsed().saturating_sub(job.engine_wait());
+        let source_bytes = tail_bytes + span.len();
+        Ok((fetch, source_bytes, job.run_table(table::Source::piece(len, start, span), footer).await?))
+    }
+
+    /// A computed output, its costs counted (`fetch` and the source bytes read, beside the
+    /// output's own phases), made cacheable with the source version it came from.
+    pub(super) fn computed(
+        &self,
+        spec: &PushdownSpec,
+        out: crate::pushdown::Output,
+        (fetch, source_bytes): (std::time::Duration, usize),
+        source_etag: String,
+        source_last_modified: Option<String>,
+    ) -> (Arc<Cached>, Computed) {
         self.metrics.observe_pushdown(
             &spec.model,
             &out.split,
@@ -192,50 +223,34 @@ impl Gateway {
             source_last_modified,
             source_bytes: source_bytes as u64,
         });
-        Ok((data, Computed { reservation: out.reservation, timing }))
+        (data, Computed { reservation: out.reservation, timing })
     }
 
-    /// Transparent mode, after the store accepted the caller's own signed `HEAD` or `Range` of
-    /// the source (`accepted`): that very version (`If-Match` its ETag), read whole with the
-    /// gateway's key (`backend.access_key`), so that readers which size or sample a file before
-    /// they read it (the aws CLI, pyarrow, s3fs) get features on their first read. Both reads
-    /// need the same right (S3's `s3:GetObject` covers `HEAD` and ranges). Without a gateway
-    /// key such a request is refused until a whole `GET` computed the output
-    /// (`WholeReadFirst`).
-    async fn read_accepted(
+    /// Transparent mode, after the store accepted the caller's own signed request of the source
+    /// (`accepted`, a `HEAD` or a `Range`): a reader of the same object with the gateway's key
+    /// (`backend.access_key`), so that readers which size or sample a file before they read it
+    /// (the aws CLI, pyarrow, s3fs) get features on their first read. Both reads need the same
+    /// right (S3's `s3:GetObject` covers `HEAD` and ranges); each read asks for the accepted
+    /// version (`If-Match`). Without a gateway key such a request is refused until a whole `GET`
+    /// computed the output (`WholeReadFirst`).
+    pub(super) fn delegated(
         &self,
         parts: &Parts,
         reader: &SourceReader<'_>,
-        accepted: SourceBody,
-    ) -> Result<SourceBody, GatewayError> {
+        accepted: &SourceBody,
+    ) -> Result<SourceReader<'_>, GatewayError> {
         let caller = crate::s3::authority::claimed_access_key(&parts.headers, parts.uri.query()).unwrap_or_default();
         let proof = crate::s3::authority::Authenticated::store_accepted(&caller, &accepted.resp)
             .filter(|_| self.backend.has_store_key() && !accepted.etag.is_empty())
             .ok_or(PushdownError::WholeReadFirst)?;
-        let delegated = SourceReader {
+        Ok(SourceReader {
             backend: &self.backend,
             method: Method::GET,
             target: reader.target.clone(),
             query: reader.query.clone(),
             headers: gateway_read_headers(&parts.headers),
             authority: Authority::Gateway(proof),
-        };
-        let etag = accepted.etag.clone();
-        drop(accepted);
-        match delegated.read(SourceRead { if_match: Some(&etag), ..SourceRead::WHOLE }).await? {
-            SourceOutcome::Body(body) if !body.partial() => Ok(body),
-            SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
-                "the object changed between the caller's read and the gateway's: retry".into(),
-            )
-            .into()),
-            SourceOutcome::Body(SourceBody { resp, .. })
-            | SourceOutcome::Refused(resp)
-            | SourceOutcome::NotModified(resp) => Err(PushdownError::SourceRead(format!(
-                "the store answered the gateway's read of the accepted version with {}",
-                resp.status()
-            ))
-            .into()),
-        }
+        })
     }
 
     /// The row groups' bytes `start..end` of a Parquet file of `len` bytes, from the version its
@@ -273,10 +288,10 @@ impl Gateway {
 /// How one request's source is read, decided once from the request before any read: the
 /// headers the reads start from, the query forwarded, whether the caller's own signature reads
 /// it (transparent mode) and whether it is read by ranges (`row-groups`).
-struct SourceSide {
-    headers: HeaderMap,
-    query: Option<String>,
-    as_caller: bool,
+pub(super) struct SourceSide {
+    pub(super) headers: HeaderMap,
+    pub(super) query: Option<String>,
+    pub(super) as_caller: bool,
     ranged: bool,
 }
 
@@ -318,9 +333,30 @@ impl SourceSide {
 
 /// What a computation holds beside its output until the response is sent: the output's memory
 /// reservation, and its `server-timing`.
-struct Computed {
-    reservation: Vec<crate::pushdown::governor::Held>,
+pub(super) struct Computed {
+    pub(super) reservation: Vec<crate::pushdown::governor::Held>,
     timing: String,
+}
+
+/// The version the store let the caller read (`accepted`), read whole by `delegated`
+/// ([`Gateway::delegated`]).
+async fn read_accepted(delegated: &SourceReader<'_>, accepted: SourceBody) -> Result<SourceBody, GatewayError> {
+    let etag = accepted.etag.clone();
+    drop(accepted);
+    match delegated.read(SourceRead { if_match: Some(&etag), ..SourceRead::WHOLE }).await? {
+        SourceOutcome::Body(body) if !body.partial() => Ok(body),
+        SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
+            "the object changed between the caller's read and the gateway's: retry".into(),
+        )
+        .into()),
+        SourceOutcome::Body(SourceBody { resp, .. })
+        | SourceOutcome::Refused(resp)
+        | SourceOutcome::NotModified(resp) => Err(PushdownError::SourceRead(format!(
+            "the store answered the gateway's read of the accepted version with {}",
+            resp.status()
+        ))
+        .into()),
+    }
 }
 
 /// The first read of a source, as the cache's read-through asks for it: revalidating a cached
@@ -359,7 +395,7 @@ fn respond(
     }
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
+pub(super) fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -381,10 +417,7 @@ fn output_response(
     status: CacheStatus,
     timing: Option<String>,
 ) -> Result<Response<Body>, GatewayError> {
-    let etag = format!(
-        "\"{}\"",
-        &crate::s3::sigv4::sha256_hex(format!("{}|{}", data.source_etag, key.variant).as_bytes())[..32]
-    );
+    let etag = output_etag(&data.source_etag, &key.variant);
     let (cache, tier) = match status {
         CacheStatus::Miss => ("miss", None),
         CacheStatus::Hit(t) => ("hit", Some(t)),
@@ -432,9 +465,15 @@ fn output_response(
     resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
 }
 
+/// An output's ETag: it names the source version and the variant, so it changes exactly when
+/// the output can.
+pub(super) fn output_etag(source_etag: &str, variant: &str) -> String {
+    format!("\"{}\"", &crate::s3::sigv4::sha256_hex(format!("{source_etag}|{variant}").as_bytes())[..32])
+}
+
 /// Whether an `If-None-Match` header lists `etag` (or is `*`): RFC 9110's weak comparison, so a
 /// `W/` prefix on either side is ignored.
-fn none_match(headers: &HeaderMap, etag: &str) -> bool {
+pub(super) fn none_match(headers: &HeaderMap, etag: &str) -> bool {
     let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
     headers
         .get_all(http::header::IF_NONE_MATCH)
@@ -446,7 +485,7 @@ fn none_match(headers: &HeaderMap, etag: &str) -> bool {
 
 /// The headers of a source read the gateway signs: the client's forwarded ones, less the triggers
 /// and what applies to the output ([`OUTPUT_SCOPED`]).
-fn gateway_read_headers(client: &HeaderMap) -> HeaderMap {
+pub(super) fn gateway_read_headers(client: &HeaderMap) -> HeaderMap {
     let mut h = forwarded_headers(client);
     pushdown_spec::remove_trigger_headers(&mut h);
     for name in OUTPUT_SCOPED {
@@ -466,7 +505,7 @@ const OUTPUT_SCOPED: [http::HeaderName; 5] = [
 ];
 
 /// A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range within `len` bytes, inclusive.
-fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
+pub(super) fn byte_range(header: &str, len: usize) -> Option<(usize, usize)> {
     let spec = header.strip_prefix("bytes=")?;
     if spec.contains(',') || len == 0 {
         return None;

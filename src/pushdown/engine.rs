@@ -617,7 +617,8 @@ fn measure_and_check(s: &Shared) -> Result<(Box<dyn Session>, Found), String> {
         }
         None => MemoryModel::estimate(s.prefix_bytes.len() as u64, input_bytes, output_bytes),
     }
-    .with_prefix(s.prefix_bytes.len() as u64);
+    .with_prefix(s.prefix_bytes.len() as u64)
+    .with_output_shape(out.shape.get(1..).unwrap_or_default());
     let measured = started.elapsed();
     check_prefix(&*s.inference, model, &s.tensor, &mut *session)?;
     let checked = started.elapsed();

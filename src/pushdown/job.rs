@@ -159,6 +159,41 @@ impl Job<'_> {
         read
     }
 
+    /// The outline of this request's Parquet output (`format=parquet`, the whole file) from the
+    /// file's tail (read by [`Self::read_source`]: its bytes from `offset` of `len`): the footer
+    /// read for every row group, the split's output shape from its engine (started if need be),
+    /// laid out on a blocking thread ([`table::outline`]). Nothing is decoded or run.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a source that is not a Parquet file; what [`table::Footer::read`]
+    /// and [`table::outline`] refuse.
+    pub(crate) async fn outline(
+        &mut self,
+        (len, offset, tail): (u64, u64, Bytes),
+    ) -> Result<table::Outline, PushdownError> {
+        if !tail.ends_with(b"PAR1") {
+            return Err(parquet_only());
+        }
+        let (footer, _) = self.read_footer((len, offset, tail)).await?;
+        let (_, memory, _) = self.engine().await?;
+        let (dtype, names) = (self.spec.dtype, (self.model.manifest.name.clone(), self.split.clone()));
+        tokio::task::spawn_blocking(move || table::outline(&footer, &memory.output_shape, dtype, (&names.0, &names.1)))
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))?
+    }
+
+    /// The tenant the request counts against.
+    #[must_use]
+    pub(crate) fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The split's name in the model's manifest.
+    #[must_use]
+    pub(crate) fn split_name(&self) -> &str {
+        &self.split
+    }
+
     /// Runs the prefix on the row groups of a Parquet file read by ranges: `footer` from
     /// [`Self::read_footer`], `source` the groups' bytes. As [`Self::run`] does on a whole object.
     ///
@@ -311,10 +346,7 @@ impl Pushdown {
         let whole_table = table_source.clone().filter(|_| footer.is_none());
         let (parsed, scratch) = tokio::task::spawn_blocking(move || {
             if format == Some(Format::Parquet) && whole_table.is_none() && footer.is_none() {
-                return Err(PushdownError::InvalidArgument {
-                    field: "format".into(),
-                    message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
-                });
+                return Err(parquet_only());
             }
             let mut parsed = match footer {
                 Some(footer) => Parsed::table(Some(*footer)),
@@ -426,6 +458,14 @@ impl Pushdown {
         parsed.others = vec![Vec::new(); parsed.keys.len()];
         parsed.kept = kept;
         Ok((parsed, outputs, decoding))
+    }
+}
+
+/// `format=parquet` of a source that is not a Parquet file.
+fn parquet_only() -> PushdownError {
+    PushdownError::InvalidArgument {
+        field: "format".into(),
+        message: "parquet is for Parquet sources; this object is not one (use npy or safetensors)".into(),
     }
 }
 

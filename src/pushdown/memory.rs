@@ -69,6 +69,9 @@ pub(crate) struct MemoryModel {
     /// (its workers', and replacements): once per engine, resident before any session exists,
     /// so no probe sees it.
     pub(crate) prefix_bytes: u64,
+    /// One sample's output shape, as the first run gave it (what a Parquet output's outline is
+    /// laid out from before any sample runs).
+    pub(crate) output_shape: Vec<usize>,
     /// False when `/proc` could not be read: the model is then a conservative estimate.
     pub(crate) measured: bool,
     /// How it was measured: `peaks` (probe runs at two batch sizes, sessions without an arena),
@@ -131,6 +134,7 @@ impl MemoryModel {
             session_bytes: probe.0,
             probe_peaks: probe.1,
             prefix_bytes: 0,
+            output_shape: Vec::new(),
             measured: probe.2,
             method,
         }
@@ -140,6 +144,13 @@ impl MemoryModel {
     #[must_use]
     pub(crate) fn with_prefix(mut self, bytes: u64) -> Self {
         self.prefix_bytes = bytes;
+        self
+    }
+
+    /// The model of an engine whose samples' outputs have `shape` ([`Self::output_shape`]).
+    #[must_use]
+    pub(crate) fn with_output_shape(mut self, shape: &[usize]) -> Self {
+        self.output_shape = shape.to_vec();
         self
     }
 

@@ -46,7 +46,7 @@ pub use self::error::PushdownError;
 pub(crate) use self::job::Job;
 pub(crate) use self::models_store::ModelsStoreConfig;
 pub use self::service::DEFAULT_MAX_OBJECT_BYTES;
-pub(crate) use self::service::{Pushdown, PushdownConfig};
+pub(crate) use self::service::{Output, Pushdown, PushdownConfig};
 
 #[cfg(test)]
 mod tests;

@@ -129,7 +129,7 @@ def test_boto3_and_the_aws_cli_read_features_first_by_head_as_with_query_fields(
 def test_parquet_readers_read_a_file_nobody_computed_yet(gw, dataset, tmp_path, monkeypatch):
     """pyarrow (`read_table`), Polars and Hugging Face `datasets` with their defaults, pointed
     at the Parquet alias endpoint: each gets the output file (every column but the image, the
-    features added), computed once however many ranges and readers ask."""
+    features added), each row group computed once however many ranges and readers ask."""
     import pyarrow as pa
     import pyarrow.fs
     import pyarrow.parquet as pq
@@ -172,7 +172,47 @@ def test_parquet_readers_read_a_file_nobody_computed_yet(gw, dataset, tmp_path, 
         head = client(eps["parquet"], ak, sk).head_object(Bucket=bucket, Key=key)
         assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [(key, head["ContentLength"], head["ETag"])]
         check(pads.dataset(f"{bucket}/table/", filesystem=fs, format="parquet").to_table(), "pyarrow dataset")
-    assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 3, "one computation per row group"
+
+
+def test_a_first_read_of_a_large_file_computes_only_what_it_reads(gw, store, tmp_path):
+    """A 2,000-row image file nobody computed, read as pyarrow reads it with its defaults: the
+    `HEAD` and the footer are answered from the source's footer alone (nothing computed, so
+    their time does not grow with the file's rows), a row group's read computes that group
+    alone, and `read_table` then gets every row's features, equal to the reference."""
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    mode, _, admin, eps, (ak, sk) = gw
+    a = client(store["endpoint"], store["access_key"], store["secret_key"])
+    bucket = f"ep-large-{STORE_KIND}-{os.getpid()}-{next(_names)}"
+    a.create_bucket(Bucket=bucket)
+    rows = [jpeg(20000 + i, (48 + i % 7, 44 + i % 5)) for i in range(2000)]
+    table = hf_table(rows, [i % 10 for i in range(2000)])
+    a.put_object(Bucket=bucket, Key="large.parquet", Body=parquet_bytes(table, row_group_size=100))
+    samples = 'tensorgate_pushdown_samples_total{model="tiny-cnn",split="pool"}'
+    before = (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples))
+
+    head = client(eps["parquet"], ak, sk).head_object(Bucket=bucket, Key="large.parquet")
+    fs = pyarrow.fs.S3FileSystem(access_key=ak, secret_key=sk, endpoint_override=eps["parquet"],
+                                 region="us-east-1", scheme="http")
+    with fs.open_input_file(f"{bucket}/large.parquet") as f:
+        assert f.size() == head["ContentLength"]
+        meta = pq.ParquetFile(f).metadata
+        assert (meta.num_rows, meta.num_row_groups) == (2000, 20)
+        assert json.loads(meta.metadata[b"tensorgate"])["split"] == SPLIT
+        assert (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples)) == before, \
+            "the HEAD and the footer computed nothing"
+        group = pq.ParquetFile(f).read_row_group(7)
+    got = np.array(group.column("features").to_pylist(), dtype=np.float32)
+    assert rel_l2(got, features_of(rows[700:800]).reshape(100, -1)) <= 1e-3
+    assert (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples)) == (before[0] + 1, before[1] + 100)
+
+    whole = pq.read_table(f"{bucket}/large.parquet", filesystem=fs)
+    assert whole.num_rows == 2000 and whole.column("label").to_pylist() == table.column("label").to_pylist()
+    got = np.array(whole.column("features").to_pylist(), dtype=np.float32)
+    assert rel_l2(got, features_of(rows).reshape(2000, -1)) <= 1e-3
+    assert metric(admin, samples) == before[1] + 2000, "every row computed once"
 
 
 def test_datasets_reads_a_webdataset_shard_of_features_nobody_computed_yet(gw, dataset, tmp_path, monkeypatch):

@@ -45,6 +45,8 @@ pub struct Footer {
     pub(super) keep: bool,
     /// What the kept columns' chunks take (copied as they are).
     pub(super) kept_bytes: u64,
+    /// Whether every row group is read (no `row-groups`): the output is the whole file's.
+    pub(super) whole: bool,
 }
 
 impl Footer {
@@ -79,6 +81,7 @@ impl Footer {
             decoded,
             keep,
             kept_bytes,
+            whole: row_groups.is_none(),
             metadata: Arc::new(metadata),
         })
     }
@@ -152,6 +155,7 @@ impl Footer {
             metadata: meta.key_value_metadata().cloned().unwrap_or_default(),
             groups: Vec::new(),
             column: self.column.clone(),
+            whole: self.whole,
         })
     }
 

@@ -50,6 +50,9 @@ pub struct Kept {
     pub(super) groups: Vec<KeptGroup>,
     /// The input column, which the output leaves out.
     pub(super) column: String,
+    /// Whether these are every row group's (the whole file's output, whose footer is padded:
+    /// [`FOOTER_PADDING`]).
+    pub(super) whole: bool,
 }
 
 /// What the output's `tensorgate` metadata entry says of its features.
@@ -358,8 +361,12 @@ fn output_schema(kept: &Kept, dtype: Dtype) -> Result<Type, PushdownError> {
 /// The source's key-value metadata without its Arrow schema (which no longer matches) and with
 /// Hugging Face's features entry updated for the new column, then this output's provenance.
 fn output_metadata(kept: &Kept, provenance: &Provenance<'_>, dtype: Dtype) -> Vec<KeyValue> {
-    let mut metadata: Vec<KeyValue> =
-        kept.metadata.iter().filter(|kv| !matches!(kv.key.as_str(), "ARROW:schema" | "tensorgate")).cloned().collect();
+    let mut metadata: Vec<KeyValue> = kept
+        .metadata
+        .iter()
+        .filter(|kv| !matches!(kv.key.as_str(), "ARROW:schema" | "tensorgate" | PADDING_KEY))
+        .cloned()
+        .collect();
     if let Some(at) = metadata.iter().position(|kv| kv.key == HF_METADATA) {
         match metadata[at].value.as_deref().and_then(|hf| hf_features(hf, &kept.column, item_name(dtype))) {
             Some(updated) => metadata[at].value = Some(updated),
@@ -369,6 +376,9 @@ fn output_metadata(kept: &Kept, provenance: &Provenance<'_>, dtype: Dtype) -> Ve
         }
     }
     metadata.push(KeyValue::new("tensorgate".to_owned(), serde_json::to_string(provenance).expect("serializable")));
+    if kept.whole {
+        metadata.push(KeyValue::new(PADDING_KEY.to_owned(), " ".repeat(FOOTER_PADDING)));
+    }
     metadata
 }
 
@@ -424,6 +434,16 @@ impl Levels {
         Ok(())
     }
 }
+
+/// What a whole file's output adds to its footer (an entry [`PADDING_KEY`] of spaces), so that
+/// a reader's first read of its end holds nothing but footer: pyarrow reads a file's last 64 KiB
+/// (its `footer_read_size`) before it parses the footer, and bytes of row groups in that read
+/// would be computed before the footer is answered. With the padding, the footer read is
+/// answered from the outline alone, whatever the file's size (ADR 0030).
+pub(super) const FOOTER_PADDING: usize = 64 * 1024;
+
+/// The key-value entry that pads a whole file's footer ([`FOOTER_PADDING`]).
+pub(super) const PADDING_KEY: &str = "tensorgate.footer_padding";
 
 /// Hugging Face `datasets`' entry in a Parquet file's key-value metadata: `{"info": {"features":
 /// {column: feature}}}`, which `datasets` reads the columns' types from.
