@@ -188,8 +188,9 @@ impl Gateway {
 
     /// A body of the output's bytes `[start, end)`, sent by a task of its own in file order: the
     /// magic and the tail from the outline, each row group as [`Self::group_bytes`] gives it.
-    /// A client that goes away stops the task after the group it is computing, which the cache
-    /// keeps. A group that fails ends the body early (the client sees a short read, and retries).
+    /// A client that goes away leaves the task running: the groups it asked for are computed
+    /// into the cache (each under the memory budget), so its retry is served, not computed
+    /// again. A group that fails ends the body early (the client sees a short read, and retries).
     fn stream_groups(
         &self,
         groups: Groups,
@@ -199,6 +200,7 @@ impl Gateway {
         let gateway = self.me.upgrade().ok_or_else(|| internal("the gateway is not shared"))?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, BoxError>>(1);
         tokio::spawn(async move {
+            let mut connected = true;
             let magic = std::iter::once((0, 4, None));
             let parts = outline.groups.iter().enumerate().map(|(g, &(s, e))| (s, e, Some(g)));
             let tail = std::iter::once((outline.tail_start(), outline.len, None));
@@ -214,8 +216,8 @@ impl Gateway {
                 match piece {
                     Ok((bytes, held)) => {
                         // The group's memory is held until its bytes are handed to the connection.
-                        if tx.send(Ok(bytes)).await.is_err() {
-                            return;
+                        if connected && tx.send(Ok(bytes)).await.is_err() {
+                            connected = false;
                         }
                         drop(held);
                     }

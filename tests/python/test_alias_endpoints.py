@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import subprocess
+import time
 
 import botocore.exceptions
 import numpy as np
@@ -175,11 +176,12 @@ def test_parquet_readers_read_a_file_nobody_computed_yet(gw, dataset, tmp_path, 
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 3, "one computation per row group"
 
 
-def test_a_first_read_of_a_large_file_computes_only_what_it_reads(gw, store, tmp_path):
+def test_a_first_read_of_a_large_file_computes_only_what_it_reads(gw, store, tmp_path, monkeypatch):
     """A 2,000-row image file nobody computed, read as pyarrow reads it with its defaults: the
     `HEAD` and the footer are answered from the source's footer alone (nothing computed, so
     their time does not grow with the file's rows), a row group's read computes that group
-    alone, and `read_table` then gets every row's features, equal to the reference."""
+    alone, and `read_table` then gets every row's features, equal to the reference;
+    `pyarrow.dataset`, Polars and `datasets` read the same."""
     import pyarrow.fs
     import pyarrow.parquet as pq
 
@@ -213,6 +215,56 @@ def test_a_first_read_of_a_large_file_computes_only_what_it_reads(gw, store, tmp
     got = np.array(whole.column("features").to_pylist(), dtype=np.float32)
     assert rel_l2(got, features_of(rows).reshape(2000, -1)) <= 1e-3
     assert metric(admin, samples) == before[1] + 2000, "every row computed once"
+
+    # The other readers, with their defaults, on the same file: served from the groups computed.
+    import polars as pl
+    import pyarrow.dataset as pads
+
+    def same(t, reader: str):
+        assert t.column("label").to_pylist() == table.column("label").to_pylist(), reader
+        assert np.array_equal(np.array(t.column("features").to_pylist(), dtype=np.float32), got), reader
+
+    same(pads.dataset(f"{bucket}/large.parquet", filesystem=fs, format="parquet").to_table(), "pyarrow dataset")
+    options = {"aws_access_key_id": ak, "aws_secret_access_key": sk, "aws_endpoint_url": eps["parquet"],
+               "aws_region": "us-east-1", "aws_allow_http": "true"}
+    same(pl.read_parquet(f"s3://{bucket}/large.parquet", storage_options=options).to_arrow(), "polars")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import datasets
+
+    ds = datasets.load_dataset(
+        "parquet", data_files=f"s3://{bucket}/large.parquet", split="train",
+        storage_options={"key": ak, "secret": sk,
+                         "client_kwargs": {"endpoint_url": eps["parquet"], "region_name": "us-east-1"}},
+        cache_dir=str(tmp_path / "hf-cache"))
+    same(ds.data.table, "datasets")
+    assert metric(admin, samples) == before[1] + 2000
+
+
+def test_a_reader_that_goes_away_mid_file_leaves_what_it_asked_for_computed(gw, store):
+    """A client that reads a file's first bytes and hangs up: the row groups it asked for are
+    computed into the cache all the same, so its retry is served, not computed again."""
+    import urllib.request
+
+    import pyarrow.parquet as pq
+
+    mode, _, admin, eps, (ak, sk) = gw
+    a = client(store["endpoint"], store["access_key"], store["secret_key"])
+    bucket = f"ep-gone-{STORE_KIND}-{os.getpid()}-{next(_names)}"
+    a.create_bucket(Bucket=bucket)
+    rows = [jpeg(30000 + i, (48, 44)) for i in range(250)]
+    a.put_object(Bucket=bucket, Key="f.parquet", Body=parquet_bytes(hf_table(rows, [0] * 250), row_group_size=50))
+    misses = metric(admin, "tensorgate_cache_misses_total")
+    url = client(eps["parquet"], ak, sk).generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "f.parquet"})
+    with urllib.request.urlopen(url) as r:
+        assert r.read(4) == b"PAR1"
+    deadline = time.monotonic() + 120
+    while metric(admin, "tensorgate_cache_misses_total") < misses + 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 5, "every row group computed"
+    body = client(eps["parquet"], ak, sk).get_object(Bucket=bucket, Key="f.parquet")["Body"].read()
+    assert pq.read_table(io.BytesIO(body)).num_rows == 250
+    assert metric(admin, "tensorgate_cache_misses_total") == misses + 5, "the retry computed nothing"
 
 
 def test_datasets_reads_a_webdataset_shard_of_features_nobody_computed_yet(gw, dataset, tmp_path, monkeypatch):
