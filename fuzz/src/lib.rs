@@ -185,8 +185,8 @@ pub fn webdataset_shard(data: &[u8]) {
 }
 
 /// Parquet files: the footer, then the rows (every column kept, as for a Parquet output), as
-/// many as the footer states; a file that decodes is written back with a feature per row, and
-/// the output reads back with as many rows.
+/// many as the footer states; a file that decodes is written back with a feature per row, the
+/// output reads back with as many rows, and its outline from the footer alone is its layout.
 pub fn parquet_table(data: &[u8]) {
     let object = Bytes::copy_from_slice(data);
     if !table::is_parquet(&object) {
@@ -203,6 +203,11 @@ pub fn parquet_table(data: &[u8]) {
         let kept = kept.expect("kept columns");
         let out = table::write(&kept, &vec![0.5; claimed * 2], &[claimed, 2], Dtype::F16, ("m", "s"))
             .expect("decoded rows write back");
+        // The outline, from the footer alone, is the written output's layout.
+        if let Ok(outline) = table::outline(&footer, &[2], Dtype::F16, ("m", "s")) {
+            assert_eq!(outline.len, out.len() as u64);
+            assert_eq!(&out[out.len() - outline.tail.len()..], &outline.tail[..]);
+        }
         let out = table::Source::whole(Bytes::from(out));
         let want =
             table::Reading { column: Some(table::FEATURES_COLUMN), max_decoded: 1 << 26, ..table::Reading::default() };

@@ -161,8 +161,9 @@ impl Job<'_> {
 
     /// The outline of this request's Parquet output (`format=parquet`, the whole file) from the
     /// file's tail (read by [`Self::read_source`]: its bytes from `offset` of `len`): the footer
-    /// read for every row group, the split's output shape from its engine (started if need be),
-    /// laid out on a blocking thread ([`table::outline`]). Nothing is decoded or run.
+    /// read for every row group (each then pushed down on its own, so each, not the file, is
+    /// bounded), the split's output shape from its engine (started if need be), laid out on a
+    /// blocking thread ([`table::outline`]). Nothing is decoded or run.
     ///
     /// # Errors
     /// `InvalidArgument` for a source that is not a Parquet file; what [`table::Footer::read`]
@@ -174,7 +175,14 @@ impl Job<'_> {
         if !tail.ends_with(b"PAR1") {
             return Err(parquet_only());
         }
-        let (footer, _) = self.read_footer((len, offset, tail)).await?;
+        let (limits, text) = (self.limits(), self.model.tokenizer.is_some());
+        let footer = tokio::task::spawn_blocking(move || {
+            let reading = table::Reading { by_group: true, ..limits.reading(text) };
+            table::Footer::read(&table::Source::piece(len, offset, tail), reading)
+        })
+        .await
+        .map_err(|e| PushdownError::Internal(e.to_string()))??;
+        self.source = None;
         let (_, memory, _) = self.engine().await?;
         let (dtype, names) = (self.spec.dtype, (self.model.manifest.name.clone(), self.split.clone()));
         tokio::task::spawn_blocking(move || table::outline(&footer, &memory.output_shape, dtype, (&names.0, &names.1)))

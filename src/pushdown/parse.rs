@@ -275,6 +275,7 @@ impl SourceLimits {
             keep: self.keep_columns,
             text,
             row_groups: self.row_groups,
+            by_group: false,
         }
     }
 }

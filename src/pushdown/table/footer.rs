@@ -60,12 +60,12 @@ impl Footer {
     /// `InvalidArgument` for a missing or mistyped column or a row group the file lacks;
     /// `Unsupported` for a compression this build does not read.
     pub fn read(object: &Source, want: Reading<'_>) -> Result<Self, PushdownError> {
-        let Reading { column, max_decoded, keep, text, row_groups } = want;
+        let Reading { column, max_decoded, keep, text, row_groups, by_group } = want;
         let (metadata, footer_len) = metadata(object)?;
         let schema = metadata.file_metadata().schema_descr();
         let name = column.unwrap_or(if text { super::super::text::DEFAULT_FIELD } else { DEFAULT_COLUMN });
         let found = Found::columns(schema, name, text, keep)?;
-        let Groups { groups, firsts, rows } = Groups::select(&metadata, row_groups)?;
+        let Groups { groups, firsts, rows } = Groups::select(&metadata, row_groups, by_group)?;
         let (decoded, kept_bytes) = decode_claims(&metadata, &groups, &found, keep, max_decoded)?;
         Ok(Self {
             image: found.image,
@@ -469,6 +469,7 @@ impl Groups {
     fn select(
         metadata: &ParquetMetaData,
         row_groups: Option<super::super::spec::RowGroups>,
+        by_group: bool,
     ) -> Result<Self, PushdownError> {
         let count = metadata.num_row_groups();
         let groups: Vec<usize> = match row_groups {
@@ -492,7 +493,14 @@ impl Groups {
                 Some(first)
             })
             .collect();
-        if rows == 0 || rows > MAX_SAMPLES {
+        if by_group && rows > 0 {
+            if let Some(i) = groups.iter().copied().find(|&i| group_rows(i) > MAX_SAMPLES) {
+                return Err(PushdownError::BadInput(format!(
+                    "the Parquet file's row group {i} holds {} rows; a pushdown reads 1 to {MAX_SAMPLES} at a time",
+                    group_rows(i)
+                )));
+            }
+        } else if rows == 0 || rows > MAX_SAMPLES {
             let what = row_groups.map_or_else(|| "file has".to_owned(), |g| format!("file's row groups {g} hold"));
             return Err(PushdownError::BadInput(format!(
                 "the Parquet {what} {rows} rows; a pushdown reads 1 to {MAX_SAMPLES} (name fewer row groups: row-groups)"

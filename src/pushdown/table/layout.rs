@@ -97,6 +97,10 @@ pub struct Reading<'a> {
     pub text: bool,
     /// Only these row groups (default: all).
     pub row_groups: Option<RowGroups>,
+    /// Each row group is pushed down on its own (a whole file's output served from its
+    /// outline, ADR 0030): each group, not all of them together, holds at most
+    /// [`super::super::shard::MAX_SAMPLES`] rows.
+    pub by_group: bool,
 }
 
 /// One row: its key, its input (an encoded image, or a text's UTF-8), its label.

@@ -494,3 +494,43 @@ fn an_outline_from_the_footer_alone_is_the_outputs_layout() {
         assert_eq!((previous, outline.groups.len()), (outline.tail_start(), 3));
     }
 }
+
+/// A whole file served from its outline is pushed down a row group at a time: each group, not
+/// the file, is bounded, so a file of more rows than one request reads lays out (and its outline
+/// is still its output's layout); a group past the bound, or groups of too many sizes, do not.
+#[test]
+fn an_outline_bounds_each_row_group_not_the_file() {
+    let rows = MAX_SAMPLES + 2_000;
+    let object = file(vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]; rows])) as ArrayRef)], 1_000);
+    let whole = Source::whole(object);
+    let reading = Reading { max_decoded: 1 << 24, keep: true, ..Reading::default() };
+    let err = Footer::read(&whole, reading).expect_err("too many rows for one request").to_string();
+    assert!(err.contains(&format!("{rows} rows")), "{err}");
+    let footer = Footer::read(&whole, Reading { by_group: true, ..reading }).expect("footer");
+    assert_eq!((footer.row_count(), footer.group_count()), (rows, 12));
+    let laid = outline(&footer, &[3], Dtype::F32, ("m", "s")).expect("outline");
+    let (_, kept) = footer.rows(&whole).expect("rows");
+    let out = write(&kept.expect("kept"), &vec![1.5; rows * 3], &[rows, 3], Dtype::F32, ("m", "s")).expect("write");
+    assert_eq!((laid.len, laid.groups.len()), (out.len() as u64, 12));
+
+    let one = file(
+        vec![("image", Arc::new(BinaryArray::from(vec![&b"x"[..]; MAX_SAMPLES + 1])) as ArrayRef)],
+        MAX_SAMPLES + 1,
+    );
+    let err =
+        Footer::read(&Source::whole(one), Reading { by_group: true, ..reading }).expect_err("refused").to_string();
+    assert!(err.contains("row group 0 holds"), "{err}");
+
+    // Groups of 100, 200, ... 1,400 rows: each size's zeros would be encoded once, 10,500 rows.
+    let schema = Arc::new(arrow_schema::Schema::new(vec![Field::new("image", DataType::Binary, false)]));
+    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), None).expect("writer");
+    for n in (1..=14).map(|k| k * 100) {
+        let column: ArrayRef = Arc::new(BinaryArray::from(vec![&b"x"[..]; n]));
+        w.write(&RecordBatch::try_new(schema.clone(), vec![column]).expect("batch")).expect("write");
+        w.flush().expect("a row group per batch");
+    }
+    let sizes = Bytes::from(w.into_inner().expect("close"));
+    let footer = Footer::read(&Source::whole(sizes), Reading { by_group: true, ..reading }).expect("footer");
+    let err = outline(&footer, &[3], Dtype::F32, ("m", "s")).expect_err("refused").to_string();
+    assert!(err.contains("too many different sizes"), "{err}");
+}

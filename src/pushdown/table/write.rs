@@ -23,10 +23,11 @@ use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::{ColumnDescPtr, ColumnPath, SchemaDescriptor, Type, TypePtr};
 
-use super::super::error::PushdownError;
+use super::super::error::{PushdownError, guarded};
+use super::super::shard::MAX_SAMPLES;
 use super::super::spec::Dtype;
 use super::footer::Footer;
-use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, MAGIC, WRITE_VALUES};
+use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, MAGIC, UNREADABLE, WRITE_VALUES};
 use super::source::Source;
 
 /// One row group's columns but the input one, encoded as the source holds them.
@@ -149,6 +150,11 @@ impl Outline {
 /// `BadInput` for kept chunks the footer places outside the file; `InvalidArgument` for `bf16`;
 /// `Internal` for what the writer refuses.
 pub fn outline(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &str)) -> Result<Outline, PushdownError> {
+    // The parquet crate panics on some damaged metadata (`layout::UNREADABLE`).
+    guarded(UNREADABLE, || lay_out(footer, shape, dtype, model))
+}
+
+fn lay_out(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &str)) -> Result<Outline, PushdownError> {
     let kept = footer.kept().ok_or_else(|| internal(&"the footer was not read to keep the other columns"))?;
     let tail_from = Arc::new(AtomicU64::new(u64::MAX));
     let sink = TailSink { at: 0, from: tail_from.clone(), kept: Vec::new() };
@@ -165,6 +171,13 @@ pub fn outline(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &st
         }
         let close = match encoded.iter().find(|(r, _)| *r == n) {
             Some((_, close)) => close.clone(),
+            // Encoding zeros costs what encoding features does: at most a request's rows in all.
+            None if encoded.iter().map(|(r, _)| r).sum::<usize>() + n > MAX_SAMPLES => {
+                return Err(PushdownError::BadInput(format!(
+                    "the Parquet file's row groups have too many different sizes to lay out (more than \
+                     {MAX_SAMPLES} rows in groups of distinct sizes): read it by row-groups"
+                )));
+            }
             None => {
                 let (_, close) = out.features_chunk(n, None, std::io::sink())?;
                 encoded.push((n, close.clone()));
