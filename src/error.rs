@@ -41,6 +41,8 @@ pub(crate) enum GatewayError {
     MissingContentLength,
     #[error("the requested range is not satisfiable (the object is {size} bytes)")]
     InvalidRange { size: usize },
+    #[error("the output's ETag is not the one If-Match names")]
+    PreconditionFailed,
     #[error("too many requests in flight; retry later")]
     Overloaded,
     #[error("aliases are read-only: write to the bucket they stand for, through the gateway's S3 endpoint")]
@@ -94,6 +96,7 @@ impl GatewayError {
             Self::EntityTooLarge { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),
             Self::InvalidHeader(_) => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
             Self::InvalidRange { .. } => S3ErrorSpec::new(S::RANGE_NOT_SATISFIABLE, "InvalidRange", msg),
+            Self::PreconditionFailed => S3ErrorSpec::new(S::PRECONDITION_FAILED, "PreconditionFailed", msg),
             Self::Overloaded => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", "please reduce your request rate"),
             Self::AliasReadOnly => S3ErrorSpec::new(S::METHOD_NOT_ALLOWED, "MethodNotAllowed", msg),
             Self::PeerOnlyPushdown => S3ErrorSpec::new(S::FORBIDDEN, "AccessDenied", msg),

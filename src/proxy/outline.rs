@@ -16,8 +16,8 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::Gateway;
-use super::pushdown::{SourceSide, byte_range, header_str, none_match, output_etag};
-use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
+use super::pushdown::{SourceSide, byte_range, header_str, if_match, none_match, output_etag};
+use super::source::{Pin, SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
 use crate::body::{Body, BoxError};
 use crate::cache::{CacheKey, Fetched, ObjectId, ReadThrough, TensorCache};
 use crate::error::GatewayError;
@@ -98,6 +98,9 @@ impl Gateway {
         if let Some(lm) = &last_modified {
             resp = resp.header(http::header::LAST_MODIFIED, lm);
         }
+        if !if_match(&parts.headers, &out_etag) {
+            return Err(GatewayError::PreconditionFailed);
+        }
         if none_match(&parts.headers, &out_etag) {
             return resp.status(StatusCode::NOT_MODIFIED).body(Body::empty()).map_err(internal);
         }
@@ -150,7 +153,8 @@ impl Gateway {
     /// gateway's read is the caller's. In transparent mode a `GET` whose signature leaves
     /// `Range` out reads the tail as the caller signed it (an unsigned `Range` beside the
     /// signature, as `row-groups` reads); a `HEAD`, or a `GET` that signed its `Range`, is sent
-    /// as signed, and the store's yes lets the gateway's key read that version
+    /// as signed, and the store's yes (a `2xx`, or a `416` or `412` to the range or `If-Match`
+    /// the caller signed for the output) lets the gateway's key read that version
     /// ([`Gateway::delegated`]).
     async fn outline_reads<'g>(
         &'g self,
@@ -159,23 +163,21 @@ impl Gateway {
         as_caller: bool,
     ) -> Result<Result<(SourceReader<'g>, SourceBody), Response<Body>>, GatewayError> {
         let tail = SourceRead { range: SourceRange::Tail(table::TAIL_BYTES), ..SourceRead::WHOLE };
-        let (reader, outcome) =
-            if !as_caller || (parts.method == Method::GET && !reader.headers.contains_key(http::header::RANGE)) {
-                let outcome = reader.read(tail).await?;
-                (reader, outcome)
-            } else {
-                let accepted = match reader.read(SourceRead::WHOLE).await? {
-                    SourceOutcome::Body(accepted) => accepted,
-                    SourceOutcome::NotModified(r) | SourceOutcome::Changed(r) | SourceOutcome::Refused(r) => {
-                        return Ok(Err(r));
-                    }
-                };
-                let delegated = self.delegated(parts, &reader, &accepted)?;
-                let etag = accepted.etag.clone();
-                drop(accepted);
-                let outcome = delegated.read(SourceRead { if_match: Some(&etag), ..tail }).await?;
-                (delegated, outcome)
-            };
+        let direct = !as_caller || (parts.method == Method::GET && !reader.headers.contains_key(http::header::RANGE));
+        let accepted = match reader.read(if direct { tail } else { SourceRead::WHOLE }).await? {
+            SourceOutcome::Body(tail) if direct => return Ok(Ok((reader, tail))),
+            SourceOutcome::Body(accepted) => accepted,
+            SourceOutcome::Refused(r) => match reader.conditions_only(r) {
+                SourceOutcome::Body(accepted) => accepted,
+                other => return Ok(Err(other.into_response())),
+            },
+            SourceOutcome::NotModified(r) | SourceOutcome::Changed(r) => return Ok(Err(r)),
+        };
+        let delegated = self.delegated(parts, &reader, &accepted)?;
+        let pin = Pin::of(&accepted).unwrap_or_default();
+        drop(accepted);
+        let outcome = delegated.read(pin.read(SourceRange::Tail(table::TAIL_BYTES))).await?;
+        let reader = delegated;
         match outcome {
             SourceOutcome::Body(tail) => Ok(Ok((reader, tail))),
             SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
-use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
+use super::source::{Pin, SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
 use super::{Caller, Gateway, owner};
 use crate::backend::{forwarded_headers, forwarded_query};
 use crate::body::{Body, Holding};
@@ -77,7 +77,7 @@ impl Gateway {
     }
 
     /// Serves a pushdown here, in phases: the source read prepared ([`SourceSide::of`]), the cache's
-    /// read-through with the first read ([`first_read`]) and, on a miss, the computation
+    /// read-through with the first read ([`Gateway::first_read`]) and, on a miss, the computation
     /// ([`Gateway::compute`]), then the response ([`respond`]). Backend answers other than the
     /// source (`NoSuchKey`, `AccessDenied`) pass through as for a plain GET. See `crate::cache` for
     /// when a cached output is served without asking the store.
@@ -115,7 +115,7 @@ impl Gateway {
             authority: authority.clone(),
         };
         let ranged = side.ranged;
-        let fetch = async move |cached_etag: Option<&str>| first_read(reader, ranged, cached_etag).await;
+        let fetch = async move |cached_etag: Option<&str>| self.first_read(parts, reader, ranged, cached_etag).await;
         let compute = async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source).await;
         // Objects encrypted with a customer key are never cached: a hit would skip the store's
         // key check.
@@ -125,6 +125,49 @@ impl Gateway {
             None => TensorCache::uncached(fetch, compute).await?,
         };
         respond(parts, &key, read)
+    }
+
+    /// The first read of a source, as the cache's read-through asks for it: revalidating a
+    /// cached output's source (`cached_etag`) where there is one, and for `row-groups` only the
+    /// file's tail. In transparent mode the store may answer the caller's own request `416` or
+    /// `412` for the `Range` or `If-Match` it signed for the output (`conditions_only`): it
+    /// accepted the caller, and the gateway's key reads (or revalidates) that version instead.
+    async fn first_read(
+        &self,
+        parts: &Parts,
+        reader: &SourceReader<'_>,
+        ranged: bool,
+        cached_etag: Option<&str>,
+    ) -> Result<Fetched<SourceBody, Response<Body>>, GatewayError> {
+        let range = if ranged { SourceRange::Tail(table::TAIL_BYTES) } else { SourceRange::Whole };
+        let read = SourceRead { range, if_none_match: cached_etag, ..SourceRead::WHOLE };
+        let accepted = match reader.read(read).await? {
+            SourceOutcome::Body(body) => return Ok(Fetched::Source { etag: body.etag.clone(), source: body }),
+            SourceOutcome::NotModified(resp) => return Ok(Fetched::NotModified(resp)),
+            SourceOutcome::Changed(resp) => return Ok(Fetched::Answer(resp)),
+            SourceOutcome::Refused(resp) => match reader.conditions_only(resp) {
+                SourceOutcome::Body(accepted) => accepted,
+                other => return Ok(Fetched::Answer(other.into_response())),
+            },
+        };
+        let delegated = self.delegated(parts, reader, &accepted)?;
+        let pin = Pin::of(&accepted).unwrap_or_default();
+        drop(accepted);
+        match delegated.read(SourceRead { if_none_match: cached_etag, ..pin.read(range) }).await? {
+            SourceOutcome::Body(body) => {
+                Ok(Fetched::Source { etag: body.etag.clone(), source: SourceBody { delegated: true, ..body } })
+            }
+            SourceOutcome::NotModified(resp) => Ok(Fetched::NotModified(resp)),
+            SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
+                "the object changed between the caller's read and the gateway's: retry".into(),
+            )
+            .into()),
+            SourceOutcome::Refused(resp) => Err(PushdownError::SourceRead(format!(
+                "the store answered the gateway's read of the accepted version with {}",
+                resp.status()
+            ))
+            .into()),
+        }
     }
 
     /// The computation on a cache miss: the source's body read, then the job run on it (for
@@ -145,7 +188,7 @@ impl Gateway {
         // Range the store answered with every byte, `bytes=0-` or a block larger than the
         // object as s3fs and pyarrow ask for small objects, is the whole source): the version
         // the store let this caller read is read whole with the gateway's reader key.
-        let source = if as_caller && (parts.method == Method::HEAD || (partial && !ranged)) {
+        let source = if as_caller && !source.delegated && (parts.method == Method::HEAD || (partial && !ranged)) {
             let delegated = self.delegated(parts, reader, &source)?;
             read_accepted(&delegated, source).await?
         } else {
@@ -241,7 +284,7 @@ impl Gateway {
     ) -> Result<SourceReader<'_>, GatewayError> {
         let caller = crate::s3::authority::claimed_access_key(&parts.headers, parts.uri.query()).unwrap_or_default();
         let proof = crate::s3::authority::Authenticated::store_accepted(&caller, &accepted.resp)
-            .filter(|_| self.backend.has_store_key() && !accepted.etag.is_empty())
+            .filter(|_| self.backend.has_store_key() && Pin::of(accepted).is_some())
             .ok_or(PushdownError::WholeReadFirst)?;
         Ok(SourceReader {
             backend: &self.backend,
@@ -341,10 +384,10 @@ pub(super) struct Computed {
 /// The version the store let the caller read (`accepted`), read whole by `delegated`
 /// ([`Gateway::delegated`]).
 async fn read_accepted(delegated: &SourceReader<'_>, accepted: SourceBody) -> Result<SourceBody, GatewayError> {
-    let etag = accepted.etag.clone();
+    let pin = Pin::of(&accepted).unwrap_or_default();
     drop(accepted);
-    match delegated.read(SourceRead { if_match: Some(&etag), ..SourceRead::WHOLE }).await? {
-        SourceOutcome::Body(body) if !body.partial() => Ok(body),
+    match delegated.read(pin.read(SourceRange::Whole)).await? {
+        SourceOutcome::Body(body) if !body.partial() => Ok(SourceBody { delegated: true, ..body }),
         SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
             "the object changed between the caller's read and the gateway's: retry".into(),
         )
@@ -357,21 +400,6 @@ async fn read_accepted(delegated: &SourceReader<'_>, accepted: SourceBody) -> Re
         ))
         .into()),
     }
-}
-
-/// The first read of a source, as the cache's read-through asks for it: revalidating a cached
-/// output's source (`cached_etag`) where there is one, and for `row-groups` only the file's tail.
-async fn first_read(
-    reader: &SourceReader<'_>,
-    ranged: bool,
-    cached_etag: Option<&str>,
-) -> Result<Fetched<SourceBody, Response<Body>>, GatewayError> {
-    let range = if ranged { SourceRange::Tail(table::TAIL_BYTES) } else { SourceRange::Whole };
-    Ok(match reader.read(SourceRead { range, if_none_match: cached_etag, ..SourceRead::WHOLE }).await? {
-        SourceOutcome::Body(body) => Fetched::Source { etag: body.etag.clone(), source: body },
-        SourceOutcome::NotModified(resp) => Fetched::NotModified(resp),
-        SourceOutcome::Changed(resp) | SourceOutcome::Refused(resp) => Fetched::Answer(resp),
-    })
 }
 
 /// The answer for how the read-through ended.
@@ -430,6 +458,9 @@ fn output_response(
     if let Some(lm) = &data.source_last_modified {
         resp = resp.header(http::header::LAST_MODIFIED, lm);
     }
+    if !if_match(&parts.headers, &etag) {
+        return Err(GatewayError::PreconditionFailed);
+    }
     if none_match(&parts.headers, &etag) {
         // The client holds this output already (a compute-tier copy from an earlier epoch).
         return resp
@@ -474,9 +505,19 @@ pub(super) fn output_etag(source_etag: &str, variant: &str) -> String {
 /// Whether an `If-None-Match` header lists `etag` (or is `*`): RFC 9110's weak comparison, so a
 /// `W/` prefix on either side is ignored.
 pub(super) fn none_match(headers: &HeaderMap, etag: &str) -> bool {
+    lists(headers, &http::header::IF_NONE_MATCH, etag)
+}
+
+/// Whether a request's `If-Match` (if any) holds for an output of `etag`: it lists it, or is `*`
+/// (s3transfer pins each part of a ranged download so, with the `HEAD`'s ETag).
+pub(super) fn if_match(headers: &HeaderMap, etag: &str) -> bool {
+    !headers.contains_key(http::header::IF_MATCH) || lists(headers, &http::header::IF_MATCH, etag)
+}
+
+fn lists(headers: &HeaderMap, name: &http::HeaderName, etag: &str) -> bool {
     let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
     headers
-        .get_all(http::header::IF_NONE_MATCH)
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))

@@ -37,11 +37,15 @@ pub(super) struct SourceRead<'a> {
     /// Not this version (`If-None-Match`): a cached output's source, revalidated. Left out when
     /// the caller sent its own, which refers to the output.
     pub(crate) if_none_match: Option<&'a str>,
+    /// Not changed since (`If-Unmodified-Since`): the version a store's answer allowed without
+    /// naming it ([`Pin`]).
+    pub(crate) if_unmodified_since: Option<&'a str>,
 }
 
 impl SourceRead<'_> {
     /// The whole source (or the caller's signed range), unconditionally.
-    pub(super) const WHOLE: Self = Self { range: SourceRange::Whole, if_match: None, if_none_match: None };
+    pub(super) const WHOLE: Self =
+        Self { range: SourceRange::Whole, if_match: None, if_none_match: None, if_unmodified_since: None };
 
     /// `base` (the request's forwarded headers) with this read's range and conditions, and which
     /// conditions were added (an answer to a condition the caller set is the caller's).
@@ -62,6 +66,10 @@ impl SourceRead<'_> {
             h.insert(http::header::IF_MATCH, value(etag.to_owned())?);
             asked.matching = true;
         }
+        if let Some(at) = self.if_unmodified_since {
+            h.insert(http::header::IF_UNMODIFIED_SINCE, value(at.to_owned())?);
+            asked.matching = true;
+        }
         if let Some(etag) = self.if_none_match
             && !h.contains_key(http::header::IF_NONE_MATCH)
             && let Ok(v) = HeaderValue::from_str(etag)
@@ -70,6 +78,33 @@ impl SourceRead<'_> {
             asked.unchanged = true;
         }
         Ok((h, asked))
+    }
+}
+
+/// The version of a source that the store let a caller read, as the gateway's later reads for
+/// that caller pin it: its ETag, or, where the store's answer named none (a `416` to the caller's
+/// own signed `Range`), the time of that answer (`If-Unmodified-Since`).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Pin {
+    etag: String,
+    at: Option<String>,
+}
+
+impl Pin {
+    /// The version `accepted` answered for: `None` when its answer names neither.
+    pub(super) fn of(accepted: &SourceBody) -> Option<Self> {
+        let at = accepted.header(&http::header::DATE).filter(|_| accepted.etag.is_empty()).map(str::to_owned);
+        (!accepted.etag.is_empty() || at.is_some()).then(|| Self { etag: accepted.etag.clone(), at })
+    }
+
+    /// A read of `range` of this version.
+    pub(super) fn read(&self, range: SourceRange) -> SourceRead<'_> {
+        SourceRead {
+            range,
+            if_match: Some(self.etag.as_str()).filter(|e| !e.is_empty()),
+            if_unmodified_since: self.at.as_deref(),
+            ..SourceRead::WHOLE
+        }
     }
 }
 
@@ -90,6 +125,9 @@ pub(super) struct SourceBody {
     pub(crate) started: Instant,
     /// `Content-Range` of a partial answer: (first, last, length).
     pub(crate) content_range: Option<(u64, u64, u64)>,
+    /// Read with the gateway's key for a caller the store accepted ([`Pin`]): nothing is left
+    /// to read for that caller.
+    pub(crate) delegated: bool,
 }
 
 impl SourceBody {
@@ -118,6 +156,16 @@ pub(super) enum SourceOutcome {
 }
 
 impl SourceOutcome {
+    /// The store's answer, whatever it was.
+    pub(super) fn into_response(self) -> Response<Body> {
+        match self {
+            Self::Body(SourceBody { resp, .. })
+            | Self::NotModified(resp)
+            | Self::Changed(resp)
+            | Self::Refused(resp) => resp,
+        }
+    }
+
     /// Classifies the store's answer to a read that added `asked` (pure).
     pub(super) fn of(resp: Response<Body>, asked: Asked, started: Instant) -> Self {
         match resp.status() {
@@ -127,7 +175,7 @@ impl SourceOutcome {
                 let header = |name| resp.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
                 let etag = header(&http::header::ETAG).unwrap_or_default().to_owned();
                 let content_range = header(&http::header::CONTENT_RANGE).and_then(parse_content_range);
-                Self::Body(SourceBody { resp, etag, started, content_range })
+                Self::Body(SourceBody { resp, etag, started, content_range, delegated: false })
             }
             _ => Self::Refused(resp),
         }
@@ -148,6 +196,34 @@ pub(super) struct SourceReader<'g> {
 }
 
 impl SourceReader<'_> {
+    /// A `416` or `412` answer to the caller's own signed request (transparent mode) read as a
+    /// body of no bytes (`Body`, else `Refused`), where it answers the `Range` or `If-Match` the caller signed: both refer
+    /// to the output, and the store authorized the caller before it evaluated them
+    /// ([`crate::s3::authority::Authenticated::store_accepted`]). The gateway evaluates them on
+    /// the output itself. Any other answer is the store's, as it is.
+    pub(super) fn conditions_only(&self, resp: Response<Body>) -> SourceOutcome {
+        let signed = |name| matches!(self.authority, Authority::Caller(_)) && self.headers.contains_key(name);
+        let only = match resp.status() {
+            StatusCode::RANGE_NOT_SATISFIABLE => signed(http::header::RANGE),
+            // If-Unmodified-Since refers to the source's time, which the output shares: its 412 stands.
+            StatusCode::PRECONDITION_FAILED => {
+                signed(http::header::IF_MATCH) && !signed(http::header::IF_UNMODIFIED_SINCE)
+            }
+            _ => false,
+        };
+        if only {
+            SourceOutcome::Body(SourceBody {
+                resp,
+                etag: String::new(),
+                started: Instant::now(),
+                content_range: None,
+                delegated: false,
+            })
+        } else {
+            SourceOutcome::Refused(resp)
+        }
+    }
+
     /// Sends `read` to the store.
     ///
     /// # Errors

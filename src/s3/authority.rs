@@ -28,12 +28,20 @@ impl Authenticated {
     }
 
     /// Transparent mode: the store accepted the caller's own signed read of an object (`answer`,
-    /// a `2xx` to the request the caller signed, forwarded unchanged), naming `claimed`. The
-    /// store authenticated it, so the gateway's key may read that same version for it (ADR
-    /// 0029); any other answer proves nothing.
+    /// a `2xx` to the request the caller signed, forwarded unchanged; or a `416` or `412` to the
+    /// `Range` or `If-Match` it signed, which the gateway adds none of to such a request),
+    /// naming `claimed`. The store authenticated it, so the gateway's key may read that same
+    /// version for it (ADR 0029); any other answer proves nothing. Stores authorize a read before
+    /// they evaluate its range and conditions: SeaweedFS, Ceph RGW and Swift answer a caller
+    /// without the grant `403` (or `404`) for a range past the object's end or an `If-Match`
+    /// that fails, as S3 does (`tests/python/test_alias_endpoints.py`).
     #[must_use]
     pub(crate) fn store_accepted<B>(claimed: &str, answer: &http::Response<B>) -> Option<Self> {
-        answer.status().is_success().then(|| Self { access_key: claimed.to_owned() })
+        let status = answer.status();
+        (status.is_success()
+            || status == http::StatusCode::RANGE_NOT_SATISFIABLE
+            || status == http::StatusCode::PRECONDITION_FAILED)
+            .then(|| Self { access_key: claimed.to_owned() })
     }
 
     /// A cluster hop, authenticated by the cluster credential, acts for the tenant it names (the

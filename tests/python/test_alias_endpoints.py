@@ -33,16 +33,18 @@ _names = itertools.count()
 
 @contextlib.contextmanager
 def gateway_with_endpoints(store, logdir, mode: str, extra: str = "", ports=None):
-    """A gateway in `mode` with three alias endpoints: `npy` (tiny-cnn at pool, the default
-    format), `parquet` (the same as a Parquet file) and `tar` (a shard as a WebDataset shard of
-    `.npy` features). Transparent: the store authenticates
+    """A gateway in `mode` with four alias endpoints: `npy` (tiny-cnn at pool, the default
+    format), `parquet` (the same as a Parquet file), `tar` (a shard as a WebDataset shard of
+    `.npy` features) and `stem` (tiny-cnn at its first, spatial split: outputs larger than their
+    sources). Transparent: the store authenticates
     its users, and the gateway's own key reads only what the store let a caller read.
     Terminating: the development client key, the store's main user's key. Yields (S3 endpoint,
     admin, {name: endpoint}, (access key, secret key) a client signs with)."""
-    endpoints = {"npy": free_port(), "parquet": free_port(), "tar": free_port()}
+    endpoints = {"npy": free_port(), "parquet": free_port(), "tar": free_port(), "stem": free_port()}
     config = "".join(
-        f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{port}"\nmodel = "{MODEL}"\nsplit = "{SPLIT}"\n'
-        + (f'format = "{name}"\n' if name != "npy" else "")
+        f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{port}"\nmodel = "{MODEL}"\n'
+        + (f'split = "{SPLIT}"\n' if name != "stem" else 'split = "stem"\n')
+        + (f'format = "{name}"\n' if name in ("parquet", "tar") else "")
         for name, port in endpoints.items()
     ) + extra
     env = {"TENSORGATE_BACKEND_ENDPOINT": store["endpoint"], "TENSORGATE_BACKEND_ACCESS_KEY": store["access_key"],
@@ -308,6 +310,42 @@ def test_s3torchconnector_reads_features_through_the_endpoint(gw, dataset, monke
         key, body = got[i]
         feats = np.load(io.BytesIO(body), allow_pickle=False)
         assert rel_l2(feats, want[keys.index(key)][None]) <= 1e-3, key
+
+
+def test_ranged_downloads_of_an_output_larger_than_its_source_read_past_the_sources_end(gw, dataset, store, tmp_path):
+    """boto3's `download_file` of an output many times its source's size, in parts whose `Range`
+    and `If-Match` (the `HEAD`'s ETag, the output's) it signs: a range past the source's end is
+    still the output's, and `If-Match` names the output (in transparent mode the store's `416`
+    or `412` to the caller's own range or condition is its yes: stores authorize first); a
+    Parquet output downloads the same way; the other user gets the store's refusal."""
+    from boto3.s3.transfer import TransferConfig
+
+    mode, endpoint, admin, eps, (ak, sk) = gw
+    bucket, images, _, _ = dataset
+    want = pushdown_get(client(endpoint, ak, sk), bucket, "img/5.jpg", model=MODEL, split="stem")["Body"].read()
+    assert len(want) > 4 * len(images["img/5.jpg"])
+    out = tmp_path / "stem.npy"
+    chunks = TransferConfig(multipart_threshold=1024, multipart_chunksize=len(want) // 3 + 1, max_concurrency=1)
+    client(eps["stem"], ak, sk).download_file(bucket, "img/5.jpg", str(out), Config=chunks)
+    assert out.read_bytes() == want
+    past = f"bytes={len(images['img/5.jpg']) + 100}-{len(images['img/5.jpg']) + 199}"
+    got = client(eps["stem"], ak, sk).get_object(Bucket=bucket, Key="img/5.jpg", Range=past)
+    assert got["Body"].read() == want[len(images["img/5.jpg"]) + 100:len(images["img/5.jpg"]) + 200]
+    etag = client(eps["stem"], ak, sk).head_object(Bucket=bucket, Key="img/5.jpg")["ETag"]
+    with pytest.raises(botocore.exceptions.ClientError) as failed:
+        client(eps["stem"], ak, sk).get_object(Bucket=bucket, Key="img/5.jpg", IfMatch='"another"')
+    assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    key = "table/train-00000-of-00001.parquet"
+    table_want = client(eps["parquet"], ak, sk).get_object(Bucket=bucket, Key=key)["Body"].read()
+    chunks = TransferConfig(multipart_threshold=1024, multipart_chunksize=len(table_want) // 3 + 1, max_concurrency=1)
+    client(eps["parquet"], ak, sk).download_file(bucket, key, str(tmp_path / "t.parquet"), Config=chunks)
+    assert (tmp_path / "t.parquet").read_bytes() == table_want
+    if mode == "transparent":
+        b = client(eps["stem"], store["alt_access_key"], store["alt_secret_key"])
+        for condition in ({"Range": past}, {"IfMatch": etag}, {"IfMatch": etag, "Range": past}):
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                b.get_object(Bucket=bucket, Key="img/5.jpg", **condition)
+            assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] in (403, 404), condition
 
 
 def test_an_endpoint_is_read_only_and_names_its_own_model(gw, dataset):
