@@ -22,7 +22,7 @@ use crate::body::{Body, BoxError};
 use crate::cache::{CacheKey, Fetched, ObjectId, ReadThrough, TensorCache};
 use crate::error::GatewayError;
 use crate::pushdown::governor::Held;
-use crate::pushdown::spec::{Format, PushdownSpec, RowGroups};
+use crate::pushdown::spec::{PushdownSpec, RowGroups};
 use crate::pushdown::{Job, PushdownError, table};
 use crate::s3::authority::Authority;
 use crate::s3::headers;
@@ -31,11 +31,6 @@ use crate::s3::route::Target;
 /// `x-tensorgate-cache` of an answer from an outline: its row groups may be cached or computed,
 /// each on its own.
 const OUTLINE: &str = "outline";
-
-/// Whether a request's output is served from its outline: a Parquet output of the whole file.
-pub(super) fn outlined(job: &Job<'_>) -> bool {
-    job.spec().format == Some(Format::Parquet) && !job.ranged()
-}
 
 /// What computing an outlined output's row groups needs, owned by the task that streams them.
 struct Groups {

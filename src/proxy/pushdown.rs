@@ -89,7 +89,7 @@ impl Gateway {
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
         let side = SourceSide::of(parts, &job, authority)?;
-        if super::outline::outlined(&job) {
+        if job.outlined() {
             return self.serve_outlined(parts, target, job, authority, side).await;
         }
         // When the store decides who may read (an anonymous reader; any caller in transparent

@@ -190,6 +190,13 @@ impl Job<'_> {
             .map_err(|e| PushdownError::Internal(e.to_string()))?
     }
 
+    /// Whether the output is served from its outline (ADR 0030): a Parquet output of a whole
+    /// file.
+    #[must_use]
+    pub(crate) fn outlined(&self) -> bool {
+        self.spec.format == Some(Format::Parquet) && !self.ranged()
+    }
+
     /// The tenant the request counts against.
     #[must_use]
     pub(crate) fn tenant(&self) -> &str {

@@ -21,13 +21,15 @@
 mod decode;
 mod footer;
 mod layout;
+mod outline;
 mod source;
 mod write;
 
 pub use self::footer::Footer;
 pub use self::layout::{DEFAULT_COLUMN, FEATURES_COLUMN, MAX_FOOTER_BYTES, Reading, Row, TAIL_BYTES, is_parquet};
+pub use self::outline::{Outline, outline};
 pub use self::source::Source;
-pub use self::write::{Kept, Outline, Provenance, outline, write};
+pub use self::write::{Kept, Provenance, write};
 
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,7 @@ use super::super::error::PushdownError;
 use super::super::shard::MAX_SAMPLES;
 use super::super::spec::Dtype;
 #[allow(clippy::wildcard_imports)]
-use super::{decode::*, footer::*, layout::*, source::*, write::*};
+use super::{decode::*, footer::*, layout::*, outline::*, source::*, write::*};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, StructArray};
 use arrow_schema::{DataType, Field, Fields};

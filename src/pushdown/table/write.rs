@@ -1,9 +1,8 @@
 //! A Parquet output: the source's other columns copied as encoded chunks, the features in
-//! place of the input column, in the source's row groups ([`write`]); and its [`Outline`], the
-//! same file's size, row groups' places and tail known from the source's footer alone, before
-//! any feature is computed ([`outline`], ADR 0030).
+//! place of the input column, in the source's row groups ([`write`]).
 //!
-//! Both go through one writer ([`OutputWriter`]), and the features column is written so that
+//! Its outline (`super::outline`) goes through the same writer ([`OutputWriter`]), and the
+//! features column is written so that
 //! its bytes' layout depends on the row count and the row length only, never on the values:
 //! uncompressed, `PLAIN`, no dictionary, no statistics. Its chunk is encoded apart
 //! ([`features_chunk`]) and spliced in as the kept chunks are, so a row group's bytes are the same
@@ -11,7 +10,6 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, LogicalType, Repetition, Type as Physical};
@@ -19,15 +17,13 @@ use parquet::column::writer::{ColumnCloseResult, ColumnWriter, get_column_writer
 use parquet::data_type::{ByteArray, FixedLenByteArray, FixedLenByteArrayType, FloatType};
 use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesPtr};
-use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::reader::ChunkReader;
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::{ColumnDescPtr, ColumnPath, SchemaDescriptor, Type, TypePtr};
 
-use super::super::error::{PushdownError, guarded};
-use super::super::shard::MAX_SAMPLES;
+use super::super::error::PushdownError;
 use super::super::spec::Dtype;
-use super::footer::Footer;
-use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, MAGIC, UNREADABLE, WRITE_VALUES};
+use super::layout::{FEATURES_COLUMN, LIST_ELEMENT, LIST_GROUP, WRITE_VALUES};
 use super::source::Source;
 
 /// One row group's columns but the input one, encoded as the source holds them.
@@ -105,100 +101,8 @@ pub fn write(
     out.finish()
 }
 
-/// A Parquet output's layout, known before its features ([`outline`]): its length, where each
-/// row group's chunks lie in it, and its tail (the footer, and the page index before it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outline {
-    pub len: u64,
-    /// Each row group's bytes `[start, end)`, in the order of the footer's groups (empty for a
-    /// group without rows, which the output leaves out).
-    pub groups: Vec<(u64, u64)>,
-    /// The bytes after the last row group, to the end.
-    pub tail: Bytes,
-    /// The output's shape: rows, then one row's features.
-    pub shape: Vec<usize>,
-}
-
-impl Outline {
-    /// Where the tail starts.
-    #[must_use]
-    pub fn tail_start(&self) -> u64 {
-        self.len - self.tail.len() as u64
-    }
-
-    /// The bytes `[start, end)` known without any features: the leading magic and the tail.
-    #[must_use]
-    pub fn known(&self, start: u64, end: u64) -> Option<Bytes> {
-        let tail_start = self.tail_start();
-        if end <= MAGIC.len() as u64 {
-            Some(Bytes::from_static(MAGIC).slice(usize::try_from(start).ok()?..usize::try_from(end).ok()?))
-        } else if start >= tail_start {
-            let at = |n: u64| usize::try_from(n - tail_start).ok();
-            Some(self.tail.slice(at(start)?..at(end)?))
-        } else {
-            None
-        }
-    }
-}
-
-/// The outline of the Parquet output of the file whose footer is `footer` (read to keep the
-/// other columns), with `shape` the features of one row: the same writer as [`write`], run over
-/// zeros where the kept chunks and the features would be (its output discarded but for the
-/// tail). A features chunk is encoded once per distinct row count.
-///
-/// # Errors
-/// `BadInput` for kept chunks the footer places outside the file; `InvalidArgument` for `bf16`;
-/// `Internal` for what the writer refuses.
-pub fn outline(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &str)) -> Result<Outline, PushdownError> {
-    // The parquet crate panics on some damaged metadata (`layout::UNREADABLE`).
-    guarded(UNREADABLE, || lay_out(footer, shape, dtype, model))
-}
-
-fn lay_out(footer: &Footer, shape: &[usize], dtype: Dtype, model: (&str, &str)) -> Result<Outline, PushdownError> {
-    let kept = footer.kept().ok_or_else(|| internal(&"the footer was not read to keep the other columns"))?;
-    let tail_from = Arc::new(AtomicU64::new(u64::MAX));
-    let sink = TailSink { at: 0, from: tail_from.clone(), kept: Vec::new() };
-    let mut out = OutputWriter::new(&kept, shape, dtype, model, sink)?;
-    let mut encoded: Vec<(usize, ColumnCloseResult)> = Vec::new();
-    let (mut groups, mut rows) = (Vec::with_capacity(footer.group_count()), 0usize);
-    for part in 0..footer.group_count() {
-        let (n, chunks) = footer.kept_chunks(part, None)?;
-        rows += n;
-        if n == 0 {
-            let at = out.position();
-            groups.push((at, at));
-            continue;
-        }
-        let close = match encoded.iter().find(|(r, _)| *r == n) {
-            Some((_, close)) => close.clone(),
-            // Encoding zeros costs what encoding features does: at most a request's rows in all.
-            None if encoded.iter().map(|(r, _)| r).sum::<usize>() + n > MAX_SAMPLES => {
-                return Err(PushdownError::BadInput(format!(
-                    "the Parquet file's row groups have too many different sizes to lay out (more than \
-                     {MAX_SAMPLES} rows in groups of distinct sizes): read it by row-groups"
-                )));
-            }
-            None => {
-                let (_, close) = out.features_chunk(n, None, std::io::sink())?;
-                encoded.push((n, close.clone()));
-                close
-            }
-        };
-        groups.push(out.group(&Zeros, &chunks, n, (&Zeros, close))?);
-    }
-    let tail_start = out.position();
-    tail_from.store(tail_start, Ordering::SeqCst);
-    let sink = out.finish()?;
-    let len = sink.at;
-    let tail = Bytes::from(sink.kept);
-    if len.checked_sub(tail_start) != Some(tail.len() as u64) {
-        return Err(internal(&format!("a tail of {} bytes from {tail_start} of {len}", tail.len())));
-    }
-    Ok(Outline { len, groups, tail, shape: std::iter::once(rows).chain(shape.iter().copied()).collect() })
-}
-
 /// An output being written: the file writer, and how its features column is encoded.
-struct OutputWriter<W: Write + Send> {
+pub(super) struct OutputWriter<W: Write + Send> {
     writer: SerializedFileWriter<W>,
     features: ColumnDescPtr,
     props: WriterPropertiesPtr,
@@ -208,7 +112,13 @@ struct OutputWriter<W: Write + Send> {
 
 impl<W: Write + Send> OutputWriter<W> {
     /// A writer of `kept`'s columns and features of one row's `shape`, into `sink`.
-    fn new(kept: &Kept, shape: &[usize], dtype: Dtype, model: (&str, &str), sink: W) -> Result<Self, PushdownError> {
+    pub(super) fn new(
+        kept: &Kept,
+        shape: &[usize],
+        dtype: Dtype,
+        model: (&str, &str),
+        sink: W,
+    ) -> Result<Self, PushdownError> {
         let per = shape.iter().product::<usize>();
         let schema = Arc::new(output_schema(kept, dtype)?);
         let provenance =
@@ -234,13 +144,13 @@ impl<W: Write + Send> OutputWriter<W> {
     }
 
     /// Bytes written so far.
-    fn position(&self) -> u64 {
+    pub(super) fn position(&self) -> u64 {
         self.writer.bytes_written() as u64
     }
 
     /// The features column's chunk of `rows` rows of `values` (zeros when `None`), encoded into
     /// `sink` (its offsets from the sink's start).
-    fn features_chunk<S: Write + Send>(
+    pub(super) fn features_chunk<S: Write + Send>(
         &self,
         rows: usize,
         values: Option<&[f32]>,
@@ -259,7 +169,7 @@ impl<W: Write + Send> OutputWriter<W> {
     /// One row group of `rows` rows: the kept `chunks`, read from `kept` at their offsets, then
     /// the features chunk (`features`: where its bytes are read from, and its description).
     /// Returns the group's bytes `[start, end)` in the output.
-    fn group<K: ChunkReader, F: ChunkReader>(
+    pub(super) fn group<K: ChunkReader, F: ChunkReader>(
         &mut self,
         kept: &K,
         chunks: &[ColumnChunkMetaData],
@@ -284,54 +194,8 @@ impl<W: Write + Send> OutputWriter<W> {
         Ok((start, self.position()))
     }
 
-    fn finish(self) -> Result<W, PushdownError> {
+    pub(super) fn finish(self) -> Result<W, PushdownError> {
         self.writer.into_inner().map_err(|e| internal(&e))
-    }
-}
-
-/// Zeros of any length: what an outline reads in place of chunks it does not have.
-struct Zeros;
-
-impl Length for Zeros {
-    fn len(&self) -> u64 {
-        u64::MAX
-    }
-}
-
-impl ChunkReader for Zeros {
-    type T = std::io::Repeat;
-
-    fn get_read(&self, _start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(std::io::repeat(0))
-    }
-
-    fn get_bytes(&self, _start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        Ok(Bytes::from(vec![0; length]))
-    }
-}
-
-/// A sink that counts what is written and keeps it from position `from` on (set once the row
-/// groups are written: the writer buffers, so the sink's own count says where a byte lies).
-struct TailSink {
-    at: u64,
-    from: Arc<AtomicU64>,
-    kept: Vec<u8>,
-}
-
-impl Write for TailSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let from = self.from.load(Ordering::SeqCst);
-        let end = self.at + buf.len() as u64;
-        if end > from {
-            let skip = usize::try_from(from.saturating_sub(self.at)).unwrap_or(buf.len());
-            self.kept.extend_from_slice(&buf[skip.min(buf.len())..]);
-        }
-        self.at = end;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
