@@ -186,8 +186,9 @@ impl Gateway {
     /// A body of the output's bytes `[start, end)`, sent by a task of its own in file order: the
     /// magic and the tail from the outline, each row group as [`Self::group_bytes`] gives it.
     /// A client that goes away leaves the task running: the groups it asked for are computed
-    /// into the cache (each under the memory budget), so its retry is served, not computed
-    /// again. A group that fails ends the body early (the client sees a short read, and retries).
+    /// into the cache (each under the memory budget, the task holding a place among
+    /// `max_in_flight` as the request did, or stopping when none is left), so its retry is
+    /// served, not computed again. A group that fails ends the body early (the client sees a short read, and retries).
     fn stream_groups(
         &self,
         groups: Groups,
@@ -197,7 +198,7 @@ impl Gateway {
         let gateway = self.me.upgrade().ok_or_else(|| internal("the gateway is not shared"))?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, BoxError>>(1);
         tokio::spawn(async move {
-            let mut connected = true;
+            let mut place = None;
             let magic = std::iter::once((0, 4, None));
             let parts = outline.groups.iter().enumerate().map(|(g, &(s, e))| (s, e, Some(g)));
             let tail = std::iter::once((outline.tail_start(), outline.len, None));
@@ -213,8 +214,13 @@ impl Gateway {
                 match piece {
                     Ok((bytes, held)) => {
                         // The group's memory is held until its bytes are handed to the connection.
-                        if connected && tx.send(Ok(bytes)).await.is_err() {
-                            connected = false;
+                        if place.is_none() && tx.send(Ok(bytes)).await.is_err() {
+                            // The client went away with its request's place: the groups left
+                            // are computed under a place of their own, or not at all.
+                            match gateway.admission.admit(&gateway.metrics) {
+                                Ok(own) => place = Some(own),
+                                Err(_) => return,
+                            }
                         }
                         drop(held);
                     }
