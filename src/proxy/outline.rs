@@ -16,8 +16,8 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::Gateway;
-use super::pushdown::{SourceSide, byte_range, header_str, if_match, none_match, output_etag};
-use super::source::{Pin, SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
+use super::pushdown::{SourceSide, byte_range, header_str, if_match, none_match, output_etag, read_for_caller};
+use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
 use crate::body::{Body, BoxError};
 use crate::cache::{CacheKey, Fetched, ObjectId, ReadThrough, TensorCache};
 use crate::error::GatewayError;
@@ -169,17 +169,9 @@ impl Gateway {
             SourceOutcome::NotModified(r) | SourceOutcome::Changed(r) => return Ok(Err(r)),
         };
         let delegated = self.delegated(parts, &reader, &accepted)?;
-        let pin = Pin::of(&accepted).unwrap_or_default();
-        drop(accepted);
-        let outcome = delegated.read(pin.read(SourceRange::Tail(table::TAIL_BYTES))).await?;
-        let reader = delegated;
-        match outcome {
-            SourceOutcome::Body(tail) => Ok(Ok((reader, tail))),
-            SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
-                "the object changed between the caller's read and the gateway's: retry".into(),
-            )
-            .into()),
-            SourceOutcome::NotModified(r) | SourceOutcome::Refused(r) => Ok(Err(r)),
+        match read_for_caller(&delegated, accepted, SourceRange::Tail(table::TAIL_BYTES), None).await? {
+            SourceOutcome::Body(tail) => Ok(Ok((delegated, tail))),
+            other => Ok(Err(other.into_response())),
         }
     }
 

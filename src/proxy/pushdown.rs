@@ -151,23 +151,10 @@ impl Gateway {
             },
         };
         let delegated = self.delegated(parts, reader, &accepted)?;
-        let pin = Pin::of(&accepted).unwrap_or_default();
-        drop(accepted);
-        match delegated.read(SourceRead { if_none_match: cached_etag, ..pin.read(range) }).await? {
-            SourceOutcome::Body(body) => {
-                Ok(Fetched::Source { etag: body.etag.clone(), source: SourceBody { delegated: true, ..body } })
-            }
-            SourceOutcome::NotModified(resp) => Ok(Fetched::NotModified(resp)),
-            SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
-                "the object changed between the caller's read and the gateway's: retry".into(),
-            )
-            .into()),
-            SourceOutcome::Refused(resp) => Err(PushdownError::SourceRead(format!(
-                "the store answered the gateway's read of the accepted version with {}",
-                resp.status()
-            ))
-            .into()),
-        }
+        Ok(match read_for_caller(&delegated, accepted, range, cached_etag).await? {
+            SourceOutcome::Body(body) => Fetched::Source { etag: body.etag.clone(), source: body },
+            other => Fetched::NotModified(other.into_response()),
+        })
     }
 
     /// The computation on a cache miss: the source's body read, then the job run on it (for
@@ -176,12 +163,11 @@ impl Gateway {
     async fn compute(
         &self,
         parts: &Parts,
-        job: Job<'_>,
+        mut job: Job<'_>,
         reader: &SourceReader<'_>,
         as_caller: bool,
         source: SourceBody,
     ) -> Result<(Arc<Cached>, Computed), GatewayError> {
-        let mut job = job;
         let ranged = job.ranged();
         let partial = source.partial();
         // The caller's signed HEAD or Range read the store's answer, not the whole source (a
@@ -274,8 +260,8 @@ impl Gateway {
     /// (`backend.access_key`), so that readers which size or sample a file before they read it
     /// (the aws CLI, pyarrow, s3fs) get features on their first read. Both reads need the same
     /// right (S3's `s3:GetObject` covers `HEAD` and ranges); each read asks for the accepted
-    /// version (`If-Match`). Without a gateway key such a request is refused until a whole `GET`
-    /// computed the output (`WholeReadFirst`).
+    /// version ([`Pin`]: `If-Match` its ETag). Without a gateway key such a request is refused
+    /// until a whole `GET` computed the output (`WholeReadFirst`).
     pub(super) fn delegated(
         &self,
         parts: &Parts,
@@ -384,17 +370,39 @@ pub(super) struct Computed {
 /// The version the store let the caller read (`accepted`), read whole by `delegated`
 /// ([`Gateway::delegated`]).
 async fn read_accepted(delegated: &SourceReader<'_>, accepted: SourceBody) -> Result<SourceBody, GatewayError> {
+    match read_for_caller(delegated, accepted, SourceRange::Whole, None).await? {
+        SourceOutcome::Body(body) if !body.partial() => Ok(body),
+        other => Err(PushdownError::SourceRead(format!(
+            "the store answered the gateway's read of the accepted version with {}",
+            other.into_response().status()
+        ))
+        .into()),
+    }
+}
+
+/// The gateway's read of `range` of the version the store let the caller read (`accepted`,
+/// [`Pin`]) by `delegated` ([`Gateway::delegated`]), revalidating a cached output's source
+/// (`cached_etag`) where there is one: the bytes (marked as read for the caller), or
+/// `NotModified`.
+///
+/// # Errors
+/// The object changed since the caller's read (retry), or the store refused the gateway's read.
+pub(super) async fn read_for_caller(
+    delegated: &SourceReader<'_>,
+    accepted: SourceBody,
+    range: SourceRange,
+    cached_etag: Option<&str>,
+) -> Result<SourceOutcome, GatewayError> {
     let pin = Pin::of(&accepted).unwrap_or_default();
     drop(accepted);
-    match delegated.read(pin.read(SourceRange::Whole)).await? {
-        SourceOutcome::Body(body) if !body.partial() => Ok(SourceBody { delegated: true, ..body }),
+    match delegated.read(SourceRead { if_none_match: cached_etag, ..pin.read(range) }).await? {
+        SourceOutcome::Body(body) => Ok(SourceOutcome::Body(SourceBody { delegated: true, ..body })),
+        SourceOutcome::NotModified(resp) => Ok(SourceOutcome::NotModified(resp)),
         SourceOutcome::Changed(_) => Err(PushdownError::SourceRead(
             "the object changed between the caller's read and the gateway's: retry".into(),
         )
         .into()),
-        SourceOutcome::Body(SourceBody { resp, .. })
-        | SourceOutcome::Refused(resp)
-        | SourceOutcome::NotModified(resp) => Err(PushdownError::SourceRead(format!(
+        SourceOutcome::Refused(resp) => Err(PushdownError::SourceRead(format!(
             "the store answered the gateway's read of the accepted version with {}",
             resp.status()
         ))
