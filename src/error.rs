@@ -206,7 +206,7 @@ fn pushdown_spec(e: &PushdownError, msg: String) -> S3ErrorSpec {
         | PushdownError::UnknownModel { .. }
         | PushdownError::UnknownSplit { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "InvalidArgument", msg),
         PushdownError::Unavailable(_) => S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "ServiceUnavailable", msg),
-        PushdownError::Overloaded | PushdownError::TooManyPlans { .. } => {
+        PushdownError::Overloaded | PushdownError::TooManyPlans { .. } | PushdownError::Unwanted => {
             S3ErrorSpec::new(S::SERVICE_UNAVAILABLE, "SlowDown", msg)
         }
         PushdownError::ExceedsBudget { .. } => S3ErrorSpec::new(S::BAD_REQUEST, "EntityTooLarge", msg),

@@ -11,6 +11,7 @@ mod passthrough;
 mod post_object;
 mod pushdown;
 mod source;
+mod streamed;
 mod transparent;
 
 use std::collections::HashMap;

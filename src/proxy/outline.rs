@@ -60,7 +60,7 @@ impl Gateway {
         &self,
         parts: &Parts,
         target: Target,
-        mut job: Job<'_>,
+        mut job: Job,
         authority: &Authority,
         side: SourceSide,
     ) -> Result<Response<Body>, GatewayError> {

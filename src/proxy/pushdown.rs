@@ -11,6 +11,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
 use super::source::{Pin, SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
+use super::streamed::{StreamTo, streams};
 use super::{Caller, Gateway, owner};
 use crate::backend::{forwarded_headers, forwarded_query};
 use crate::body::{Body, Holding};
@@ -32,7 +33,7 @@ impl Gateway {
     /// models (another member of a cluster may serve it already): the directory and the models
     /// store are read again, at most once a second (`UNKNOWN_MODEL_RESCAN`), before the request
     /// is refused.
-    pub(super) async fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, GatewayError> {
+    pub(super) async fn prepare(&self, spec: PushdownSpec, tenant: &str) -> Result<Option<Job>, GatewayError> {
         let pd =
             self.pushdown.as_ref().ok_or_else(|| PushdownError::Unavailable("disabled by configuration".into()))?;
         if !pd.registry().models.contains_key(&spec.model) && pd.rescan_allowed() {
@@ -47,7 +48,7 @@ impl Gateway {
         &self,
         parts: &Parts,
         target: Target,
-        job: Job<'_>,
+        job: Job,
         caller: Caller<'_>,
         hop: bool,
     ) -> Result<Response<Body>, GatewayError> {
@@ -77,25 +78,21 @@ impl Gateway {
     }
 
     /// Serves a pushdown here, in phases: the source read prepared ([`SourceSide::of`]), the cache's
-    /// read-through with the first read ([`Gateway::first_read`]) and, on a miss, the computation
-    /// ([`Gateway::compute`]), then the response ([`respond`]). Backend answers other than the
-    /// source (`NoSuchKey`, `AccessDenied`) pass through as for a plain GET. See `crate::cache` for
-    /// when a cached output is served without asking the store.
+    /// read-through ([`Gateway::read_through`]), then the response ([`respond`]); an outlined
+    /// output's from its outline (`super::outline`), a shard's streamed where it can be
+    /// (`super::streamed`). Backend answers other than the source (`NoSuchKey`, `AccessDenied`)
+    /// pass through as for a plain GET.
     async fn serve(
         &self,
         parts: &Parts,
         target: Target,
-        job: Job<'_>,
+        job: Job,
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
         let side = SourceSide::of(parts, &job, authority)?;
         if job.outlined() {
             return self.serve_outlined(parts, target, job, authority, side).await;
         }
-        // When the store decides who may read (an anonymous reader; any caller in transparent
-        // mode; every caller when clients have store keys of their own), an output is never
-        // served from the cache before the store said yes to this caller on this request.
-        let ask_store = authority.store_decides() || self.backend.has_tenant_keys();
         let key = CacheKey {
             object: ObjectId {
                 bucket: target.bucket.clone().unwrap_or_default(),
@@ -104,6 +101,30 @@ impl Gateway {
             },
             variant: job.variant(),
         };
+        if streams(parts, &job) {
+            return self.serve_streamed(parts, (target, key), job, authority, side).await;
+        }
+        let read = self.read_through(parts, (target, &key), job, authority, side, None).await?;
+        respond(parts, &key, read)
+    }
+
+    /// The cache's read-through of a pushdown output ([`TensorCache::get_or_compute`]): the
+    /// first read ([`Gateway::first_read`]) is the store's say for this caller, and on a miss
+    /// the computation ([`Gateway::compute`]) runs, streaming where `stream` says. See
+    /// `crate::cache` for when a cached output is served without asking the store.
+    pub(super) async fn read_through(
+        &self,
+        parts: &Parts,
+        (target, key): (Target, &CacheKey),
+        job: Job,
+        authority: &Authority,
+        side: SourceSide,
+        stream: Option<StreamTo>,
+    ) -> Result<ReadThrough<Response<Body>, Computed>, GatewayError> {
+        // When the store decides who may read (an anonymous reader; any caller in transparent
+        // mode; every caller when clients have store keys of their own), an output is never
+        // served from the cache before the store said yes to this caller on this request.
+        let ask_store = authority.store_decides() || self.backend.has_tenant_keys();
         // The caller signed its own method; the gateway reads the source with a GET.
         let method = if side.as_caller { parts.method.clone() } else { Method::GET };
         let reader = &SourceReader {
@@ -116,15 +137,15 @@ impl Gateway {
         };
         let ranged = side.ranged;
         let fetch = async move |cached_etag: Option<&str>| self.first_read(parts, reader, ranged, cached_etag).await;
-        let compute = async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source).await;
+        let compute =
+            async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source, stream).await;
         // Objects encrypted with a customer key are never cached: a hit would skip the store's
         // key check.
         let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
-        let read = match cache {
-            Some(cache) => cache.get_or_compute(&key, ask_store, fetch, compute).await?,
-            None => TensorCache::uncached(fetch, compute).await?,
-        };
-        respond(parts, &key, read)
+        match cache {
+            Some(cache) => cache.get_or_compute(key, ask_store, fetch, compute).await,
+            None => TensorCache::uncached(fetch, compute).await,
+        }
     }
 
     /// The first read of a source, as the cache's read-through asks for it: revalidating a
@@ -159,14 +180,16 @@ impl Gateway {
 
     /// The computation on a cache miss: the source's body read, then the job run on it (for
     /// `row-groups`, after the groups' span was read: [`Gateway::run_row_groups`]), its costs
-    /// counted, and the output made cacheable.
-    async fn compute(
+    /// counted, and the output made cacheable. With `stream`, a shard's output is streamed
+    /// while it is computed (`super::streamed`).
+    pub(super) async fn compute(
         &self,
         parts: &Parts,
-        mut job: Job<'_>,
+        mut job: Job,
         reader: &SourceReader<'_>,
         as_caller: bool,
         source: SourceBody,
+        stream: Option<StreamTo>,
     ) -> Result<(Arc<Cached>, Computed), GatewayError> {
         let ranged = job.ranged();
         let partial = source.partial();
@@ -185,6 +208,9 @@ impl Gateway {
         // The output is as fresh as its source (clients such as `aws s3 cp` require the header).
         let source_last_modified = source.header(&http::header::LAST_MODIFIED).map(str::to_owned);
         let (started, source_etag, content_range) = (source.started, source.etag, source.content_range);
+        if let Some(to) = stream {
+            job.stream_to(to.streaming(source_etag.clone(), source_last_modified.clone()));
+        }
         let spec = job.spec().clone();
         let object = job.read_source(source.resp.into_body(), declared).await?;
         let (fetch, source_bytes, out) = match content_range.filter(|_| partial && ranged) {
@@ -204,7 +230,7 @@ impl Gateway {
     /// was read from version `etag`: its footer names the groups' span, read next with
     /// `reader`. Returns the fetch time (since `started`), the source bytes read and the output.
     pub(super) async fn run_row_groups(
-        mut job: Job<'_>,
+        mut job: Job,
         reader: &SourceReader<'_>,
         etag: &str,
         (len, offset, tail): (u64, u64, bytes::Bytes),
@@ -285,7 +311,7 @@ impl Gateway {
     /// The row groups' bytes `start..end` of a Parquet file of `len` bytes, from the version its
     /// footer was read from (`etag`).
     async fn read_row_groups(
-        job: &mut Job<'_>,
+        job: &mut Job,
         reader: &SourceReader<'_>,
         etag: &str,
         (start, end, len): (u64, u64, u64),
@@ -325,7 +351,7 @@ pub(super) struct SourceSide {
 }
 
 impl SourceSide {
-    fn of(parts: &Parts, job: &Job<'_>, authority: &Authority) -> Result<Self, GatewayError> {
+    fn of(parts: &Parts, job: &Job, authority: &Authority) -> Result<Self, GatewayError> {
         // Transparent mode: the source is read with the caller's own signed request.
         let as_caller = matches!(authority, Authority::Caller(_));
         let query = forwarded_query(parts.uri.query()).and_then(|q| pushdown_spec::without_trigger_params(&q));
@@ -362,7 +388,7 @@ impl SourceSide {
 
 /// What a computation holds beside its output until the response is sent: the output's memory
 /// reservation, and its `server-timing`.
-pub(super) struct Computed {
+pub(crate) struct Computed {
     pub(super) reservation: Vec<crate::pushdown::governor::Held>,
     timing: String,
 }
@@ -411,7 +437,7 @@ pub(super) async fn read_for_caller(
 }
 
 /// The answer for how the read-through ended.
-fn respond(
+pub(super) fn respond(
     parts: &Parts,
     key: &CacheKey,
     read: ReadThrough<Response<Body>, Computed>,

@@ -45,6 +45,11 @@ pub enum PushdownError {
     Model(String),
     #[error("internal pushdown error: {0}")]
     Internal(String),
+    /// Nobody waits for the rest of a streamed output (ADR 0031): a `HEAD` answered from its
+    /// layout, or a client gone when no admission place was left to finish it into the cache.
+    /// Ends the job; never an answer (the response went before it).
+    #[error("nobody waits for the rest of the output")]
+    Unwanted,
 }
 
 /// Runs a third-party parser of untrusted bytes, turning its panics into `400 BadInput` (`what`:

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::TryStreamExt;
 
-use super::encode::{stack, tar_overhead, write_tar};
+use super::encode::{ShardLayout, stack, tar_overhead, write_tar};
 use super::engine::Engine;
 use super::error::PushdownError;
-use super::parse::{JobInput, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
+use super::parse::{Item, JobInput, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
 use super::registry::Model;
 use super::service::{Output, Pushdown, Run};
 use super::spec::{Dtype, Format, PushdownSpec};
+use super::stream::{Laid, Sender, Streaming};
 use super::tensor::Tensor;
 use super::{governor, memory, table, tensor};
 
@@ -21,8 +23,8 @@ use super::{governor, memory, table, tensor};
 /// engine, and every memory hold the request takes (its source, its samples' outputs), released
 /// together when the response has been sent ([`Output::reservation`]).
 #[derive(Debug)]
-pub(crate) struct Job<'a> {
-    pub(super) service: &'a Pushdown,
+pub(crate) struct Job {
+    pub(super) service: Arc<Pushdown>,
     /// The request's fields, `split=auto` resolved.
     pub(super) spec: PushdownSpec,
     pub(super) model: Arc<Model>,
@@ -40,9 +42,11 @@ pub(crate) struct Job<'a> {
     /// (`Pushdown::arrivals`): its samples are decoded and run after those of the tenant's earlier
     /// requests (ADR 0019, ADR 0021).
     pub(super) arrival: u64,
+    /// Where a shard's output goes while it is computed ([`Self::stream_to`]).
+    pub(super) streaming: Option<Streaming>,
 }
 
-impl Job<'_> {
+impl Job {
     /// The request's fields with the split resolved.
     #[must_use]
     pub(crate) fn spec(&self) -> &PushdownSpec {
@@ -126,6 +130,13 @@ impl Job<'_> {
         hold.shrink_to(object.len() as u64);
         self.source = Some(hold);
         Ok(object)
+    }
+
+    /// Streams the output while it is computed, where it is a shard's (ADR 0031): the layout
+    /// is told once the shard is parsed, then its bytes in order as they are ready. Other
+    /// outputs drop `streaming` unused.
+    pub(crate) fn stream_to(&mut self, streaming: Streaming) {
+        self.streaming = Some(streaming);
     }
 
     /// Whether the request reads its source by ranges: a Parquet file's row groups.
@@ -219,7 +230,8 @@ impl Job<'_> {
         source: table::Source,
         footer: table::Footer,
     ) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, JobInput::Table(source, Box::new(footer))).await?;
+        let service = self.service.clone();
+        let mut out = service.compute(&self, JobInput::Table(source, Box::new(footer)), None).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
@@ -243,7 +255,8 @@ impl Job<'_> {
     /// # Errors
     /// Unusable input, overload (queue full or memory wait too long), or inference failure.
     pub async fn run(mut self, object: Bytes) -> Result<Output, PushdownError> {
-        let mut out = self.service.compute(&self, JobInput::Object(object)).await?;
+        let (service, streaming) = (self.service.clone(), self.streaming.take());
+        let mut out = service.compute(&self, JobInput::Object(object), streaming).await?;
         out.reservation.extend(self.source.take());
         Ok(out)
     }
@@ -259,7 +272,11 @@ impl Pushdown {
     ///
     /// # Errors
     /// Pushdown unavailable, unknown model or split (naming what exists).
-    pub(crate) fn prepare(&self, mut spec: PushdownSpec, tenant: &str) -> Result<Option<Job<'_>>, PushdownError> {
+    pub(crate) fn prepare(
+        self: &Arc<Self>,
+        mut spec: PushdownSpec,
+        tenant: &str,
+    ) -> Result<Option<Job>, PushdownError> {
         let mut plan = None;
         if spec.split == crate::planner::AUTO {
             let (split, chosen) = self.auto_split(tenant, &spec.model).ok_or_else(|| PushdownError::UnknownModel {
@@ -281,7 +298,7 @@ impl Pushdown {
         let split = split_def(&model, &spec.split)?.name.clone();
         let arrival = self.arrivals.number(spec.seq.as_ref());
         Ok(Some(Job {
-            service: self,
+            service: self.clone(),
             spec,
             model,
             split,
@@ -291,17 +308,30 @@ impl Pushdown {
             engine_wait: Duration::ZERO,
             source: None,
             arrival,
+            streaming: None,
         }))
     }
 
     /// Runs the prefix on an object's bytes and encodes the result ([`Job::run`]), in phases:
     /// parse the source into samples ([`Self::parse_source`]), admit the outputs' memory
     /// ([`Self::admit_outputs`]), run the samples ([`Self::infer`]), encode ([`encode_output`]).
-    pub(super) async fn compute(&self, job: &Job<'_>, input: JobInput) -> Result<Output, PushdownError> {
+    /// A shard's output is laid out once it is parsed and its samples' pieces are encoded as
+    /// they are computed ([`Self::infer_shard`]), streamed where the request path asks.
+    pub(super) async fn compute(
+        &self,
+        job: &Job,
+        input: JobInput,
+        streaming: Option<Streaming>,
+    ) -> Result<Output, PushdownError> {
         let (engine, memory, batch_cap) = job.engine().await?;
+        let source_bytes = match &input {
+            JobInput::Object(object) => object.len() as u64,
+            JobInput::Table(..) => 0,
+        };
         let t0 = Instant::now();
         let (parsed, scratch, table_source) = self.parse_source(job, input).await?;
         let parse_time = t0.elapsed();
+        let layout = shard_layout(job, &parsed, &memory.output_shape)?;
 
         let t1 = Instant::now();
         let (stream, outputs_held) = self.admit_outputs(job, &parsed, &memory).await?;
@@ -320,23 +350,97 @@ impl Pushdown {
             tenant: &job.tenant,
             arrival: job.arrival,
         };
-        let (parsed, outputs, groups_time) = self.infer(&run, parsed, scratch, table_source).await?;
-        let infer_time = t1.elapsed().saturating_sub(groups_time);
-
-        let t2 = Instant::now();
-        let (body, shape, content_type) = encode_output(job, parsed, outputs).await?;
+        let (body, shape, content_type, groups_time, encode) = match layout {
+            Some(layout) => {
+                let laid = Laid {
+                    len: layout.len,
+                    shape: layout.shape(),
+                    content_type: content_type(layout.format),
+                    source_bytes,
+                };
+                let sender = streaming.map(|s| Sender::start(s, laid).ok_or(PushdownError::Unwanted)).transpose()?;
+                let (body, encode) = self.infer_shard(&run, parsed, scratch, layout.clone(), sender).await?;
+                (body, layout.shape(), content_type(layout.format), Duration::ZERO, encode)
+            }
+            None => {
+                let (parsed, outputs, groups_time) = self.infer(&run, parsed, scratch, table_source).await?;
+                let t2 = Instant::now();
+                let (body, shape, content_type) = encode_output(job, parsed, outputs).await?;
+                (Bytes::from(body), shape, content_type, groups_time, t2.elapsed())
+            }
+        };
+        let infer_time = t1.elapsed().saturating_sub(groups_time + encode);
         tracing::debug!(arrival = job.arrival, bytes = body.len(), "Output encoded.");
         drop(stream);
         Ok(Output {
-            body: Bytes::from(body),
+            body,
             content_type,
             shape,
             split: job.split.clone(),
             decode: parse_time + groups_time,
             infer: infer_time,
-            encode: t2.elapsed(),
+            encode,
             reservation: vec![outputs_held],
         })
+    }
+
+    /// Infer phase of a shard laid out before it is computed: every sample through the engine
+    /// ([`Self::sample_runs`]), each run of samples ready in source order encoded into its pieces
+    /// on a blocking thread as it completes, and sent on (`sender`) as it is. Returns the whole
+    /// output and the time spent encoding.
+    async fn infer_shard(
+        &self,
+        run: &Run<'_>,
+        mut parsed: Parsed,
+        scratch: Vec<u64>,
+        layout: Arc<ShardLayout>,
+        mut sender: Option<Sender>,
+    ) -> Result<(Bytes, Duration), PushdownError> {
+        let mut send = |bytes: &Bytes| sender.as_mut().map_or(Ok(()), |s| s.send(bytes.clone()));
+        let (items, order) = (std::mem::take(&mut parsed.items), std::mem::take(&mut parsed.order));
+        let mut pieces = Vec::with_capacity(order.len() + 2);
+        pieces.push(layout.head.clone());
+        send(&layout.head)?;
+        let runs = self.sample_runs(run, (items, scratch, order), &parsed.keys);
+        let mut runs = std::pin::pin!(runs);
+        let (mut ready, mut next, mut encoding) = (std::collections::BTreeMap::new(), 0, Duration::ZERO);
+        while let Some((i, out)) = runs.try_next().await? {
+            ready.insert(i, out);
+            let mut batch = Vec::new();
+            while let Some(out) = ready.remove(&next) {
+                batch.push((next, out));
+                next += 1;
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let (t, layout) = (Instant::now(), layout.clone());
+            let encoded = tokio::task::spawn_blocking(move || {
+                batch.iter().map(|(i, out)| layout.piece(*i, out).map(Bytes::from)).collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))??;
+            encoding += t.elapsed();
+            for piece in encoded {
+                send(&piece)?;
+                pieces.push(piece);
+            }
+        }
+        tracing::debug!(arrival = run.arrival, "Samples computed.");
+        send(&layout.tail)?;
+        pieces.push(layout.tail.clone());
+        let t = Instant::now();
+        let body = tokio::task::spawn_blocking(move || Bytes::from(pieces.concat()))
+            .await
+            .map_err(|e| PushdownError::Internal(e.to_string()))?;
+        if body.len() as u64 != layout.len {
+            return Err(PushdownError::Internal(format!(
+                "a shard's output is {} bytes, laid out as {}",
+                body.len(),
+                layout.len
+            )));
+        }
+        Ok((body, encoding + t.elapsed()))
     }
 
     /// Parse phase, on a blocking thread: the source as samples in engine order, each image's
@@ -344,7 +448,7 @@ impl Pushdown {
     /// once the governor holds what that takes), and the source as a Parquet file when it is one.
     async fn parse_source(
         &self,
-        job: &Job<'_>,
+        job: &Job,
         input: JobInput,
     ) -> Result<(Parsed, Vec<u64>, Option<table::Source>), PushdownError> {
         let model = job.model.clone();
@@ -388,7 +492,7 @@ impl Pushdown {
     /// kept columns again.
     async fn admit_outputs(
         &self,
-        job: &Job<'_>,
+        job: &Job,
         parsed: &Parsed,
         memory: &memory::MemoryModel,
     ) -> Result<(governor::Stream, governor::Held), PushdownError> {
@@ -484,25 +588,61 @@ fn parquet_only() -> PushdownError {
     }
 }
 
-/// Encode phase, on a blocking thread: the outputs as the requested format (default `.npy`, or
-/// safetensors for keyed sources and `bf16`), with its shape and content type.
-async fn encode_output(
-    job: &Job<'_>,
-    parsed: Parsed,
-    outputs: Vec<Tensor>,
-) -> Result<(Vec<u8>, Vec<usize>, &'static str), PushdownError> {
-    let format = job.spec.format.unwrap_or(if parsed.kind.keyed() || job.spec.dtype == Dtype::Bf16 {
+/// The output format a request gets: the one it names, else safetensors for keyed sources
+/// (shards, tables) and `bf16`, else `.npy`.
+fn output_format(job: &Job, kind: Kind) -> Format {
+    job.spec.format.unwrap_or(if kind.keyed() || job.spec.dtype == Dtype::Bf16 {
         Format::Safetensors
     } else {
         Format::Npy
-    });
+    })
+}
+
+/// The metadata of a safetensors output: the model, the split, and a keyed source's keys.
+fn safetensors_meta(job: &Job, keys: Option<&[String]>) -> HashMap<String, String> {
+    let mut meta =
+        HashMap::from([("model".to_owned(), job.model.manifest.name.clone()), ("split".to_owned(), job.split.clone())]);
+    if let Some(keys) = keys {
+        // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
+        meta.insert("keys".to_owned(), serde_json::to_string(keys).expect("strings serialize"));
+    }
+    meta
+}
+
+/// A shard's output laid out from its parse and the split's output shape (`sample`), before
+/// any feature is computed (ADR 0031); `None` for other sources, answered whole, and for a
+/// shard of `.npy` inputs, whose outputs' shapes follow from each input's own.
+fn shard_layout(job: &Job, parsed: &Parsed, sample: &[usize]) -> Result<Option<Arc<ShardLayout>>, PushdownError> {
+    let format = output_format(job, parsed.kind);
+    let images = parsed.items.iter().all(|item| matches!(item, Item::Image(_)));
+    if parsed.kind != Kind::Shard || format == Format::Parquet || sample.is_empty() || !images {
+        return Ok(None);
+    }
+    let meta = safetensors_meta(job, Some(&parsed.keys));
+    let samples = (parsed.keys.as_slice(), parsed.labels.as_deref(), parsed.others.as_slice());
+    Ok(Some(Arc::new(ShardLayout::new((format, job.spec.dtype), sample, samples, meta)?)))
+}
+
+fn content_type(format: Format) -> &'static str {
+    match format {
+        Format::Npy => "application/x-npy",
+        Format::Safetensors => "application/vnd.safetensors",
+        Format::Tar => "application/x-tar",
+        Format::Parquet => "application/vnd.apache.parquet",
+    }
+}
+
+/// Encode phase, on a blocking thread: the outputs as the requested format (default `.npy`, or
+/// safetensors for keyed sources and `bf16`), with its shape and content type.
+async fn encode_output(
+    job: &Job,
+    parsed: Parsed,
+    outputs: Vec<Tensor>,
+) -> Result<(Vec<u8>, Vec<usize>, &'static str), PushdownError> {
+    let format = output_format(job, parsed.kind);
     let dtype = job.spec.dtype;
     let names = (job.model.manifest.name.clone(), job.split.clone());
-    let mut meta = HashMap::from([("model".to_owned(), names.0.clone()), ("split".to_owned(), names.1.clone())]);
-    if parsed.kind.keyed() {
-        // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
-        meta.insert("keys".to_owned(), serde_json::to_string(&parsed.keys).expect("strings serialize"));
-    }
+    let meta = safetensors_meta(job, Some(&parsed.keys).filter(|_| parsed.kind.keyed()).map(Vec::as_slice));
     let Parsed { kind, labels, keys, others, kept, .. } = parsed;
     let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
         if format == Format::Tar {
@@ -524,11 +664,5 @@ async fn encode_output(
     })
     .await
     .map_err(|e| PushdownError::Internal(e.to_string()))??;
-    let content_type = match format {
-        Format::Npy => "application/x-npy",
-        Format::Safetensors => "application/vnd.safetensors",
-        Format::Tar => "application/x-tar",
-        Format::Parquet => "application/vnd.apache.parquet",
-    };
-    Ok((body, shape, content_type))
+    Ok((body, shape, content_type(format)))
 }

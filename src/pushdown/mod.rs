@@ -38,6 +38,7 @@ pub(crate) mod runtime;
 mod service;
 pub mod shard;
 pub mod spec;
+pub(crate) mod stream;
 pub mod table;
 pub mod tensor;
 pub mod text;

@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::try_join_all;
+use futures_util::TryStreamExt;
 
 use super::clock::{CpuTally, cpu_timed};
 use super::engine::{Engine, EngineConfig};
@@ -459,20 +459,39 @@ pub(super) struct Run<'a> {
 }
 
 impl Pushdown {
-    /// Runs samples through the engine: each admitted by the request's stream (module docs of
-    /// [`governor`]), an image preprocessed on a blocking thread (one per core at a time, tenants
-    /// in turn), then inferred. `items[j]` is the source's sample `order[j]`, named by
-    /// `keys[order[j]]` in errors; the outputs come back in source order.
+    /// Runs samples through the engine ([`Self::sample_runs`]); the outputs come back in source
+    /// order.
     pub(super) async fn run_samples(
         &self,
         run: &Run<'_>,
-        (items, scratch, order): (Vec<Item>, Vec<u64>, Vec<usize>),
+        samples: (Vec<Item>, Vec<u64>, Vec<usize>),
         keys: &[String],
     ) -> Result<Vec<Tensor>, PushdownError> {
+        let count = samples.2.len();
+        let ran: Vec<(usize, Tensor)> = self.sample_runs(run, samples, keys).try_collect().await?;
+        tracing::debug!(arrival = run.arrival, "Samples computed.");
+        let mut outputs: Vec<Option<Tensor>> = (0..count).map(|_| None).collect();
+        for (i, out) in ran {
+            outputs[i] = Some(out);
+        }
+        Ok(outputs.into_iter().flatten().collect())
+    }
+
+    /// Samples through the engine: each admitted by the request's stream (module docs of
+    /// [`governor`]), an image preprocessed on a blocking thread (one per core at a time, tenants
+    /// in turn), then inferred; all at once, as the stream admits them. `items[j]` is the
+    /// source's sample `order[j]`, named by `keys[order[j]]` in errors. The outputs come in
+    /// engine order, each with its place in the source.
+    pub(super) fn sample_runs<'r>(
+        &'r self,
+        run: &'r Run<'_>,
+        (items, scratch, order): (Vec<Item>, Vec<u64>, Vec<usize>),
+        keys: &'r [String],
+    ) -> impl futures_util::Stream<Item = Result<(usize, Tensor), PushdownError>> + 'r {
         let max_pixels = self.cfg.max_image_pixels;
         // When each request's samples start and end: the order requests are computed in (ADR 0019).
         tracing::debug!(arrival = run.arrival, samples = order.len(), "Samples ready.");
-        let runs = items.into_iter().zip(scratch).zip(order.iter().copied()).map(|((item, scratch), i)| async move {
+        let runs = items.into_iter().zip(scratch).zip(order).map(move |((item, scratch), i)| async move {
             let slot = run.stream.admit(scratch).await?;
             run.samples.inc();
             // Decoded no further ahead of the engine than it can use: the oldest requests'
@@ -506,15 +525,9 @@ impl Pushdown {
             let out =
                 run.engine.infer(run.tenant, place, input, run.cap).await.map_err(|e| name_sample(e, keys.get(i)));
             drop(slot);
-            out
+            out.map(|t| (i, t))
         });
-        let ran = try_join_all(runs).await?;
-        tracing::debug!(arrival = run.arrival, "Samples computed.");
-        let mut outputs: Vec<Option<Tensor>> = (0..order.len()).map(|_| None).collect();
-        for (i, out) in order.into_iter().zip(ran) {
-            outputs[i] = Some(out);
-        }
-        Ok(outputs.into_iter().flatten().collect())
+        runs.collect::<futures_util::stream::FuturesOrdered<_>>()
     }
 }
 

@@ -143,7 +143,7 @@ pub(crate) fn framing_bytes(members: usize, longest_name: usize) -> usize {
 /// and then its other members as they were, so that a WebDataset reader groups them under the same
 /// keys. Names are written byte for byte as read (`./a/0001` stays so; a name over 100 bytes gets a
 /// GNU long-name record). Deterministic: every header has mode 0644, owner 0 and time 0, so equal
-/// inputs give equal bytes (and ETags).
+/// inputs give equal bytes (and ETags). The samples' [`write_sample`]s, then [`END`].
 ///
 /// # Errors
 /// Only if writing to memory fails (a bug).
@@ -151,18 +151,45 @@ pub fn write<'a>(
     samples: impl Iterator<Item = (&'a str, Vec<u8>, &'a [(String, Bytes)])>,
     capacity: usize,
 ) -> Result<Vec<u8>, PushdownError> {
+    let mut out = Vec::with_capacity(capacity);
+    for (key, features, others) in samples {
+        out.extend_from_slice(&write_sample(key, &features, others)?);
+    }
+    out.extend_from_slice(&END);
+    Ok(out)
+}
+
+/// The end of a tar archive: two zero blocks.
+pub(crate) const END: [u8; 1024] = [0; 1024];
+
+/// One sample's members of a shard [`write`] makes: `{key}.npy` holding `features`, then its
+/// other members; no end blocks, so that samples written apart concatenate into the archive.
+///
+/// # Errors
+/// Only if writing to memory fails (a bug).
+pub(crate) fn write_sample(key: &str, features: &[u8], others: &[(String, Bytes)]) -> Result<Vec<u8>, PushdownError> {
+    let capacity = member_bytes(key.len() + 4, features.len())
+        + others.iter().map(|(e, d)| member_bytes(key.len() + 1 + e.len(), d.len())).sum::<usize>();
     let mut tar = tar::Builder::new(Vec::with_capacity(capacity));
     let mut append = |name: &str, data: &[u8]| {
         append_exact(&mut tar, name.as_bytes(), data)
             .map_err(|e| PushdownError::Internal(format!("tar member {name:?}: {e}")))
     };
-    for (key, features, others) in samples {
-        append(&format!("{key}.npy"), &features)?;
-        for (ext, data) in others {
-            append(&format!("{key}.{ext}"), data)?;
-        }
+    append(&format!("{key}.npy"), features)?;
+    for (ext, data) in others {
+        append(&format!("{key}.{ext}"), data)?;
     }
-    tar.into_inner().map_err(|e| PushdownError::Internal(format!("tar: {e}")))
+    // Taken before the builder's drop writes the end blocks (into the emptied buffer).
+    Ok(std::mem::take(tar.get_mut()))
+}
+
+/// The bytes [`write_sample`] gives a member of `size` bytes named by `name_len` bytes: a
+/// GNU long-name record over 100 bytes (its header and the name, NUL-ended, in whole blocks),
+/// the member's header, its data in whole blocks.
+#[must_use]
+pub(crate) fn member_bytes(name_len: usize, size: usize) -> usize {
+    let long_name = if name_len > 100 { 512 + (name_len + 1).next_multiple_of(512) } else { 0 };
+    long_name + 512 + size.next_multiple_of(512)
 }
 
 /// One regular member named exactly `name` (the `tar` crate's own path setter normalises `./`
@@ -233,6 +260,8 @@ mod tests {
         let bytes = write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("write");
         assert_eq!(bytes, write(rows.iter().map(|(k, f, o)| (*k, f.clone(), *o)), 0).expect("again"));
         assert!(bytes.len() <= 2 + 1 + 2 + 2 + 2 + framing_bytes(5, long.len() + 4));
+        let sizes = [(8 + 4, 2), (8 + 4, 1), (8 + 10, 2), (long.len() + 4, 2), (long.len() + 4, 1)];
+        assert_eq!(bytes.len(), sizes.iter().map(|&(n, s)| member_bytes(n, s)).sum::<usize>() + END.len());
         let mut names = Vec::new();
         let mut tar = tar::Archive::new(bytes.as_slice());
         for e in tar.entries().expect("entries") {

@@ -101,20 +101,27 @@ pub(crate) fn encode_values(data: &[f32], dtype: Dtype) -> Vec<u8> {
 /// A `.npy` (version 1.0) file holding `t` as `dtype` (`f32` or `f16`).
 #[must_use]
 pub fn write_npy(t: &Tensor, dtype: Dtype) -> Vec<u8> {
+    let mut out = npy_header(&t.shape, dtype);
+    out.extend_from_slice(&encode_values(&t.data, dtype));
+    out
+}
+
+/// The header of a `.npy` (version 1.0) file of `shape` in `dtype`: what precedes its values.
+#[must_use]
+pub(crate) fn npy_header(shape: &[usize], dtype: Dtype) -> Vec<u8> {
     let descr = if dtype == Dtype::F16 { "<f2" } else { "<f4" };
-    let dims: Vec<String> = t.shape.iter().map(ToString::to_string).collect();
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
     let shape = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     // Pad so that magic + version + length + header is a multiple of 64, ending in '\n'.
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));
     header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + t.data.len() * 4);
+    let mut out = Vec::with_capacity(10 + header.len());
     out.extend_from_slice(NPY_MAGIC);
     out.extend_from_slice(&[1, 0]);
     out.extend_from_slice(&u16::try_from(header.len()).expect("short header").to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&encode_values(&t.data, dtype));
     out
 }
 
@@ -158,6 +165,50 @@ pub fn write_safetensors(
     canonical_header(&bytes).ok_or_else(|| PushdownError::Internal("safetensors: unreadable header".into()))
 }
 
+/// The bytes of a safetensors file of `features` (of `shape`, in `dtype`) and `labels` that
+/// precede the features' values: the file [`write_safetensors`] writes for them is these bytes
+/// and then the values. The header is in its canonical form ([`canonical_header`]), and the
+/// labels' data come first, as the format lays tensors out by descending dtype (`I64` above
+/// the float types; a test holds both writers to equal bytes).
+///
+/// # Errors
+/// A shape whose size overflows.
+pub(crate) fn safetensors_head(
+    shape: &[usize],
+    labels: Option<&[i64]>,
+    dtype: Dtype,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, PushdownError> {
+    use std::collections::BTreeMap;
+    let name = match dtype {
+        Dtype::F32 => "F32",
+        Dtype::F16 => "F16",
+        Dtype::Bf16 => "BF16",
+    };
+    let values = shape
+        .iter()
+        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+        .ok_or_else(|| PushdownError::Internal("safetensors: the features' size overflows".into()))?;
+    let label_bytes: Vec<u8> = labels.unwrap_or_default().iter().flat_map(|v| v.to_le_bytes()).collect();
+    let at = label_bytes.len();
+    let mut header: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    if let Some(l) = labels {
+        let info = serde_json::json!({ "dtype": "I64", "shape": [l.len()], "data_offsets": [0, at] });
+        header.insert("labels".to_owned(), info);
+    }
+    let info = serde_json::json!({ "dtype": name, "shape": shape, "data_offsets": [at, at + values] });
+    header.insert("features".to_owned(), info);
+    let sorted: BTreeMap<String, String> = metadata.into_iter().collect();
+    header.insert("__metadata__".to_owned(), serde_json::json!(sorted));
+    let mut json = serde_json::to_vec(&header).map_err(|e| PushdownError::Internal(format!("safetensors: {e}")))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + at);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&label_bytes);
+    Ok(out)
+}
+
 /// Rewrites a safetensors file's JSON header with its keys sorted. `safetensors::serialize` writes
 /// the metadata map in `HashMap` order, which differs between runs: the same output must be the
 /// same bytes (its ETag promises so, and ranges of one response are combined with another's).
@@ -183,6 +234,20 @@ fn canonical_header(file: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn safetensors_head_and_values_are_the_written_file() {
+        let t = Tensor { shape: vec![3, 2], data: vec![1.0, -2.5, 3.25, 0.0, 7.0, 1e-3] };
+        let meta = || HashMap::from([("model".to_owned(), "m".to_owned()), ("keys".to_owned(), "[\"a\"]".to_owned())]);
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            for labels in [None, Some(&[3_i64, -1, 9][..])] {
+                let file = write_safetensors(&[("features", &t)], labels, dtype, meta()).expect("write");
+                let mut head = safetensors_head(&t.shape, labels, dtype, meta()).expect("head");
+                head.extend_from_slice(&encode_values(&t.data, dtype));
+                assert_eq!(head, file, "{dtype:?} {labels:?}");
+            }
+        }
+    }
 
     #[test]
     fn safetensors_bytes_do_not_depend_on_map_order() {

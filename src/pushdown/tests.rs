@@ -24,7 +24,7 @@ const SAMPLE: [usize; 3] = [3, 32, 32];
 const SAMPLE_LEN: usize = 3 * 32 * 32;
 
 struct Fixture {
-    service: Pushdown,
+    service: Arc<Pushdown>,
     fake: Arc<FakeInference>,
     _models: tempfile::TempDir,
 }
@@ -45,7 +45,7 @@ fn fixture(max_object_bytes: u64) -> Fixture {
     };
     let cfg = settings.pushdown_config(crate::metrics::Metrics::new());
     let fake = Arc::new(FakeInference::default());
-    let service = Pushdown::with_inference(cfg, Ok(fake.clone() as Arc<dyn Inference>));
+    let service = Arc::new(Pushdown::with_inference(cfg, Ok(fake.clone() as Arc<dyn Inference>)));
     Fixture { service, fake, _models: models }
 }
 
@@ -78,7 +78,7 @@ fn samples_run(f: &Fixture, split: &str) -> u64 {
 }
 
 /// One request through the path, its source read from memory.
-async fn request(service: &Pushdown, spec: PushdownSpec, source: Bytes) -> Result<Output, PushdownError> {
+async fn request(service: &Arc<Pushdown>, spec: PushdownSpec, source: Bytes) -> Result<Output, PushdownError> {
     let mut job = service.prepare(spec, "tenant")?.expect("a pushdown, not a plain read");
     let declared = Some(source.len() as u64);
     let object = job.read_source(crate::body::Body::from(source), declared).await?;
@@ -196,8 +196,10 @@ async fn bad_requests_are_refused_before_any_sample_runs() {
 async fn without_a_runtime_pushdown_is_unavailable() {
     let models = tempfile::tempdir().expect("temp dir");
     let settings = crate::config::PushdownSettings { models_dir: models.path().to_owned(), ..Default::default() };
-    let service =
-        Pushdown::with_inference(settings.pushdown_config(crate::metrics::Metrics::new()), Err("no runtime".into()));
+    let service = Arc::new(Pushdown::with_inference(
+        settings.pushdown_config(crate::metrics::Metrics::new()),
+        Err("no runtime".into()),
+    ));
     assert_eq!(service.available(), Err("no runtime"));
     let e = service.prepare(spec("block1", None), "tenant").expect_err("unavailable");
     assert!(matches!(e, PushdownError::Unavailable(ref why) if why == "no runtime"), "{e:?}");
