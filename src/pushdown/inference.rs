@@ -149,18 +149,21 @@ pub(crate) mod fake {
         [sum, max, sample.first().copied().unwrap_or(0.0)]
     }
 
-    /// Counts the sessions it made.
+    /// Counts the sessions it made; a test holding `gate` holds every run back.
     #[derive(Debug, Default)]
     pub(crate) struct FakeInference {
         pub(crate) sessions: AtomicUsize,
+        pub(crate) gate: std::sync::Arc<std::sync::Mutex<()>>,
     }
 
-    struct FakeSession;
+    struct FakeSession {
+        gate: std::sync::Arc<std::sync::Mutex<()>>,
+    }
 
     impl Inference for FakeInference {
         fn session(&self, _: &[u8], _: SessionSettings, _: &Path) -> Result<Box<dyn Session>, String> {
             self.sessions.fetch_add(1, Ordering::SeqCst);
-            Ok(Box::new(FakeSession))
+            Ok(Box::new(FakeSession { gate: self.gate.clone() }))
         }
     }
 
@@ -173,6 +176,7 @@ pub(crate) mod fake {
             data: &[f32],
             _: GiveBack,
         ) -> Result<Tensor, String> {
+            drop(self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
             let batch = shape.first().copied().ok_or("no batch dimension")?;
             if batch == 0 || !data.len().is_multiple_of(batch) {
                 return Err(format!("{} values in a batch of {batch}", data.len()));

@@ -159,6 +159,100 @@ async fn a_shard_answers_per_key_in_shard_order() {
     assert_eq!(names, want);
 }
 
+/// A shard of `n` PNG images (keyed `{i}`, labelled `{i % 3}`).
+fn png_shard(n: usize) -> Bytes {
+    let mut tar = tar::Builder::new(Vec::new());
+    for i in 0..n {
+        let mut image = Vec::new();
+        let mut encoder = png::Encoder::new(&mut image, 40, 36);
+        encoder.set_color(png::ColorType::Rgb);
+        let pixels: Vec<u8> = (0..40 * 36 * 3).map(|j| ((j * 7 + i * 31) % 256) as u8).collect();
+        encoder.write_header().and_then(|mut w| w.write_image_data(&pixels)).expect("png");
+        for (ext, data) in [("png", image), ("cls", (i % 3).to_string().into_bytes())] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, format!("{i}.{ext}"), data.as_slice()).expect("member");
+        }
+    }
+    Bytes::from(tar.into_inner().expect("tar"))
+}
+
+/// A streamed shard request: the layout and the bytes as they come, and the job's end.
+async fn streamed(
+    service: &Arc<Pushdown>,
+    format: Format,
+    shard: Bytes,
+    went_away: super::stream::WentAway,
+) -> (
+    tokio::sync::oneshot::Receiver<super::stream::Laid>,
+    tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+    tokio::task::JoinHandle<Result<Output, PushdownError>>,
+) {
+    let (laid, laid_rx) = tokio::sync::oneshot::channel();
+    let (bytes, rx) = tokio::sync::mpsc::unbounded_channel();
+    let streaming = super::stream::Streaming {
+        laid: Box::new(move |l| {
+            let _ = laid.send(l);
+        }),
+        bytes: Some(bytes),
+        went_away,
+    };
+    let service = service.clone();
+    let job = tokio::spawn(async move {
+        let mut job = service.prepare(spec("pool", Some(format)), "tenant")?.expect("a pushdown");
+        job.stream_to(streaming);
+        let declared = Some(shard.len() as u64);
+        let object = job.read_source(crate::body::Body::from(shard), declared).await?;
+        job.run(object).await
+    });
+    (laid_rx, rx, job)
+}
+
+// The test holds the fake's gate across awaits on purpose: the engine's threads, not this
+// task, wait on it.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_is_laid_out_before_any_sample_runs_then_streamed_in_order() {
+    let f = fixture(1 << 20);
+    // The engine started (its probe runs the session) before the runs are held back.
+    request(&f.service, spec("pool", None), npy(SAMPLE.to_vec(), sample(0))).await.expect("warm");
+    let shard = png_shard(9);
+    for format in [Format::Npy, Format::Safetensors, Format::Tar] {
+        let whole = request(&f.service, spec("pool", Some(format)), shard.clone()).await.expect("whole");
+        let held = f.fake.gate.lock().expect("gate");
+        let (laid, mut rx, job) = streamed(&f.service, format, shard.clone(), Box::new(|| None)).await;
+        let laid = laid.await.expect("laid out while no sample can run");
+        assert_eq!((laid.len, laid.shape.as_slice()), (whole.body.len() as u64, [9, FEATURES].as_slice()));
+        assert_eq!((laid.content_type, laid.source_bytes), (whole.content_type, shard.len() as u64));
+        let mut got = rx.recv().await.expect("the head").to_vec();
+        assert!(rx.try_recv().is_err(), "{format:?}: no sample's bytes before its run");
+        drop(held);
+        while let Some(bytes) = rx.recv().await {
+            got.extend_from_slice(&bytes);
+        }
+        let out = job.await.expect("job").expect("output");
+        assert_eq!((got.as_slice(), &out.body), (whole.body.as_ref(), &whole.body), "{format:?}");
+    }
+
+    // A client gone: the job stops when no place is left to finish in, else goes on.
+    for (keep, finishes) in [(false, false), (true, true)] {
+        let went_away: super::stream::WentAway =
+            Box::new(move || keep.then(|| Box::new(()) as Box<dyn std::any::Any + Send>));
+        let held = f.fake.gate.lock().expect("gate");
+        let (laid, rx, job) = streamed(&f.service, Format::Npy, shard.clone(), went_away).await;
+        laid.await.expect("laid out");
+        drop(rx);
+        drop(held);
+        let end = job.await.expect("job");
+        assert_eq!(end.is_ok(), finishes, "{end:?}");
+        if !finishes {
+            assert!(matches!(end, Err(PushdownError::Unwanted)));
+        }
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_are_refused_before_any_sample_runs() {
     let f = fixture(64 * 1024);
