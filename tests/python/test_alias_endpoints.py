@@ -290,6 +290,64 @@ def test_datasets_reads_a_webdataset_shard_of_features_nobody_computed_yet(gw, d
     assert metric(admin, "tensorgate_cache_misses_total") == misses + 1
 
 
+def test_a_large_shard_is_sized_before_it_is_computed_and_a_reader_gone_leaves_it_computed(gw, store):
+    """A WebDataset shard of 600 images nobody computed: a `HEAD` through the `tar` and the
+    default-format endpoint (safetensors for a shard) reports each output's size from the shard's
+    parse alone (nothing computed); a
+    client that reads the first bytes of the `tar` output and hangs up leaves it computed into
+    the cache (streamed to it while computed when that takes over a second), so the retry is
+    served whole with one computation; every byte as the `HEAD` said, keys and labels kept,
+    the features equal to the reference."""
+    import tarfile
+    import urllib.request
+
+    mode, _, admin, eps, (ak, sk) = gw
+    a = client(store["endpoint"], store["access_key"], store["secret_key"])
+    bucket = f"ep-shard-{STORE_KIND}-{os.getpid()}-{next(_names)}"
+    a.create_bucket(Bucket=bucket)
+    jpegs = [jpeg(40000 + i, (64 + i % 5, 48)) for i in range(600)]
+    members = [(f"s{i:04d}.{ext}", data) for i, j in enumerate(jpegs)
+               for ext, data in (("jpg", j), ("cls", str(i % 5).encode()))]
+    a.put_object(Bucket=bucket, Key="big.tar", Body=tar_of(members))
+    samples = 'tensorgate_pushdown_samples_total{model="tiny-cnn",split="pool"}'
+    before = (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples))
+
+    heads = {name: client(eps[name], ak, sk).head_object(Bucket=bucket, Key="big.tar") for name in ("tar", "npy")}
+    assert (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples)) == before, \
+        "the HEADs computed nothing"
+    want = features_of(jpegs)
+
+    url = client(eps["tar"], ak, sk).generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "big.tar"})
+    with urllib.request.urlopen(url) as r:
+        assert r.headers["ETag"] == heads["tar"]["ETag"]
+        assert int(r.headers["Content-Length"]) == heads["tar"]["ContentLength"]
+        assert len(r.read(512)) == 512
+    deadline = time.monotonic() + 120
+    while metric(admin, "tensorgate_cache_misses_total") < before[0] + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    got = client(eps["tar"], ak, sk).get_object(Bucket=bucket, Key="big.tar")
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-tensorgate-cache"] in ("hit", "revalidated")
+    assert (got["ContentLength"], got["ETag"]) == (heads["tar"]["ContentLength"], heads["tar"]["ETag"])
+    assert (metric(admin, "tensorgate_cache_misses_total"), metric(admin, samples)) == (before[0] + 1, before[1] + 600)
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(got["Body"].read())) as t:
+        for m in t.getmembers():
+            out[m.name] = t.extractfile(m).read()
+    assert list(out) == [n for i in range(600) for n in (f"s{i:04d}.npy", f"s{i:04d}.cls")]
+    assert all(out[f"s{i:04d}.cls"] == str(i % 5).encode() for i in range(600))
+    feats = np.stack([np.load(io.BytesIO(out[f"s{i:04d}.npy"])) for i in range(600)])
+    assert rel_l2(feats.reshape(want.shape), want) <= 1e-3
+
+    from safetensors.numpy import load
+
+    got = client(eps["npy"], ak, sk).get_object(Bucket=bucket, Key="big.tar")
+    body = got["Body"].read()
+    assert len(body) == heads["npy"]["ContentLength"] and got["ETag"] == heads["npy"]["ETag"]
+    tensors = load(body)
+    assert tensors["labels"].tolist() == [i % 5 for i in range(600)]
+    assert rel_l2(tensors["features"].reshape(want.shape), want) <= 1e-3
+
+
 def test_s3torchconnector_reads_features_through_the_endpoint(gw, dataset, monkeypatch):
     """The AWS CRT-based PyTorch loader, given the endpoint: a prefix's objects as features."""
     from s3torchconnector import S3ClientConfig, S3MapDataset
