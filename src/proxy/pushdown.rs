@@ -11,17 +11,21 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
 use super::source::{Pin, SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
-use super::streamed::{StreamTo, streams};
 use super::{Caller, Gateway, owner};
 use crate::backend::{forwarded_headers, forwarded_query};
 use crate::body::{Body, Holding};
 use crate::cache::{CacheKey, Cached, Fetched, ObjectId, ReadThrough, TensorCache, Tier};
 use crate::error::GatewayError;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
+use crate::pushdown::stream::Streaming;
 use crate::pushdown::{Job, PushdownError, table};
 use crate::s3::authority::Authority;
 use crate::s3::headers;
 use crate::s3::route::Target;
+
+/// How a computation streams its output (`super::streamed`): the job's [`Streaming`], made once
+/// the source's version (its ETag and `Last-Modified`) is known.
+pub(super) type StreamTo = Box<dyn FnOnce(String, Option<String>) -> Streaming + Send + Sync>;
 
 /// `x-tensorgate-plan`: what `split=auto` predicted per candidate split.
 const PLAN: http::HeaderName = http::HeaderName::from_static("x-tensorgate-plan");
@@ -101,7 +105,7 @@ impl Gateway {
             },
             variant: job.variant(),
         };
-        if streams(parts, &job) {
+        if Self::streams(parts, &job) {
             return self.serve_streamed(parts, (target, key), job, authority, side).await;
         }
         let read = self.read_through(parts, (target, &key), job, authority, side, None).await?;
@@ -209,7 +213,7 @@ impl Gateway {
         let source_last_modified = source.header(&http::header::LAST_MODIFIED).map(str::to_owned);
         let (started, source_etag, content_range) = (source.started, source.etag, source.content_range);
         if let Some(to) = stream {
-            job.stream_to(to.streaming(source_etag.clone(), source_last_modified.clone()));
+            job.stream_to(to(source_etag.clone(), source_last_modified.clone()));
         }
         let spec = job.spec().clone();
         let object = job.read_source(source.resp.into_body(), declared).await?;
@@ -571,7 +575,7 @@ pub(super) fn gateway_read_headers(client: &HeaderMap) -> HeaderMap {
 
 /// Headers beside the triggers that apply to the pushdown output, not to the source object: not
 /// forwarded.
-const OUTPUT_SCOPED: [http::HeaderName; 5] = [
+pub(super) const OUTPUT_SCOPED: [http::HeaderName; 5] = [
     http::header::RANGE,
     http::header::IF_MATCH,
     http::header::IF_NONE_MATCH,

@@ -11,12 +11,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 
 use super::Gateway;
-use super::pushdown::{SourceSide, output_etag, respond};
+use super::pushdown::{OUTPUT_SCOPED, SourceSide, StreamTo, output_etag, respond};
 use crate::body::{Body, BoxError};
 use crate::cache::CacheKey;
 use crate::error::GatewayError;
@@ -34,53 +33,24 @@ const MISS: &str = "miss";
 /// shard computed within it is answered whole, as any other output.
 const WHOLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// What the request path hands the computation of a streamed output: where the layout and the
-/// bytes go, and what to do when the client goes away ([`Streaming`], before the source's
-/// version is known).
-pub(super) struct StreamTo {
-    answer: tokio::sync::oneshot::Sender<Streamed>,
-    bytes: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
-    went_away: WentAway,
-}
-
 /// A laid-out output and the source version it is computed from.
-pub(super) struct Streamed {
+struct Streamed {
     laid: Laid,
     etag: String,
     last_modified: Option<String>,
 }
 
-impl StreamTo {
-    /// The job's [`Streaming`], once the source's version is known.
-    pub(super) fn streaming(self, etag: String, last_modified: Option<String>) -> Streaming {
-        let answer = self.answer;
-        Streaming {
-            laid: Box::new(move |laid| {
-                let _ = answer.send(Streamed { laid, etag, last_modified });
-            }),
-            bytes: self.bytes,
-            went_away: self.went_away,
-        }
-    }
-}
-
-/// Whether a pushdown request may be answered from its layout: a `GET` or `HEAD` of the whole
-/// output with no condition (those are evaluated on a whole output, as before) and no row groups.
-pub(super) fn streams(parts: &Parts, job: &Job) -> bool {
-    const WHOLE_ONLY: [http::HeaderName; 5] = [
-        http::header::RANGE,
-        http::header::IF_MATCH,
-        http::header::IF_NONE_MATCH,
-        http::header::IF_MODIFIED_SINCE,
-        http::header::IF_UNMODIFIED_SINCE,
-    ];
-    matches!(parts.method, Method::GET | Method::HEAD)
-        && !job.ranged()
-        && !WHOLE_ONLY.iter().any(|h| parts.headers.contains_key(h))
-}
-
 impl Gateway {
-    /// Serves a pushdown whose output may be streamed ([`streams`]): the read-through in a task
+    /// Whether a pushdown request may be answered from its layout: a `GET` or `HEAD` of the whole
+    /// output with no `Range` or condition (those are evaluated on a whole output, as before) and
+    /// no row groups.
+    pub(super) fn streams(parts: &Parts, job: &Job) -> bool {
+        matches!(parts.method, Method::GET | Method::HEAD)
+            && !job.ranged()
+            && !OUTPUT_SCOPED.iter().any(|h| parts.headers.contains_key(h))
+    }
+
+    /// Serves a pushdown whose output may be streamed ([`Self::streams`]): the read-through in a task
     /// of its own, its computation told where to stream ([`StreamTo`]); the answer is the
     /// layout's, or the read-through's when nothing was laid out.
     pub(super) async fn serve_streamed(
@@ -96,14 +66,18 @@ impl Gateway {
         let (bytes, rx) = tokio::sync::mpsc::unbounded_channel();
         let head = parts.method == Method::HEAD;
         let own = gateway.clone();
-        let to = StreamTo {
-            answer,
-            bytes: (!head).then_some(bytes),
-            went_away: Box::new(move || {
-                let place = own.admission.admit(&own.metrics).ok()?;
-                Some(Box::new(place) as Box<dyn std::any::Any + Send>)
+        let went_away: WentAway = Box::new(move || {
+            let place = own.admission.admit(&own.metrics).ok()?;
+            Some(Box::new(place) as Box<dyn std::any::Any + Send>)
+        });
+        let bytes = (!head).then_some(bytes);
+        let to: StreamTo = Box::new(move |etag, last_modified| Streaming {
+            laid: Box::new(move |laid| {
+                let _ = answer.send(Streamed { laid, etag, last_modified });
             }),
-        };
+            bytes,
+            went_away,
+        });
         let split = job.split_name().to_owned();
         let dtype = job.spec().dtype.name();
         let (owned, authority, read_key) = (owned_parts(parts), authority.clone(), key.clone());

@@ -6,6 +6,8 @@ use std::any::Any;
 
 use bytes::Bytes;
 
+use super::error::PushdownError;
+
 /// Asked once, when the client went away: a hold the job keeps while it goes on into the cache
 /// (the request path's admission place), or `None` to stop.
 pub(crate) type WentAway = Box<dyn FnOnce() -> Option<Box<dyn Any + Send>> + Send + Sync>;
@@ -28,7 +30,7 @@ pub(crate) struct Streaming {
     /// Told the layout once the shard is parsed.
     pub(crate) laid: Box<dyn FnOnce(Laid) + Send + Sync>,
     /// The output's bytes in order from its first; `None` for a `HEAD`, whose job ends
-    /// ([`super::PushdownError::Unwanted`]) once the layout is told.
+    /// ([`PushdownError::Unwanted`]) once the layout is told.
     pub(crate) bytes: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
     /// Asked once, when the receiver of `bytes` went away.
     pub(crate) went_away: WentAway,
@@ -58,14 +60,14 @@ impl Sender {
 
     /// Sends the next bytes of the output. After the receiver went away the job goes on
     /// unheard, keeping what `went_away` gave, or stops (`Unwanted`) if it gave nothing.
-    pub(super) fn send(&mut self, bytes: Bytes) -> Result<(), super::PushdownError> {
+    pub(super) fn send(&mut self, bytes: Bytes) -> Result<(), PushdownError> {
         if let Some(tx) = &self.bytes
             && tx.send(bytes).is_err()
         {
             self.bytes = None;
             self.kept = self.went_away.take().and_then(|f| f());
             if self.kept.is_none() {
-                return Err(super::PushdownError::Unwanted);
+                return Err(PushdownError::Unwanted);
             }
         }
         Ok(())
