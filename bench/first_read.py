@@ -1,5 +1,5 @@
-"""A reader's first reads of a Parquet output nobody computed yet (ADR 0030), one run, same
-machine, printed as markdown.
+"""A reader's first reads of a Parquet output (ADR 0030) or a WebDataset shard's output (ADR 0031,
+`SOURCE=shard`) nobody computed yet, one run, same machine, printed as markdown.
 
 `datasets`-layout files of each size in SIZES (photos of 500 x 375 JPEG, a label and a caption,
 row groups of GROUP rows) read as pyarrow reads a file with its defaults, through each gateway
@@ -12,15 +12,19 @@ core), ResNet-18 at `pool`, `format=parquet`:
 - whole file: until its last byte; rows per second over all three requests, and the output's
   bytes per row.
 
+With `SOURCE=shard`: a tar shard of the same photos (`{i}.jpg` and `{i}.cls`), `format=tar`; no
+footer read (the `HEAD`, then the `GET`).
+
 Each size is a new object for each build (no cache hit). A build that computes the output before
-it answers pays the computation at the `HEAD`; one that answers from the outline pays it as the
-row groups are read. Run:
+it answers pays the computation at the `HEAD`; one that answers from the outline (or a shard's
+layout) pays it as the bytes are read. Run:
   BINS="before=<old tensorgate>,after=target/release/tensorgate" .venv/bin/python bench/first_read.py
 """
 
 import io
 import os
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -31,12 +35,23 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import text as textbench  # noqa: E402  (its gateway())
-from row_groups import dataset  # noqa: E402
+from row_groups import dataset, photos  # noqa: E402
+from test_pushdown import tar_of  # noqa: E402
 
 SIZES = [int(n) for n in os.environ.get("SIZES", "200,1000").split(",")]
 GROUP = int(os.environ.get("GROUP", "100"))
-FIELDS = {"model": "resnet18", "split": "pool", "format": "parquet"}
+SHARD = os.environ.get("SOURCE", "parquet") == "shard"
+FIELDS = {"model": "resnet18", "split": "pool", "format": "tar" if SHARD else "parquet"}
+SUFFIX = "tar" if SHARD else "parquet"
 TAIL = 64 * 1024  # pyarrow's footer_read_size
+
+
+def source(rows: int) -> bytes:
+    """The object read: a Parquet file of `rows` photos, or a shard of them."""
+    if not SHARD:
+        return dataset(rows, GROUP)
+    return tar_of([(f"{i}.{ext}", data) for i, p in enumerate(photos(rows))
+                   for ext, data in (("jpg", p), ("cls", str(i % 10).encode()))])
 
 
 def url(s3, key: str, op: str = "get_object") -> str:
@@ -60,18 +75,25 @@ def measure(name: str, binary: Path, files: dict[int, bytes]) -> list[dict]:
     out = []
     try:
         s3.create_bucket(Bucket="bench")
-        s3.put_object(Bucket="bench", Key="warm.parquet", Body=files[min(files)])
-        timed(urllib.request.Request(url(s3, "warm.parquet")))  # starts the engine
+        s3.put_object(Bucket="bench", Key=f"warm.{SUFFIX}", Body=files[min(files)])
+        timed(urllib.request.Request(url(s3, f"warm.{SUFFIX}")))  # starts the engine
         for rows, data in files.items():
-            key = f"{rows}.parquet"
+            key = f"{rows}.{SUFFIX}"
             s3.put_object(Bucket="bench", Key=key, Body=data)
             t = time.perf_counter()
             with urllib.request.urlopen(urllib.request.Request(url(s3, key, "head_object"), method="HEAD"), timeout=600) as r:
                 size = int(r.headers["Content-Length"])
             head = time.perf_counter() - t
-            _, footer, _ = timed(urllib.request.Request(url(s3, key), headers={"Range": f"bytes=-{TAIL}"}))
+            footer = 0.0
+            if not SHARD:
+                _, footer, _ = timed(urllib.request.Request(url(s3, key), headers={"Range": f"bytes=-{TAIL}"}))
             first, whole, body = timed(urllib.request.Request(url(s3, key)))
-            assert len(body) == size and pq.read_metadata(io.BytesIO(body)).num_rows == rows
+            assert len(body) == size
+            if SHARD:
+                with tarfile.open(fileobj=io.BytesIO(body)) as t:
+                    assert len(t.getnames()) == 2 * rows
+            else:
+                assert pq.read_metadata(io.BytesIO(body)).num_rows == rows
             out.append({"build": name, "rows": rows, "head": head, "footer": footer, "first": first,
                         "whole": whole, "rate": rows / (head + footer + whole), "per_row": size / rows})
     finally:
@@ -83,11 +105,12 @@ def measure(name: str, binary: Path, files: dict[int, bytes]) -> list[dict]:
 
 def main():
     bins = [b.split("=", 1) for b in os.environ.get("BINS", f"after={ROOT / 'target/release/tensorgate'}").split(",")]
-    files = {rows: dataset(rows, GROUP) for rows in SIZES}
+    files = {rows: source(rows) for rows in SIZES}
     results = []
     for name, path in bins:
         results += measure(name, Path(path), files)
-    print(f"Photos (500 x 375 JPEG) in row groups of {GROUP}; ResNet-18 at `pool`, `format=parquet`, one core, "
+    layout = "a tar shard" if SHARD else f"row groups of {GROUP}"
+    print(f"Photos (500 x 375 JPEG) in {layout}; ResNet-18 at `pool`, `format={FIELDS['format']}`, one core, "
           "fs backend; seconds\n")
     print("| build | rows | HEAD | footer (last 64 KiB) | GET first byte | GET last byte | rows/s, all three | "
           "output bytes per row |")

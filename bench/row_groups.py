@@ -38,15 +38,21 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 RESERVED = "tensorgate_pushdown_memory_reserved_bytes"
 
 
-def dataset(rows: int = N_ROWS, group: int = GROUP) -> bytes:
-    """A `datasets`-layout file of `rows` photos, a label and a caption, `group` rows to a group."""
-    photos = []
+def photos(rows: int) -> list[bytes]:
+    """`rows` synthetic photos, 500 x 375 JPEGs."""
+    out = []
     for i in range(rows):
         buf = io.BytesIO()
         synthetic_photo(500, 375, seed=4100 + i).save(buf, format="JPEG", quality=90)
-        photos.append(buf.getvalue())
+        out.append(buf.getvalue())
+    return out
+
+
+def dataset(rows: int = N_ROWS, group: int = GROUP) -> bytes:
+    """A `datasets`-layout file of `rows` photos, a label and a caption, `group` rows to a group."""
+    photos_ = photos(rows)
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    table = pa.table({"image": pa.array([{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(photos)], image_type),
+    table = pa.table({"image": pa.array([{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(photos_)], image_type),
                       "label": pa.array([i % 10 for i in range(rows)], pa.int64()),
                       "caption": pa.array([f"photo {i}" for i in range(rows)])})
     buf = io.BytesIO()

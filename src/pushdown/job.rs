@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::TryStreamExt;
+use futures_util::{FutureExt, TryStreamExt};
 
 use super::encode::{ShardLayout, stack, tar_overhead, write_tar};
 use super::engine::Engine;
@@ -321,7 +321,7 @@ impl Pushdown {
         &self,
         job: &Job,
         input: JobInput,
-        streaming: Option<Streaming>,
+        mut streaming: Option<Streaming>,
     ) -> Result<Output, PushdownError> {
         let (engine, memory, batch_cap) = job.engine().await?;
         let source_bytes = match &input {
@@ -332,9 +332,25 @@ impl Pushdown {
         let (parsed, scratch, table_source) = self.parse_source(job, input).await?;
         let parse_time = t0.elapsed();
         let layout = shard_layout(job, &parsed, &memory.output_shape)?;
+        let laid =
+            |l: &ShardLayout| Laid { len: l.len, shape: l.shape(), content_type: content_type(l.format), source_bytes };
+        // A `HEAD` has its answer once the output is laid out, before any memory is held for
+        // outputs; a `GET`'s headers go once its outputs are admitted (a refusal is then still
+        // the request's answer).
+        if let (Some(l), Some(s)) = (&layout, &streaming)
+            && s.bytes.is_none()
+        {
+            let s = streaming.take().expect("matched");
+            let _ = Sender::start(s, laid(l));
+            return Err(PushdownError::Unwanted);
+        }
 
         let t1 = Instant::now();
         let (stream, outputs_held) = self.admit_outputs(job, &parsed, &memory).await?;
+        let sender = match (&layout, streaming) {
+            (Some(l), Some(s)) => Sender::start(s, laid(l)),
+            _ => None,
+        };
         // Adaptive: samples of all requests batch together up to the engine's cap (what its
         // reservation covers). Comparison mode: batches as large as the requested storage batch
         // (HAPI without adaptation runs the training batch as one storage batch).
@@ -352,13 +368,6 @@ impl Pushdown {
         };
         let (body, shape, content_type, groups_time, encode) = match layout {
             Some(layout) => {
-                let laid = Laid {
-                    len: layout.len,
-                    shape: layout.shape(),
-                    content_type: content_type(layout.format),
-                    source_bytes,
-                };
-                let sender = streaming.map(|s| Sender::start(s, laid).ok_or(PushdownError::Unwanted)).transpose()?;
                 let (body, encode) = self.infer_shard(&run, parsed, scratch, layout.clone(), sender).await?;
                 (body, layout.shape(), content_type(layout.format), Duration::ZERO, encode)
             }
@@ -406,6 +415,11 @@ impl Pushdown {
         let (mut ready, mut next, mut encoding) = (std::collections::BTreeMap::new(), 0, Duration::ZERO);
         while let Some((i, out)) = runs.try_next().await? {
             ready.insert(i, out);
+            // With the outputs already computed: one blocking task encodes them all.
+            while let Some(polled) = runs.try_next().now_or_never() {
+                let Some((i, out)) = polled? else { break };
+                ready.insert(i, out);
+            }
             let mut batch = Vec::new();
             while let Some(out) = ready.remove(&next) {
                 batch.push((next, out));
