@@ -342,10 +342,42 @@ fn preflight_of_presigned(
     let asked = headers
         .get("access-control-request-method")
         .map(|v| Method::from_bytes(v.as_bytes()).ok().into_iter().collect::<Vec<_>>());
+    // A URL presigned with `x-amz-acl` among its signed headers: its preflight carries the
+    // header's name at most (`Access-Control-Request-Headers`), never its value, so each canned
+    // ACL is tried in its place; only for a preflight that names its method (as browsers send
+    // them), so that one costs at most `CANNED_ACLS.len()` checks.
+    let signs_acl = super::query_param(uri.query().unwrap_or_default(), "X-Amz-SignedHeaders")
+        .is_some_and(|signed| signed.split(';').any(|h| h == ACL));
+    let candidates: Vec<HeaderMap> = if signs_acl && asked.is_some() && !headers.contains_key(ACL) {
+        let with = |acl| {
+            let mut h = headers.clone();
+            h.insert(ACL, http::HeaderValue::from_static(acl));
+            h
+        };
+        CANNED_ACLS.into_iter().map(with).collect()
+    } else {
+        vec![headers.clone()]
+    };
     let methods = asked.unwrap_or_else(|| PRESIGNED_METHODS.to_vec());
-    let verified = methods.iter().find_map(|m| verify_presigned(m, uri, headers, creds, now).ok())?;
+    let verified =
+        methods.iter().find_map(|m| candidates.iter().find_map(|h| verify_presigned(m, uri, h, creds, now).ok()))?;
     Some(Verified { payload: Payload::Unsigned, ..verified })
 }
+
+/// The canned-ACL header a presigned URL may sign.
+const ACL: &str = "x-amz-acl";
+
+/// The canned ACLs S3 defines: the values of a signed `x-amz-acl` a preflight is checked with.
+const CANNED_ACLS: [&str; 8] = [
+    "private",
+    "public-read",
+    "public-read-write",
+    "authenticated-read",
+    "aws-exec-read",
+    "bucket-owner-read",
+    "bucket-owner-full-control",
+    "log-delivery-write",
+];
 
 fn verify_presigned(
     method: &Method,
@@ -675,6 +707,32 @@ mod tests {
         let ok = verify(anon.method(), anon.uri(), None, anon.headers(), &store(), true, now.into())
             .expect("anonymous allowed");
         assert_eq!(ok.identity, Identity::Anonymous);
+    }
+
+    #[test]
+    fn a_preflight_of_a_url_presigned_with_a_canned_acl_acts_as_its_client() {
+        let now = SystemTime::now();
+        let put = |acl: &str| {
+            let url = "http://gw.example:9000/bucket/key";
+            signed("PUT", url, &[("x-amz-acl", acl)], Some(Duration::from_secs(60)), now)
+        };
+        let preflight = |url: &http::Request<()>, method: Option<&str>| {
+            let mut r = http::Request::options(url.uri().clone()).header("origin", "https://app.example");
+            if let Some(m) = method {
+                r = r.header("access-control-request-method", m);
+            }
+            check_req(&r.body(()).expect("request"), now).expect("preflight").identity
+        };
+        for acl in ["private", "public-read", "bucket-owner-full-control"] {
+            let url = put(acl);
+            assert!(url.uri().query().expect("query").contains("x-amz-acl"), "signed as a header");
+            assert!(matches!(preflight(&url, Some("PUT")), Identity::AccessKey(ref k) if k == "AKID"), "{acl}");
+            // Only a preflight that names its method tries the canned values.
+            assert_eq!(preflight(&url, None), Identity::Anonymous);
+            assert_eq!(preflight(&url, Some("GET")), Identity::Anonymous);
+        }
+        // A value that is not a canned ACL cannot be found: the preflight stays anonymous.
+        assert_eq!(preflight(&put("made-up"), Some("PUT")), Identity::Anonymous);
     }
 
     #[test]
