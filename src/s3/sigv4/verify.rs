@@ -344,21 +344,20 @@ fn preflight_of_presigned(
         .map(|v| Method::from_bytes(v.as_bytes()).ok().into_iter().collect::<Vec<_>>());
     // A URL presigned with `x-amz-acl` among its signed headers: its preflight carries the
     // header's name at most (`Access-Control-Request-Headers`), never its value, so each canned
-    // ACL is tried in its place; only for a preflight that names its method (as browsers send
-    // them), so that one costs at most `CANNED_ACLS.len()` checks.
+    // ACL is tried in its place, with the method the preflight names or else `PUT` (a canned ACL
+    // is a write's): at most `CANNED_ACLS.len()` checks.
     let signs_acl = super::query_param(uri.query().unwrap_or_default(), "X-Amz-SignedHeaders")
         .is_some_and(|signed| signed.split(';').any(|h| h == ACL));
-    let candidates: Vec<HeaderMap> = if signs_acl && asked.is_some() && !headers.contains_key(ACL) {
+    let (candidates, methods): (Vec<HeaderMap>, Vec<Method>) = if signs_acl && !headers.contains_key(ACL) {
         let with = |acl| {
             let mut h = headers.clone();
             h.insert(ACL, http::HeaderValue::from_static(acl));
             h
         };
-        CANNED_ACLS.into_iter().map(with).collect()
+        (CANNED_ACLS.into_iter().map(with).collect(), asked.unwrap_or_else(|| vec![Method::PUT]))
     } else {
-        vec![headers.clone()]
+        (vec![headers.clone()], asked.unwrap_or_else(|| PRESIGNED_METHODS.to_vec()))
     };
-    let methods = asked.unwrap_or_else(|| PRESIGNED_METHODS.to_vec());
     let verified =
         methods.iter().find_map(|m| candidates.iter().find_map(|h| verify_presigned(m, uri, h, creds, now).ok()))?;
     Some(Verified { payload: Payload::Unsigned, ..verified })
@@ -726,9 +725,10 @@ mod tests {
         for acl in ["private", "public-read", "bucket-owner-full-control"] {
             let url = put(acl);
             assert!(url.uri().query().expect("query").contains("x-amz-acl"), "signed as a header");
-            assert!(matches!(preflight(&url, Some("PUT")), Identity::AccessKey(ref k) if k == "AKID"), "{acl}");
-            // Only a preflight that names its method tries the canned values.
-            assert_eq!(preflight(&url, None), Identity::Anonymous);
+            for method in [Some("PUT"), None] {
+                let got = preflight(&url, method);
+                assert!(matches!(got, Identity::AccessKey(ref k) if k == "AKID"), "{acl} {method:?}");
+            }
             assert_eq!(preflight(&url, Some("GET")), Identity::Anonymous);
         }
         // A value that is not a canned ACL cannot be found: the preflight stays anonymous.
