@@ -6,7 +6,7 @@
 //! goes when the layout is known (or, for anything not laid out, when the read-through ends: a
 //! hit, the store's answer, a whole output), and the computation goes on into the cache behind
 //! it, also after the client went away (under an admission place of its own, or not at all when
-//! none is left).
+//! none is left or the output is not cached).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,8 +66,10 @@ impl Gateway {
         let (bytes, rx) = tokio::sync::mpsc::unbounded_channel();
         let head = parts.method == Method::HEAD;
         let own = gateway.clone();
+        // Finishing for nobody pays only where the output is cached (the retry is served).
+        let cached = self.cache.is_some() && !parts.headers.contains_key(crate::s3::headers::SSE_CUSTOMER_KEY);
         let went_away: WentAway = Box::new(move || {
-            let place = own.admission.admit(&own.metrics).ok()?;
+            let place = cached.then(|| own.admission.admit(&own.metrics).ok()).flatten()?;
             Some(Box::new(place) as Box<dyn std::any::Any + Send>)
         });
         let bytes = (!head).then_some(bytes);
