@@ -16,7 +16,9 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
 
 use super::Gateway;
-use super::pushdown::{SourceSide, byte_range, header_str, if_match, none_match, output_etag, read_for_caller};
+use super::pushdown::{
+    SourceSide, byte_range, described, header_str, if_match, none_match, output_etag, output_head, read_for_caller,
+};
 use super::source::{SourceBody, SourceOutcome, SourceRange, SourceRead, SourceReader};
 use crate::body::{Body, BoxError};
 use crate::cache::{CacheKey, Fetched, ObjectId, ReadThrough, TensorCache};
@@ -85,14 +87,7 @@ impl Gateway {
         let outline = job.outline((len, offset, bytes.clone())).await?;
 
         let out_etag = output_etag(&etag, &job.variant());
-        let shape: Vec<String> = outline.shape.iter().map(ToString::to_string).collect();
-        let mut resp = Response::builder()
-            .header(http::header::ETAG, out_etag.as_str())
-            .header("x-tensorgate-split", job.split_name())
-            .header("x-tensorgate-cache", OUTLINE);
-        if let Some(lm) = &last_modified {
-            resp = resp.header(http::header::LAST_MODIFIED, lm);
-        }
+        let mut resp = output_head(&out_etag, job.split_name(), OUTLINE, last_modified.as_deref());
         if !if_match(&parts.headers, &out_etag) {
             return Err(GatewayError::PreconditionFailed);
         }
@@ -107,14 +102,8 @@ impl Gateway {
         if status == StatusCode::PARTIAL_CONTENT {
             resp = resp.header(http::header::CONTENT_RANGE, format!("bytes {first}-{last}/{size}"));
         }
-        resp = resp
-            .status(status)
-            .header(http::header::CONTENT_TYPE, "application/vnd.apache.parquet")
-            .header(http::header::CONTENT_LENGTH, last - first + 1)
-            .header(http::header::ACCEPT_RANGES, "bytes")
-            .header("x-tensorgate-shape", shape.join(","))
-            .header("x-tensorgate-dtype", job.spec().dtype.name())
-            .header("x-tensorgate-source-bytes", len);
+        let (parquet, sent) = ("application/vnd.apache.parquet", (last - first + 1) as u64);
+        resp = described(resp.status(status), parquet, sent, &outline.shape, job.spec().dtype.name(), len);
         let (start, end) = (first as u64, last as u64 + 1);
         let body = if parts.method == Method::HEAD {
             Body::empty()

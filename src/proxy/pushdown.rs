@@ -489,13 +489,7 @@ fn output_response(
         CacheStatus::Hit(t) => ("hit", Some(t)),
         CacheStatus::Revalidated(t) => ("revalidated", Some(t)),
     };
-    let mut resp = Response::builder()
-        .header(http::header::ETAG, etag.as_str())
-        .header("x-tensorgate-split", &data.split)
-        .header("x-tensorgate-cache", cache);
-    if let Some(lm) = &data.source_last_modified {
-        resp = resp.header(http::header::LAST_MODIFIED, lm);
-    }
+    let mut resp = output_head(&etag, &data.split, cache, data.source_last_modified.as_deref());
     if !if_match(&parts.headers, &etag) {
         return Err(GatewayError::PreconditionFailed);
     }
@@ -515,15 +509,8 @@ fn output_response(
         }
         None => (http::StatusCode::OK, data.body.clone()),
     };
-    let shape: Vec<String> = data.shape.iter().map(ToString::to_string).collect();
-    resp = resp
-        .status(code)
-        .header(http::header::CONTENT_TYPE, &data.content_type)
-        .header(http::header::CONTENT_LENGTH, body.len())
-        .header(http::header::ACCEPT_RANGES, "bytes")
-        .header("x-tensorgate-shape", shape.join(","))
-        .header("x-tensorgate-dtype", &data.dtype)
-        .header("x-tensorgate-source-bytes", data.source_bytes);
+    let sent = body.len() as u64;
+    resp = described(resp.status(code), &data.content_type, sent, &data.shape, &data.dtype, data.source_bytes);
     if let Some(t) = tier {
         resp = resp.header("x-tensorgate-cache-tier", t.name());
     }
@@ -532,6 +519,43 @@ fn output_response(
     }
     let body = if parts.method == Method::HEAD { Body::empty() } else { Body::from(body) };
     resp.body(body).map_err(|e| PushdownError::Internal(e.to_string()).into())
+}
+
+/// The headers every answer of an output starts from: its ETag, the split, where it came from
+/// (`x-tensorgate-cache`) and its source's `Last-Modified` (clients such as `aws s3 cp` require it).
+pub(super) fn output_head(
+    etag: &str,
+    split: &str,
+    cache: &str,
+    last_modified: Option<&str>,
+) -> http::response::Builder {
+    let resp = Response::builder()
+        .header(http::header::ETAG, etag)
+        .header("x-tensorgate-split", split)
+        .header("x-tensorgate-cache", cache);
+    match last_modified {
+        Some(lm) => resp.header(http::header::LAST_MODIFIED, lm),
+        None => resp,
+    }
+}
+
+/// The headers that describe the output bytes an answer sends (`sent` of them): their type,
+/// `Accept-Ranges`, the features' shape and dtype, and the source bytes they were computed from.
+pub(super) fn described(
+    resp: http::response::Builder,
+    content_type: &str,
+    sent: u64,
+    shape: &[usize],
+    dtype: &str,
+    source_bytes: u64,
+) -> http::response::Builder {
+    let shape: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    resp.header(http::header::CONTENT_TYPE, content_type)
+        .header(http::header::CONTENT_LENGTH, sent)
+        .header(http::header::ACCEPT_RANGES, "bytes")
+        .header("x-tensorgate-shape", shape.join(","))
+        .header("x-tensorgate-dtype", dtype)
+        .header("x-tensorgate-source-bytes", source_bytes)
 }
 
 /// An output's ETag: it names the source version and the variant, so it changes exactly when

@@ -15,7 +15,7 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 
 use super::Gateway;
-use super::pushdown::{OUTPUT_SCOPED, SourceSide, StreamTo, output_etag, respond};
+use super::pushdown::{OUTPUT_SCOPED, SourceSide, StreamTo, described, output_etag, output_head, respond};
 use crate::body::{Body, BoxError};
 use crate::cache::CacheKey;
 use crate::error::GatewayError;
@@ -112,21 +112,9 @@ impl Gateway {
             return ended(read);
         }
         streamed.store(true, Ordering::Release);
-        let shape: Vec<String> = laid.shape.iter().map(ToString::to_string).collect();
-        let mut resp = Response::builder()
-            .status(StatusCode::OK)
-            .header(http::header::ETAG, output_etag(&etag, &key.variant))
-            .header("x-tensorgate-split", split)
-            .header("x-tensorgate-cache", MISS)
-            .header(http::header::CONTENT_TYPE, laid.content_type)
-            .header(http::header::CONTENT_LENGTH, laid.len)
-            .header(http::header::ACCEPT_RANGES, "bytes")
-            .header("x-tensorgate-shape", shape.join(","))
-            .header("x-tensorgate-dtype", dtype)
-            .header("x-tensorgate-source-bytes", laid.source_bytes);
-        if let Some(lm) = &last_modified {
-            resp = resp.header(http::header::LAST_MODIFIED, lm);
-        }
+        let resp = output_head(&output_etag(&etag, &key.variant), &split, MISS, last_modified.as_deref());
+        let resp =
+            described(resp.status(StatusCode::OK), laid.content_type, laid.len, &laid.shape, dtype, laid.source_bytes);
         let body = if head {
             Body::empty()
         } else {
