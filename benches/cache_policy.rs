@@ -60,6 +60,7 @@ async fn run(policy: Policy, n: usize, shuffle: bool, body: &Bytes) -> f64 {
                             source_etag: "\"e\"".into(),
                             source_last_modified: None,
                             source_bytes: 110_000,
+                            augmented: None,
                         };
                         Ok((Arc::new(data), ()))
                     },

@@ -305,7 +305,7 @@ pub fn image_preprocess(data: &[u8]) {
     static POOL: std::sync::LazyLock<preprocess::ScratchPool> = std::sync::LazyLock::new(Default::default);
     let scratch = preprocess::cost(data, p.resize_shorter, MAX_PIXELS).scratch_bytes;
     let mut kept = POOL.take();
-    let result = preprocess::image_to_input_with(data, &p, Layout::Nchw, MAX_PIXELS, &mut kept);
+    let result = preprocess::image_to_input_with(data, &p, Layout::Nchw, MAX_PIXELS, None, &mut kept);
     POOL.give(kept);
     match result {
         Ok(out) => {

@@ -290,6 +290,7 @@ mod tests {
             source_etag: "\"e\"".into(),
             source_last_modified: Some("Sun, 29 Nov 2026 20:00:00 GMT".into()),
             source_bytes: 99,
+            augmented: None,
         })
     }
 

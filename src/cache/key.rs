@@ -34,4 +34,7 @@ pub struct Cached {
     pub source_etag: String,
     pub source_last_modified: Option<String>,
     pub source_bytes: u64,
+    /// What an augmented single image drew (`x-tensorgate-augmented`: `top,left,height,width,flip`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub augmented: Option<String>,
 }

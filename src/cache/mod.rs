@@ -514,6 +514,7 @@ mod tests {
             source_etag: "\"e\"".into(),
             source_last_modified: None,
             source_bytes: 10,
+            augmented: None,
         }
     }
 

@@ -27,6 +27,9 @@ use crate::s3::route::Target;
 /// the source's version (its ETag and `Last-Modified`) is known.
 pub(super) type StreamTo = Box<dyn FnOnce(String, Option<String>) -> Streaming + Send + Sync>;
 
+/// `x-tensorgate-augmented`: what an augmented single image drew (`top,left,height,width,flip`).
+const AUGMENTED: http::HeaderName = http::HeaderName::from_static("x-tensorgate-augmented");
+
 /// `x-tensorgate-plan`: what `split=auto` predicted per candidate split.
 const PLAN: http::HeaderName = http::HeaderName::from_static("x-tensorgate-plan");
 
@@ -93,6 +96,8 @@ impl Gateway {
         job: Job,
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
+        let mut job = job;
+        job.name_object(target.key.as_deref().unwrap_or_default());
         let side = SourceSide::of(parts, &job, authority)?;
         if job.outlined() {
             return self.serve_outlined(parts, target, job, authority, side).await;
@@ -281,6 +286,7 @@ impl Gateway {
             source_etag,
             source_last_modified,
             source_bytes: source_bytes as u64,
+            augmented: out.augmented.map(|d| d.to_string()),
         });
         (data, Computed { reservation: out.reservation, timing })
     }
@@ -513,6 +519,9 @@ fn output_response(
     resp = described(resp.status(code), &data.content_type, sent, &data.shape, &data.dtype, data.source_bytes);
     if let Some(t) = tier {
         resp = resp.header("x-tensorgate-cache-tier", t.name());
+    }
+    if let Some(a) = &data.augmented {
+        resp = resp.header(AUGMENTED, a);
     }
     if let Some(t) = timing {
         resp = resp.header("server-timing", t);

@@ -11,7 +11,7 @@ use futures_util::{FutureExt, TryStreamExt};
 use super::encode::{ShardLayout, stack, tar_overhead, write_tar};
 use super::engine::Engine;
 use super::error::PushdownError;
-use super::parse::{Item, JobInput, Kind, Parsed, SourceLimits, image_costs, parse, split_def, table_rows};
+use super::parse::{Item, JobInput, Kind, Parsed, Planned, SourceLimits, parse, plan_images, split_def, table_rows};
 use super::registry::Model;
 use super::service::{Output, Pushdown, Run};
 use super::spec::{Dtype, Format, PushdownSpec};
@@ -44,6 +44,9 @@ pub(crate) struct Job {
     pub(super) arrival: u64,
     /// Where a shard's output goes while it is computed ([`Self::stream_to`]).
     pub(super) streaming: Option<Streaming>,
+    /// The source object's key: what a single image's augmentation draws from
+    /// ([`Self::name_object`]).
+    pub(super) object: String,
 }
 
 impl Job {
@@ -60,8 +63,8 @@ impl Job {
     }
 
     /// What determines the output beside the source object: the model's version (its file,
-    /// manifest and tokenizer), the split, the format, the dtype and a Parquet input column (the cache
-    /// key's variant).
+    /// manifest and tokenizer), the split, the format, the dtype, a Parquet input column and row
+    /// groups, and an augmentation with its seed (the cache key's variant).
     #[must_use]
     pub(crate) fn variant(&self) -> String {
         let mut v = format!("{}|{}|{:?}|{}", self.model.version, self.split, self.spec.format, self.spec.dtype.name());
@@ -71,7 +74,16 @@ impl Job {
         if let Some(g) = self.spec.row_groups {
             v.push_str(&format!("|row-groups={g}"));
         }
+        if let Some(a) = &self.spec.augment {
+            v.push_str(&format!("|augment={a}|seed={}", a.seed));
+        }
         v
+    }
+
+    /// Names the source object: a single image's random augmentation draws from its key
+    /// (ADR 0032).
+    pub(crate) fn name_object(&mut self, key: &str) {
+        key.clone_into(&mut self.object);
     }
 
     /// How long reading the source waited for the split's engine to start (a fetch's time
@@ -296,6 +308,9 @@ impl Pushdown {
         self.available().map_err(|r| PushdownError::Unavailable(r.to_owned()))?;
         let model = self.model(&spec.model)?;
         let split = split_def(&model, &spec.split)?.name.clone();
+        if let Some(a) = &spec.augment {
+            augmentable(a, &model)?;
+        }
         let arrival = self.arrivals.number(spec.seq.as_ref());
         Ok(Some(Job {
             service: self.clone(),
@@ -309,6 +324,7 @@ impl Pushdown {
             source: None,
             arrival,
             streaming: None,
+            object: String::new(),
         }))
     }
 
@@ -329,7 +345,8 @@ impl Pushdown {
             JobInput::Table(..) => 0,
         };
         let t0 = Instant::now();
-        let (parsed, scratch, table_source) = self.parse_source(job, input).await?;
+        let (parsed, plans, table_source) = self.parse_source(job, input).await?;
+        let augmented = plans.first().and_then(|p| p.drawn).filter(|_| parsed.kind == Kind::Single);
         let parse_time = t0.elapsed();
         let layout = shard_layout(job, &parsed, &memory.output_shape)?;
         let laid =
@@ -365,14 +382,15 @@ impl Pushdown {
             cap,
             tenant: &job.tenant,
             arrival: job.arrival,
+            augment: job.spec.augment,
         };
         let (body, shape, content_type, groups_time, encode) = match layout {
             Some(layout) => {
-                let (body, encode) = self.infer_shard(&run, parsed, scratch, layout.clone(), sender).await?;
+                let (body, encode) = self.infer_shard(&run, parsed, plans, layout.clone(), sender).await?;
                 (body, layout.shape(), content_type(layout.format), Duration::ZERO, encode)
             }
             None => {
-                let (parsed, outputs, groups_time) = self.infer(&run, parsed, scratch, table_source).await?;
+                let (parsed, outputs, groups_time) = self.infer(&run, parsed, plans, table_source).await?;
                 let t2 = Instant::now();
                 let (body, shape, content_type) = encode_output(job, parsed, outputs).await?;
                 (Bytes::from(body), shape, content_type, groups_time, t2.elapsed())
@@ -389,6 +407,7 @@ impl Pushdown {
             decode: parse_time + groups_time,
             infer: infer_time,
             encode,
+            augmented,
             reservation: vec![outputs_held],
         })
     }
@@ -401,7 +420,7 @@ impl Pushdown {
         &self,
         run: &Run<'_>,
         mut parsed: Parsed,
-        scratch: Vec<u64>,
+        plans: Vec<Planned>,
         layout: Arc<ShardLayout>,
         mut sender: Option<Sender>,
     ) -> Result<(Bytes, Duration), PushdownError> {
@@ -410,7 +429,7 @@ impl Pushdown {
         let mut pieces = Vec::with_capacity(order.len() + 2);
         pieces.push(layout.head.clone());
         send(&layout.head)?;
-        let runs = self.sample_runs(run, (items, scratch, order), &parsed.keys);
+        let runs = self.sample_runs(run, (items, plans, order), &parsed.keys);
         let mut runs = std::pin::pin!(runs);
         let (mut ready, mut next, mut encoding) = (std::collections::BTreeMap::new(), 0, Duration::ZERO);
         while let Some((i, out)) = runs.try_next().await? {
@@ -464,8 +483,9 @@ impl Pushdown {
         &self,
         job: &Job,
         input: JobInput,
-    ) -> Result<(Parsed, Vec<u64>, Option<table::Source>), PushdownError> {
+    ) -> Result<(Parsed, Vec<Planned>, Option<table::Source>), PushdownError> {
         let model = job.model.clone();
+        let (augment, object_key) = (job.spec.augment, job.object.clone());
         let limits = (self.cfg.max_image_pixels, self.cfg.max_request_pixels);
         let format = job.spec.format;
         let source = job.limits();
@@ -477,7 +497,7 @@ impl Pushdown {
             JobInput::Table(source, footer) => (Bytes::new(), Some(source), Some(footer)),
         };
         let whole_table = table_source.clone().filter(|_| footer.is_none());
-        let (parsed, scratch) = tokio::task::spawn_blocking(move || {
+        let (parsed, plans) = tokio::task::spawn_blocking(move || {
             if format == Some(Format::Parquet) && whole_table.is_none() && footer.is_none() {
                 return Err(parquet_only());
             }
@@ -492,12 +512,12 @@ impl Pushdown {
                 });
             }
             parsed.put_in_engine_order(model.manifest.text.is_some());
-            let scratch = image_costs(&parsed, &model.manifest, limits)?;
-            Ok::<_, PushdownError>((parsed, scratch))
+            let plans = plan_images(&parsed, &model.manifest, limits, (augment.as_ref(), &object_key))?;
+            Ok::<_, PushdownError>((parsed, plans))
         })
         .await
         .map_err(|e| PushdownError::Internal(e.to_string()))??;
-        Ok((parsed, scratch, table_source))
+        Ok((parsed, plans, table_source))
     }
 
     /// Admit phase: the request's stream of samples from the governor, with its outputs held
@@ -539,14 +559,14 @@ impl Pushdown {
         &self,
         run: &Run<'_>,
         mut parsed: Parsed,
-        scratch: Vec<u64>,
+        plans: Vec<Planned>,
         table_source: Option<table::Source>,
     ) -> Result<(Parsed, Vec<Tensor>, Duration), PushdownError> {
         match (parsed.table.take().map(Arc::new), table_source) {
             (Some(footer), Some(object)) => self.infer_groups(run, parsed, &footer, &object).await,
             _ => {
                 let (items, order) = (std::mem::take(&mut parsed.items), std::mem::take(&mut parsed.order));
-                let outputs = self.run_samples(run, (items, scratch, order), &parsed.keys).await?;
+                let outputs = self.run_samples(run, (items, plans, order), &parsed.keys).await?;
                 Ok((parsed, outputs, Duration::ZERO))
             }
         }
@@ -570,20 +590,21 @@ impl Pushdown {
         for part in 0..footer.group_count() {
             let t = Instant::now();
             let (footer, object, m) = (footer.clone(), object.clone(), run.model.clone());
-            let (group, scratch, back) = tokio::task::spawn_blocking(move || {
+            let augment = run.augment;
+            let (group, plans, back) = tokio::task::spawn_blocking(move || {
                 let mut kept = kept;
                 let rows = footer.group_rows(&object, part, kept.as_mut())?;
                 let mut group = table_rows(rows, m.tokenizer.as_deref())?;
                 group.put_in_engine_order(m.manifest.text.is_some());
-                let scratch = image_costs(&group, &m.manifest, limits)?;
-                Ok::<_, PushdownError>((group, scratch, kept))
+                let plans = plan_images(&group, &m.manifest, limits, (augment.as_ref(), ""))?;
+                Ok::<_, PushdownError>((group, plans, kept))
             })
             .await
             .map_err(|e| PushdownError::Internal(e.to_string()))??;
             kept = back;
             decoding += t.elapsed();
             let Parsed { items, keys, labels: group_labels, order, .. } = group;
-            outputs.extend(self.run_samples(run, (items, scratch, order), &keys).await?);
+            outputs.extend(self.run_samples(run, (items, plans, order), &keys).await?);
             labels.extend(group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()));
             parsed.keys.extend(keys);
         }
@@ -591,6 +612,22 @@ impl Pushdown {
         parsed.others = vec![Vec::new(); parsed.keys.len()];
         parsed.kept = kept;
         Ok((parsed, outputs, decoding))
+    }
+}
+
+/// An augmentation a model can take: it preprocesses images, and a crop's `size`, when named, is
+/// its input's.
+fn augmentable(a: &super::augment::Augment, model: &Model) -> Result<(), PushdownError> {
+    let invalid = |message: String| PushdownError::InvalidArgument { field: "augment".into(), message };
+    let Some(pre) = &model.manifest.preprocess else {
+        return Err(invalid(format!("model {} takes no images to augment", model.manifest.name)));
+    };
+    match a.crop.and_then(|c| c.size) {
+        Some(size) if size != pre.crop => Err(invalid(format!(
+            "RandomResizedCrop size={}:{} is not model {}'s input size {}:{}",
+            size[0], size[1], model.manifest.name, pre.crop[0], pre.crop[1]
+        ))),
+        _ => Ok(()),
     }
 }
 

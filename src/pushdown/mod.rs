@@ -13,6 +13,7 @@
 //! a split, [`runtime`] loads ONNX Runtime and makes its sessions. The proxy's pushdown phase (`crate::proxy::pushdown`)
 //! answers a job over HTTP through the tensor cache.
 
+pub mod augment;
 pub(crate) mod clock;
 pub(crate) mod decode;
 mod encode;

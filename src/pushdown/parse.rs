@@ -4,9 +4,10 @@
 
 use bytes::Bytes;
 
+use super::augment::{Augment, Drawn};
 use super::error::PushdownError;
 use super::registry::Model;
-use super::{manifest, preprocess, shard, spec, table, tensor, text};
+use super::{decode, manifest, preprocess, shard, spec, table, tensor, text};
 
 /// What a pushdown computes from.
 pub(super) enum JobInput {
@@ -115,31 +116,57 @@ pub(super) fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownErr
     }
 }
 
-/// Each item's scratch reservation, from its image header (read once, on a blocking thread).
-/// Refuses a request whose images would decode and resample more than `limit` pixels in all,
-/// before any is decoded.
-pub(super) fn image_costs(
+/// What one item's preprocessing takes: its scratch reservation (from its image header), and
+/// what it drew when the request is augmented ([`super::augment`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Planned {
+    pub(super) scratch: u64,
+    pub(super) drawn: Option<Drawn>,
+}
+
+/// Each item's [`Planned`], from its image header (read once, on a blocking thread). Refuses a
+/// request whose images would decode and resample more than `limit` pixels in all, before any
+/// is decoded. An augmented request's samples draw from its seed and their keys (the object's
+/// key, `object`, for a single image).
+pub(super) fn plan_images(
     parsed: &Parsed,
     manifest: &manifest::Manifest,
     (max_image, limit): (u64, u64),
-) -> Result<Vec<u64>, PushdownError> {
+    (augment, object): (Option<&Augment>, &str),
+) -> Result<Vec<Planned>, PushdownError> {
     let resize = manifest.preprocess.as_ref().and_then(|p| p.resize_shorter);
-    let costs: Vec<preprocess::Cost> = parsed
+    let input = manifest.preprocess.as_ref().map_or([0, 0], |p| p.crop);
+    let plans: Vec<(preprocess::Cost, Option<Drawn>)> = parsed
         .items
         .iter()
-        .map(|item| match item {
-            Item::Image(bytes) => preprocess::cost(bytes, resize, max_image),
-            Item::Ready(_) => preprocess::Cost::default(),
+        .enumerate()
+        .map(|(j, item)| match (item, augment) {
+            (Item::Image(bytes), None) => (preprocess::cost(bytes, resize, max_image), None),
+            (Item::Image(bytes), Some(a)) => {
+                let Ok(head) = decode::header(bytes) else { return Default::default() };
+                let i = parsed.order.get(j).copied().unwrap_or(j);
+                let key = parsed.keys.get(i).map_or(object, String::as_str);
+                let drawn = a.draw(key, head.width, head.height);
+                let crop = drawn.crop.map(|b| (b, input));
+                (preprocess::head_cost(&head, resize, crop, max_image), Some(drawn))
+            }
+            (Item::Ready(_), _) => Default::default(),
         })
         .collect();
-    let total = costs.iter().map(|c| c.pixels).fold(0u64, u64::saturating_add);
+    if augment.is_some() && parsed.items.iter().any(|i| matches!(i, Item::Ready(_))) {
+        return Err(PushdownError::InvalidArgument {
+            field: "augment".into(),
+            message: "applies to images; this object's samples are tensors or texts".into(),
+        });
+    }
+    let total = plans.iter().map(|(c, _)| c.pixels).fold(0u64, u64::saturating_add);
     if total > limit {
         return Err(PushdownError::BadInput(format!(
             "the object's images decode and resize to {total} pixels in all, more than the limit of {limit} \
              (pushdown.max_request_pixels)"
         )));
     }
-    Ok(costs.into_iter().map(|c| c.scratch_bytes).collect())
+    Ok(plans.into_iter().map(|(c, drawn)| Planned { scratch: c.scratch_bytes, drawn }).collect())
 }
 
 /// Reads an object into model inputs (images are left encoded; see [`Pushdown::compute`]; texts

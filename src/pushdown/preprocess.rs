@@ -21,7 +21,13 @@
 //!
 //! Images whose header declares more than `max_pixels`, or whose resized copy would be larger,
 //! are refused before any pixel is decoded.
+//!
+//! A sample with random augmentation ([`super::augment`]) is cropped to its drawn box and that
+//! box resized to the model's input size, as torchvision's `resized_crop` does on a PIL image
+//! (`Image.crop`, then `Image.resize` with `BILINEAR`), instead of the shorter-side resize and
+//! centre crop; a drawn flip mirrors the result (`hflip`).
 
+use super::augment::{CropBox, Drawn};
 use super::decode;
 use super::error::PushdownError;
 use super::manifest::{Channels, Layout, Preprocess};
@@ -61,16 +67,34 @@ pub struct Cost {
 /// before any buffer is allocated).
 #[must_use]
 pub fn cost(bytes: &[u8], resize_shorter: Option<u32>, max_pixels: u64) -> Cost {
-    decode::header(bytes)
-        .and_then(|head| {
-            let resized = checked_sizes(&head, resize_shorter, max_pixels)?;
-            let (nw, nh) = resized.map_or((0, 0), |(w, h)| (u64::from(w), u64::from(h)));
-            Ok(Cost {
-                pixels: head.pixels() + nw * nh,
-                scratch_bytes: head.decode_bytes() + 3 * nw * (u64::from(head.height) + nh),
-            })
+    decode::header(bytes).map(|head| head_cost(&head, resize_shorter, None, max_pixels)).unwrap_or_default()
+}
+
+/// [`cost`] from a read header, for a sample that drew `drawn` ([`super::augment`]): a drawn
+/// crop box is copied out and resized to `[height, width]`.
+pub(crate) fn head_cost(
+    head: &decode::Header,
+    resize_shorter: Option<u32>,
+    drawn: Option<(CropBox, [u32; 2])>,
+    max_pixels: u64,
+) -> Cost {
+    let cost = || -> Result<Cost, PushdownError> {
+        if let Some((b, [ch, cw])) = drawn {
+            checked_sizes(head, None, max_pixels)?;
+            let (bw, bh, cw, ch) = (u64::from(b.width), u64::from(b.height), u64::from(cw), u64::from(ch));
+            return Ok(Cost {
+                pixels: head.pixels() + bw * bh + cw * ch,
+                scratch_bytes: head.decode_bytes() + 3 * bw * bh + 3 * cw * (bh + ch),
+            });
+        }
+        let resized = checked_sizes(head, resize_shorter, max_pixels)?;
+        let (nw, nh) = resized.map_or((0, 0), |(w, h)| (u64::from(w), u64::from(h)));
+        Ok(Cost {
+            pixels: head.pixels() + nw * nh,
+            scratch_bytes: head.decode_bytes() + 3 * nw * (u64::from(head.height) + nh),
         })
-        .unwrap_or_default()
+    };
+    cost().unwrap_or_default()
 }
 
 /// Checks the image and its resized copy against `max_pixels`; the resized size, if any.
@@ -125,6 +149,8 @@ pub(crate) const SCRATCH_POOL_BYTES: usize = 32 << 20;
 #[derive(Debug, Default)]
 pub struct Scratch {
     decoded: Vec<u8>,
+    /// A drawn crop box's pixels, copied out of `decoded` ([`super::augment`]).
+    cropped: Vec<u8>,
     across: Vec<u8>,
     resized: Vec<u8>,
     /// Becomes the image's input ([`image_to_input_with`] returns it); the engine gives it back
@@ -134,7 +160,7 @@ pub struct Scratch {
 
 impl Scratch {
     fn bytes(&self) -> usize {
-        self.decoded.capacity() + self.across.capacity() + self.resized.capacity() + floats_bytes(&self.input)
+        self.decoded.capacity() + self.cropped.capacity() + self.across.capacity() + self.resized.capacity() + floats_bytes(&self.input)
     }
 }
 
@@ -229,27 +255,46 @@ pub fn image_to_input(
     layout: Layout,
     max_pixels: u64,
 ) -> Result<Vec<f32>, PushdownError> {
-    image_to_input_with(bytes, p, layout, max_pixels, &mut Scratch::default())
+    image_to_input_with(bytes, p, layout, max_pixels, None, &mut Scratch::default())
 }
 
 /// [`image_to_input`] with its decode and resize buffers in `scratch` (kept there for the next
-/// image: [`ScratchPool`]).
+/// image: [`ScratchPool`]), and what the sample drew if it is augmented ([`super::augment`]).
 ///
 /// # Errors
-/// As [`image_to_input`].
+/// As [`image_to_input`], and a drawn box outside the image.
 pub fn image_to_input_with(
     bytes: &[u8],
     p: &Preprocess,
     layout: Layout,
     max_pixels: u64,
+    drawn: Option<Drawn>,
     scratch: &mut Scratch,
 ) -> Result<Vec<f32>, PushdownError> {
     // Every size is checked from the header, before a pixel is decoded or resampled.
     let head = decode::header(bytes)?;
-    let resized = checked_sizes(&head, p.resize_shorter, max_pixels)?;
+    let boxed = drawn.and_then(|d| d.crop);
+    if let Some(b) = boxed
+        && (b.width == 0 || b.height == 0 || b.left + b.width > head.width || b.top + b.height > head.height)
+    {
+        return Err(bad(format!("crop box {b:?} is not inside the {}x{} image", head.width, head.height)));
+    }
+    let resized = match boxed {
+        Some(_) => checked_sizes(&head, None, max_pixels)?.or(Some((p.crop[1], p.crop[0]))),
+        None => checked_sizes(&head, p.resize_shorter, max_pixels)?,
+    };
     decode::decode_rgb_into(bytes, &head, &mut scratch.decoded)?;
     let (mut cur_w, mut cur_h) = (head.width, head.height);
     let mut pixels = scratch.decoded.as_slice();
+    if let Some(b) = boxed {
+        let (row, start, width) = (cur_w as usize * 3, b.left as usize * 3, b.width as usize * 3);
+        scratch.cropped.clear();
+        for y in b.top as usize..(b.top + b.height) as usize {
+            scratch.cropped.extend_from_slice(&pixels[y * row + start..y * row + start + width]);
+        }
+        pixels = &scratch.cropped;
+        (cur_w, cur_h) = (b.width, b.height);
+    }
     if let Some((nw, nh)) = resized {
         let (w, h, nw, nh) = (cur_w as usize, cur_h as usize, nw as usize, nh as usize);
         resize_bilinear_into(pixels, (w, h, nw, nh), &mut scratch.across, &mut scratch.resized);
@@ -267,6 +312,7 @@ pub fn image_to_input_with(
     let top = (f64::from(cur_h - ch) / 2.0).round_ties_even() as usize;
     let left = (f64::from(cur_w - cw) / 2.0).round_ties_even() as usize;
     let (ch, cw, row) = (ch as usize, cw as usize, cur_w as usize);
+    let flip = drawn.is_some_and(|d| d.flip);
     let order: [usize; 3] = match p.channels {
         Channels::Rgb => [0, 1, 2],
         Channels::Bgr => [2, 1, 0],
@@ -277,7 +323,8 @@ pub fn image_to_input_with(
     out.resize(3 * ch * cw, 0.0);
     for y in 0..ch {
         for x in 0..cw {
-            let px = ((top + y) * row + left + x) * 3;
+            let sx = if flip { cw - 1 - x } else { x };
+            let px = ((top + y) * row + left + sx) * 3;
             for (c, &src_c) in order.iter().enumerate() {
                 let v = (f32::from(pixels[px + src_c]) * p.scale - p.mean[c]) / p.std[c];
                 let i = match layout {
@@ -555,7 +602,7 @@ mod tests {
         let images = [jpeg(96, 64), jpeg(48, 40), jpeg(32, 80), png(40, 36), jpeg(80, 32), jpeg(96, 64)];
         for (i, image) in images.iter().enumerate() {
             let mut scratch = pool.take();
-            let kept = image_to_input_with(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS, &mut scratch).expect("kept");
+            let kept = image_to_input_with(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS, None, &mut scratch).expect("kept");
             pool.give(scratch);
             let fresh = image_to_input(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS).expect("fresh");
             assert_eq!(kept, fresh, "image {i}");

@@ -22,7 +22,8 @@ use super::models_store::{ModelsStore, ModelsStoreConfig};
 use super::registry::{Changes, LoadLimits, Model, Registry};
 use super::tensor::Tensor;
 use super::{
-    engine, engines, fair, governor, memory, order, parse::Item, parse::name_sample, parse::no_preprocess, preprocess,
+    engine, engines, fair, governor, memory, order, parse::Item, parse::Planned, parse::name_sample, parse::no_preprocess,
+    preprocess,
     runtime,
 };
 
@@ -100,6 +101,8 @@ pub(crate) struct Output {
     pub(crate) decode: Duration,
     pub(crate) infer: Duration,
     pub(crate) encode: Duration,
+    /// What a single augmented image drew (ADR 0032).
+    pub(crate) augmented: Option<super::augment::Drawn>,
     /// Memory reserved for the outputs; release it when the response has been sent.
     pub(crate) reservation: Vec<governor::Held>,
 }
@@ -456,6 +459,8 @@ pub(super) struct Run<'a> {
     /// The request's arrival number: its samples preprocess after those of the tenant's earlier
     /// requests ([`Job::arrival`]).
     pub(super) arrival: u64,
+    /// The request's random augmentation ([`super::augment`]).
+    pub(super) augment: Option<super::augment::Augment>,
 }
 
 impl Pushdown {
@@ -464,7 +469,7 @@ impl Pushdown {
     pub(super) async fn run_samples(
         &self,
         run: &Run<'_>,
-        samples: (Vec<Item>, Vec<u64>, Vec<usize>),
+        samples: (Vec<Item>, Vec<Planned>, Vec<usize>),
         keys: &[String],
     ) -> Result<Vec<Tensor>, PushdownError> {
         let count = samples.2.len();
@@ -485,14 +490,14 @@ impl Pushdown {
     pub(super) fn sample_runs<'r>(
         &'r self,
         run: &'r Run<'_>,
-        (items, scratch, order): (Vec<Item>, Vec<u64>, Vec<usize>),
+        (items, plans, order): (Vec<Item>, Vec<Planned>, Vec<usize>),
         keys: &'r [String],
     ) -> impl futures_util::Stream<Item = Result<(usize, Tensor), PushdownError>> + 'r {
         let max_pixels = self.cfg.max_image_pixels;
         // When each request's samples start and end: the order requests are computed in (ADR 0019).
         tracing::debug!(arrival = run.arrival, samples = order.len(), "Samples ready.");
-        let runs = items.into_iter().zip(scratch).zip(order).map(move |((item, scratch), i)| async move {
-            let slot = run.stream.admit(scratch).await?;
+        let runs = items.into_iter().zip(plans).zip(order).map(move |((item, plan), i)| async move {
+            let slot = run.stream.admit(plan.scratch).await?;
             run.samples.inc();
             // Decoded no further ahead of the engine than it can use: the oldest requests'
             // samples first, the rest wait undecoded.
@@ -511,7 +516,8 @@ impl Pushdown {
                         // wall times would count the contention many times over.
                         let mut scratch = pool.take();
                         let (out, spent) = cpu_timed(|| {
-                            preprocess::image_to_input_with(&bytes, pre, m.manifest.layout, max_pixels, &mut scratch)
+                            let layout = m.manifest.layout;
+                            preprocess::image_to_input_with(&bytes, pre, layout, max_pixels, plan.drawn, &mut scratch)
                         });
                         pool.give(scratch);
                         tally.add(spent, 1);

@@ -1,9 +1,11 @@
 //! The pushdown request: which model, split, output format, dtype, storage batch, Parquet input
-//! column and Parquet row groups a GET asks for, and where it stands in its client's order, from request headers (`x-tensorgate-*`) or query parameters
-//! (`tensorgate-*`). Pure. Bad values name the field; docs/pushdown.md is the contract.
+//! column and Parquet row groups a GET asks for, where it stands in its client's order, and its
+//! random augmentation ([`super::augment`]), from request headers (`x-tensorgate-*`) or query
+//! parameters (`tensorgate-*`). Pure. Bad values name the field; docs/pushdown.md is the contract.
 
 use http::HeaderMap;
 
+use super::augment::Augment;
 use super::error::PushdownError;
 use super::order::Seq;
 
@@ -82,6 +84,8 @@ pub struct PushdownSpec {
     /// computed in that order among the stream's requests (`super::order`). Does not change the
     /// output.
     pub(crate) seq: Option<Seq>,
+    /// Random augmentation drawn from a seed per sample (`augment` and `seed`; ADR 0032).
+    pub(crate) augment: Option<Augment>,
 }
 
 /// Row groups `first..=last` of a Parquet file (`row-groups=3` or `row-groups=3-5`).
@@ -173,6 +177,7 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     }
     let (mut model, mut split, mut format, mut dtype, mut batch, mut column, mut row_groups, mut seq) =
         (None, None, None, None, None, None, None, None);
+    let (mut augment, mut seed) = (None, None);
     for (field, value) in fields {
         let slot = match field.as_str() {
             "model" => &mut model,
@@ -183,10 +188,12 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             "column" => &mut column,
             "row-groups" => &mut row_groups,
             "seq" => &mut seq,
+            "augment" => &mut augment,
+            "seed" => &mut seed,
             _ => {
                 return Err(invalid(
                     &field,
-                    "is not a pushdown field (model, split, format, dtype, batch, column, row-groups, seq)",
+                    "is not a pushdown field (model, split, format, dtype, batch, column, row-groups, seq, augment, seed)",
                 ));
             }
         };
@@ -244,7 +251,8 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
             )
         })?),
     };
-    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column, row_groups, seq }))
+    let augment = Augment::parse(augment.as_deref(), seed.as_deref()).map_err(|(f, m)| invalid(f, &m))?;
+    Ok(Some(PushdownSpec { model, split, format, dtype, batch, column, row_groups, seq, augment }))
 }
 
 impl PushdownSpec {
@@ -267,6 +275,10 @@ impl PushdownSpec {
         }
         if let Some(q) = &self.seq {
             out.push(("seq", q.to_string()));
+        }
+        if let Some(a) = &self.augment {
+            out.push(("augment", a.to_string()));
+            out.push(("seed", a.seed.to_string()));
         }
         out
     }

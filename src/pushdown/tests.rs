@@ -59,6 +59,7 @@ fn spec(split: &str, format: Option<Format>) -> PushdownSpec {
         column: None,
         row_groups: None,
         seq: None,
+        augment: None,
     }
 }
 
