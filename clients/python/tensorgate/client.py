@@ -13,6 +13,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from .augment import Augment, Drawn
 from .cluster import Membership
 from .codec import Features, decode
 from .wds import decode_features as decode_tar
@@ -97,6 +98,8 @@ class Fetch:
     not_modified: bool = False
     #: In a cluster: the member that computed the output (`x-tensorgate-computed-by`).
     computed_by: str | None = None
+    #: What an augmented single image drew (`x-tensorgate-augmented`, `tensorgate.augment.Drawn`).
+    augmented: Drawn | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ class Client:
             batch: int | None = None, dtype: str | None = None, fmt: str | None = None,
             range: str | None = None, if_none_match: str | None = None, before_body=None,
             before_send=None, raw: bool = False, column: str | None = None,
-            row_groups: str | None = None, seq: str | None = None) -> Fetch:
+            row_groups: str | None = None, seq: str | None = None, augment: Augment | None = None) -> Fetch:
         """GETs `bucket/key`; with a model and split, the pushdown output (decoded), else raw bytes
         (returned in `result.features` as a uint8 array). With `if_none_match` (an ETag from an
         earlier response), an unchanged output comes back as `not_modified` with no body.
@@ -195,9 +198,10 @@ class Client:
         some of its row groups (`"3"` or `"3-5"`), read by the gateway by ranges. `seq`: where this
         request stands in its caller's order, `"<stream>.<n>"` (n from 0 within a stream named at
         random): the gateway computes a stream's requests in that order, however their connections
-        reach it (ADR 0021)."""
+        reach it (ADR 0021). `augment`: random crops and flips drawn from its seed per sample
+        (`tensorgate.augment`, ADR 0032); `result.augmented` is what a single image drew."""
         fields = _fields(model, split, batch=batch, dtype=dtype, format=fmt, column=column,
-                         **{"row-groups": row_groups}, seq=seq)
+                         **{"row-groups": row_groups}, seq=seq, **(augment.fields() if augment else {}))
         t0 = time.perf_counter()
         extra = {"Range": range} if range else {}
         if if_none_match:
@@ -233,7 +237,9 @@ class Client:
             result = Features(features=np.frombuffer(body, dtype=np.uint8))
         return Fetch(result, len(body), t2 - t0, t2 - t1, headers.get("x-tensorgate-split"),
                      headers.get("x-tensorgate-cache"), headers.get("x-tensorgate-plan"), t1, t2, headers.get("etag"),
-                     computed_by=headers.get("x-tensorgate-computed-by"))
+                     computed_by=headers.get("x-tensorgate-computed-by"),
+                     augmented=Drawn.parse(headers["x-tensorgate-augmented"]) if "x-tensorgate-augmented" in headers
+                     else None)
 
     def probe(self, bucket: str, key: str, *, max_bytes: int = 4 << 20, min_bytes: int = 128 << 10,
               min_secs: float = PROBE_MIN_SECS, max_secs: float = PROBE_MAX_SECS,
