@@ -11,7 +11,10 @@ use futures_util::{FutureExt, TryStreamExt};
 use super::encode::{ShardLayout, stack, tar_overhead, write_tar};
 use super::engine::Engine;
 use super::error::PushdownError;
-use super::parse::{Item, JobInput, Kind, Parsed, Planned, SourceLimits, parse, plan_images, split_def, table_rows};
+use super::parse::{
+    Item, JobInput, Kind, Parsed, Planned, SourceLimits, drawn_in_source_order, parse, plan_images, split_def,
+    table_rows,
+};
 use super::registry::Model;
 use super::service::{Output, Pushdown, Run};
 use super::spec::{Dtype, Format, PushdownSpec};
@@ -346,7 +349,7 @@ impl Pushdown {
         };
         let t0 = Instant::now();
         let (parsed, plans, table_source) = self.parse_source(job, input).await?;
-        let augmented = plans.first().and_then(|p| p.drawn).filter(|_| parsed.kind == Kind::Single);
+        let augmented = parsed.drawn.first().copied().flatten().filter(|_| parsed.kind == Kind::Single);
         let parse_time = t0.elapsed();
         let layout = shard_layout(job, &parsed, &memory.output_shape)?;
         let laid =
@@ -513,6 +516,9 @@ impl Pushdown {
             }
             parsed.put_in_engine_order(model.manifest.text.is_some());
             let plans = plan_images(&parsed, &model.manifest, limits, (augment.as_ref(), &object_key))?;
+            if augment.is_some() {
+                parsed.drawn = drawn_in_source_order(&plans, &parsed.order);
+            }
             Ok::<_, PushdownError>((parsed, plans))
         })
         .await
@@ -604,6 +610,9 @@ impl Pushdown {
             kept = back;
             decoding += t.elapsed();
             let Parsed { items, keys, labels: group_labels, order, .. } = group;
+            if run.augment.is_some() {
+                parsed.drawn.extend(drawn_in_source_order(&plans, &order));
+            }
             outputs.extend(self.run_samples(run, (items, plans, order), &keys).await?);
             labels.extend(group_labels.map_or_else(|| vec![None; keys.len()], |l| l.into_iter().map(Some).collect()));
             parsed.keys.extend(keys);
@@ -649,13 +658,19 @@ fn output_format(job: &Job, kind: Kind) -> Format {
     })
 }
 
-/// The metadata of a safetensors output: the model, the split, and a keyed source's keys.
-fn safetensors_meta(job: &Job, keys: Option<&[String]>) -> HashMap<String, String> {
+/// The metadata of a safetensors output: the model, the split, a keyed source's keys, and what
+/// an augmented request's samples drew (`augmented`: a JSON array of `top,left,height,width,flip`
+/// in sample order).
+fn safetensors_meta(job: &Job, keys: Option<&[String]>, parsed: &Parsed) -> HashMap<String, String> {
     let mut meta =
         HashMap::from([("model".to_owned(), job.model.manifest.name.clone()), ("split".to_owned(), job.split.clone())]);
     if let Some(keys) = keys {
         // A JSON array of the sample keys: any string a tar member name holds, escaped by serde.
         meta.insert("keys".to_owned(), serde_json::to_string(keys).expect("strings serialize"));
+    }
+    if job.spec.augment.is_some() {
+        let drawn: Vec<String> = parsed.drawn.iter().map(|d| d.map(|d| d.to_string()).unwrap_or_default()).collect();
+        meta.insert("augmented".to_owned(), serde_json::to_string(&drawn).expect("strings serialize"));
     }
     meta
 }
@@ -669,7 +684,7 @@ fn shard_layout(job: &Job, parsed: &Parsed, sample: &[usize]) -> Result<Option<A
     if parsed.kind != Kind::Shard || format == Format::Parquet || sample.is_empty() || !images {
         return Ok(None);
     }
-    let meta = safetensors_meta(job, Some(&parsed.keys));
+    let meta = safetensors_meta(job, Some(&parsed.keys), parsed);
     let samples = (parsed.keys.as_slice(), parsed.labels.as_deref(), parsed.others.as_slice());
     Ok(Some(Arc::new(ShardLayout::new((format, job.spec.dtype), sample, samples, meta)?)))
 }
@@ -693,7 +708,7 @@ async fn encode_output(
     let format = output_format(job, parsed.kind);
     let dtype = job.spec.dtype;
     let names = (job.model.manifest.name.clone(), job.split.clone());
-    let meta = safetensors_meta(job, Some(&parsed.keys).filter(|_| parsed.kind.keyed()).map(Vec::as_slice));
+    let meta = safetensors_meta(job, Some(&parsed.keys).filter(|_| parsed.kind.keyed()).map(Vec::as_slice), &parsed);
     let Parsed { kind, labels, keys, others, kept, .. } = parsed;
     let (body, shape) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<usize>), PushdownError> {
         if format == Format::Tar {

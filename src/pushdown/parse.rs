@@ -56,6 +56,8 @@ pub(super) struct Parsed {
     pub(super) kept: Option<table::Kept>,
     /// `items[j]` is the source's sample `order[j]` ([`Self::put_in_engine_order`]).
     pub(super) order: Vec<usize>,
+    /// What each sample drew, in source order, when the request is augmented ([`plan_images`]).
+    pub(super) drawn: Vec<Option<Drawn>>,
 }
 
 impl Parsed {
@@ -69,6 +71,7 @@ impl Parsed {
             others: Vec::new(),
             table: None,
             kept: None,
+            drawn: Vec::new(),
             order: Vec::new(),
         }
     }
@@ -122,6 +125,15 @@ pub(super) fn name_sample(e: PushdownError, key: Option<&String>) -> PushdownErr
 pub(super) struct Planned {
     pub(super) scratch: u64,
     pub(super) drawn: Option<Drawn>,
+}
+
+/// What `plans` (in engine order, `order`) drew, in source order.
+pub(super) fn drawn_in_source_order(plans: &[Planned], order: &[usize]) -> Vec<Option<Drawn>> {
+    let mut drawn = vec![None; plans.len()];
+    for (plan, &i) in plans.iter().zip(order) {
+        drawn[i] = plan.drawn;
+    }
+    drawn
 }
 
 /// Each item's [`Planned`], from its image header (read once, on a blocking thread). Refuses a

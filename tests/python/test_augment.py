@@ -25,7 +25,7 @@ BOUND = 1e-5
 
 
 def images() -> list[tuple[str, bytes, str]]:
-    """(key, bytes, format): 39 images, 64 to 2000 pixels a side, tall, wide and square, JPEG and
+    """(key, bytes, format): 36 images, 64 to 2000 pixels a side, tall, wide and square, JPEG and
     PNG, in several colour modes."""
     sizes = [(64, 64), (64, 2000), (2000, 64), (500, 375), (375, 500), (1999, 1501), (97, 131), (640, 480),
              (64, 300), (301, 64), (1024, 1024), (77, 64)]  # fmt: skip
@@ -98,7 +98,9 @@ def test_a_shards_augmented_features_equal_the_reference(s3_module, shard, seed)
         got = pushdown_get(s3, bucket, "aug/train-0.tar", model=MODEL, split=split, **aug.fields())
         feats = decode(got["Body"].read())
         assert feats.keys == [k for k, _, _ in shard]
-        x = np.stack([reference_input(by_key[k][0], aug, k)[0] for k in feats.keys])
+        refs = [reference_input(by_key[k][0], aug, k) for k in feats.keys]
+        assert feats.augmented == [drawn for _, drawn in refs], "each sample's draw is returned and the client's"
+        x = np.stack([x for x, _ in refs])
         want = reference(MODEL, split, x)
         worst = {"PNG": 0.0, "JPEG": 0.0}
         for i, k in enumerate(feats.keys):
@@ -194,3 +196,25 @@ def test_tensors_are_not_augmented(s3_module):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         pushdown_get(s3, bucket, "aug/x.npy", model=MODEL, split="pool", **Augment(seed=1).fields())
     assert e.value.response["Error"]["Code"] == "InvalidArgument"
+
+
+def test_a_parquet_files_rows_draw_from_their_keys_across_row_groups(s3_module, shard):
+    """A Hugging Face style Parquet file of three row groups: each row draws from its key (the
+    image's `path`), whichever group it is in, and its features equal the reference's."""
+    import pyarrow.parquet as pq
+    from test_parquet import hf_table, parquet_bytes
+
+    s3, bucket = s3_module
+    imgs = shard[:9]
+    data = parquet_bytes(hf_table([d for _, d, _ in imgs], list(range(len(imgs)))), row_group_size=3)
+    assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == 3
+    s3.put_object(Bucket=bucket, Key="aug/train.parquet", Body=data)
+    aug = Augment(seed=99)
+    got = pushdown_get(s3, bucket, "aug/train.parquet", model=MODEL, split="stem", **aug.fields())
+    feats = decode(got["Body"].read())
+    keys = [f"train/{i:05d}.jpg" for i in range(len(imgs))]
+    assert feats.keys == keys
+    refs = [reference_input(d, aug, k) for (_, d, _), k in zip(imgs, keys)]
+    assert feats.augmented == [drawn for _, drawn in refs]
+    want = reference(MODEL, "stem", np.stack([x for x, _ in refs]))
+    assert max(rel_l2(feats.features[i], want[i]) for i in range(len(imgs))) <= BOUND

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .augment import Drawn
+
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "BF16": None}
 
 
@@ -21,6 +23,8 @@ class Features:
     keys: list[str] = field(default_factory=list)
     split: str | None = None
     model: str | None = None
+    #: What each sample of an augmented request drew (`tensorgate.augment.Drawn`), in order.
+    augmented: list = field(default_factory=list)
 
 
 def _bf16_to_f32(raw: bytes) -> np.ndarray:
@@ -53,10 +57,12 @@ def decode(body: bytes, content_type: str | None = None) -> Features:
         return Features(features=np.load(io.BytesIO(body), allow_pickle=False))
     tensors, meta = read_safetensors(body)
     keys = json.loads(meta["keys"]) if "keys" in meta else []
+    augmented = [Drawn.parse(d) for d in json.loads(meta["augmented"])] if "augmented" in meta else []
     return Features(
         features=tensors["features"],
         labels=tensors.get("labels"),
         keys=keys,
         split=meta.get("split"),
         model=meta.get("model"),
+        augmented=augmented,
     )
