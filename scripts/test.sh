@@ -86,7 +86,7 @@ for store in ceph-rgw swift; do
   # The no-downtime load runs 60 s on SeaweedFS above; here its same events within 30 s of load.
   TENSORGATE_NO_DOWNTIME_SECS=30 TENSORGATE_TEST_STORE=$store .venv/bin/python -m pytest -q \
     tests/python/test_s3_clients.py tests/python/test_identity.py tests/python/test_alias_endpoints.py \
-    tests/python/test_models_store.py \
+    tests/python/test_models_store.py tests/python/test_augment.py \
     tests/python/test_no_downtime.py
 done
 

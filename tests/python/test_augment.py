@@ -1,7 +1,7 @@
 """Augmented pushdown (ADR 0032): `RandomResizedCrop` and `RandomHorizontalFlip` drawn per sample
 from a seed, computed by the gateway, against the independent reference: the Python client's
-draws (`tensorgate.augment`), PIL's crop, bilinear resize and flip (what torchvision's functional
-`resized_crop` and `hflip` do on a PIL image), numpy normalisation and onnxruntime on the prefix."""
+draws (`tensorgate.augment`), torchvision's v2 functional `resized_crop` (bilinear, antialiased)
+and `horizontal_flip` on the PIL image, numpy normalisation and onnxruntime on the prefix."""
 
 import io
 
@@ -52,9 +52,17 @@ def manifest() -> dict:
 
 
 def reference_input(data: bytes, aug: Augment, key: str) -> tuple[np.ndarray, Drawn]:
-    """The reference pipeline: PIL's RGB image, the client's draw applied with PIL, normalised."""
+    """The reference pipeline: PIL's RGB image, the client's draw applied by torchvision's
+    functional ops, normalised."""
+    from torchvision.transforms.v2 import functional as F
+
     p = manifest()["preprocess"]
-    img, drawn = aug.apply(Image.open(io.BytesIO(data)).convert("RGB"), key, size=tuple(p["crop"]))
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    drawn = aug.draw(key, img.width, img.height)
+    top, left, h, w = drawn.box
+    img = F.resized_crop(img, top, left, h, w, list(p["crop"]), antialias=True)
+    if drawn.flip:
+        img = F.horizontal_flip(img)
     a = np.asarray(img, dtype=np.float32)
     a = (a * np.float32(p["scale"]) - np.array(p["mean"], np.float32)) / np.array(p["std"], np.float32)
     return a.transpose(2, 0, 1), drawn
