@@ -40,6 +40,12 @@ const BUCKET_STRIPES: usize = 256;
 /// Bookkeeping bytes charged per memory entry on top of the tensor (key, headers, moka node).
 const ENTRY_OVERHEAD: u64 = 512;
 
+/// Keys of single-use outputs (augmented ones, ADR 0032) seen once, remembered so that a second
+/// request of one is cached: 65,536 hashes (512 KiB) cover an epoch of a large shard dataset's
+/// requests, or many epochs of single images' retries; when full the set starts over (a repeat
+/// then goes uncached once more, never wrong).
+const SEEN_ONCE: usize = 65_536;
+
 /// How the memory tier chooses what to keep when full. Measured on epoch scans by
 /// `cargo bench --bench cache_policy` (`docs/BENCHMARKS.md`, "Tensor cache"; ADR 0004): at 1.5x
 /// and 3x the tier, `pin` reaches the ideal hit rate (capacity / dataset), TinyLFU 58-92% of it,
@@ -209,6 +215,8 @@ pub struct TensorCache {
     generations: Generations,
     disk: Option<disk::DiskTier>,
     flights: Mutex<HashMap<CacheKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Hashes of single-use keys requested once ([`Self::repeated`]).
+    seen_once: Mutex<std::collections::HashSet<u64>>,
     metrics: Metrics,
 }
 
@@ -291,8 +299,26 @@ impl TensorCache {
             generations: Generations::new(),
             disk,
             flights: Mutex::new(HashMap::new()),
+            seen_once: Mutex::new(std::collections::HashSet::new()),
             metrics,
         })
+    }
+
+    /// Whether `key` was asked for before: an output that is rarely wanted twice (an augmented
+    /// one: every epoch draws anew, ADR 0032) is cached only from its second request (a retry, a
+    /// second reader of the same seed), so that single-use outputs never crowd out the rest (or,
+    /// under `pin`, fill the cache for good). The first request is noted and answered uncached.
+    pub(crate) fn repeated(&self, key: &CacheKey) -> bool {
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+        let mut seen = self.seen_once.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(&hash) {
+            return true;
+        }
+        if seen.len() >= SEEN_ONCE {
+            seen.clear();
+        }
+        seen.insert(hash);
+        false
     }
 
     /// The generation an entry computed from a fetch starting now must carry.
@@ -524,6 +550,18 @@ mod tests {
             Metrics::new(),
         )
         .expect("cache")
+    }
+
+    #[test]
+    fn a_single_use_key_is_cached_from_its_second_request_on() {
+        let c = cache(Policy::Pin, 1 << 20, Duration::ZERO);
+        assert!(!c.repeated(&key("a")), "first: noted, not cached");
+        assert!(c.repeated(&key("a")) && c.repeated(&key("a")), "then: through the cache");
+        assert!(!c.repeated(&key("b")));
+        for i in 0..SEEN_ONCE {
+            c.repeated(&key(&format!("k{i}")));
+        }
+        assert!(c.seen_once.lock().expect("lock").len() <= SEEN_ONCE, "bounded");
     }
 
     #[tokio::test]

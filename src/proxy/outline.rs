@@ -248,13 +248,14 @@ impl Gateway {
                 Fetched::Source { etag: etag.to_owned(), source: () }
             })
         };
+        let single_use = job.spec().augment.is_some();
         let compute = async |()| {
             let spec = job.spec().clone();
             let started = std::time::Instant::now();
             let (fetch, read, out) = Self::run_row_groups(job, &reader, etag, groups.tail.clone(), started).await?;
             Ok(self.computed(&spec, out, (fetch, read), etag.to_owned(), groups.last_modified.clone()))
         };
-        let read = match self.cache.as_deref().filter(|_| groups.cacheable) {
+        let read = match self.cache.as_deref().filter(|c| groups.cacheable && (!single_use || c.repeated(&key))) {
             Some(cache) => cache.get_or_compute(&key, true, fetch, compute).await?,
             None => TensorCache::uncached(fetch, compute).await?,
         };

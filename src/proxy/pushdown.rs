@@ -145,12 +145,17 @@ impl Gateway {
             authority: authority.clone(),
         };
         let ranged = side.ranged;
+        let single_use = job.spec().augment.is_some();
         let fetch = async move |cached_etag: Option<&str>| self.first_read(parts, reader, ranged, cached_etag).await;
         let compute =
             async move |source: SourceBody| self.compute(parts, job, reader, side.as_caller, source, stream).await;
         // Objects encrypted with a customer key are never cached: a hit would skip the store's
-        // key check.
-        let cache = self.cache.as_deref().filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY));
+        // key check. An augmented output is cached only when its request repeats (ADR 0032).
+        let cache = self
+            .cache
+            .as_deref()
+            .filter(|_| !parts.headers.contains_key(headers::SSE_CUSTOMER_KEY))
+            .filter(|c| !single_use || c.repeated(key));
         match cache {
             Some(cache) => cache.get_or_compute(key, ask_store, fetch, compute).await,
             None => TensorCache::uncached(fetch, compute).await,

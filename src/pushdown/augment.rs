@@ -106,13 +106,14 @@ impl Augment {
     pub(crate) fn parse(augment: Option<&str>, seed: Option<&str>) -> Result<Option<Self>, (&'static str, String)> {
         let (augment, seed) = match (augment, seed) {
             (None, None) => return Ok(None),
-            (Some(_), None) => return Err(("seed", "is required with augment: a whole number from 0 to 2^64-1".into())),
+            (Some(_), None) => {
+                return Err(("seed", "is required with augment: a whole number from 0 to 2^64-1".into()));
+            }
             (None, Some(_)) => return Err(("augment", "is required with seed".into())),
             (Some(a), Some(s)) => (a, s),
         };
-        let seed = seed
-            .parse::<u64>()
-            .map_err(|_| ("seed", format!("{seed:?} is not a whole number from 0 to 2^64-1")))?;
+        let seed =
+            seed.parse::<u64>().map_err(|_| ("seed", format!("{seed:?} is not a whole number from 0 to 2^64-1")))?;
         let (mut crop, mut flip) = (None, None);
         for op in augment.split(';') {
             let (name, args) = match op.split_once('(') {
@@ -207,7 +208,9 @@ impl ResizedCrop {
                 ("size", v) => c.size = Some(size(v)?),
                 ("scale", v) => c.scale = range("scale", v)?,
                 ("ratio", v) => c.ratio = range("ratio", v)?,
-                (k, _) => return Err(("augment", format!("RandomResizedCrop has no argument {k:?} (size, scale, ratio)"))),
+                (k, _) => {
+                    return Err(("augment", format!("RandomResizedCrop has no argument {k:?} (size, scale, ratio)")));
+                }
             }
         }
         let (s0, s1) = c.scale;
@@ -261,7 +264,9 @@ fn size(v: &str) -> Result<[u32; 2], (&'static str, String)> {
         Some((h, w)) => side(h).zip(side(w)).map(|(h, w)| [h, w]),
         None => side(v).map(|s| [s, s]),
     };
-    got.ok_or_else(|| ("augment", format!("RandomResizedCrop size={v:?} is not <side> or <h>:<w>, each 1 to {MAX_SIZE}")))
+    got.ok_or_else(|| {
+        ("augment", format!("RandomResizedCrop size={v:?} is not <side> or <h>:<w>, each 1 to {MAX_SIZE}"))
+    })
 }
 
 /// One sample's counter-based stream of draws.
@@ -353,12 +358,16 @@ mod tests {
     fn boxes_lie_in_the_image_and_follow_the_seed_and_key() {
         let a = aug("RandomResizedCrop;RandomHorizontalFlip", 42);
         let mut flips = 0;
-        for (i, (w, h)) in [(1, 1), (64, 2000), (2000, 64), (500, 375), (3, 1000)].into_iter().cycle().take(500).enumerate()
+        for (i, (w, h)) in
+            [(1, 1), (64, 2000), (2000, 64), (500, 375), (3, 1000)].into_iter().cycle().take(500).enumerate()
         {
             let key = format!("img/{i}.jpg");
             let d = a.draw(&key, w, h);
             let b = d.crop.expect("a box");
-            assert!(b.width >= 1 && b.height >= 1 && b.left + b.width <= w && b.top + b.height <= h, "{b:?} in {w}x{h}");
+            assert!(
+                b.width >= 1 && b.height >= 1 && b.left + b.width <= w && b.top + b.height <= h,
+                "{b:?} in {w}x{h}"
+            );
             assert_eq!(a.draw(&key, w, h), d, "the same seed and key draw the same");
             flips += usize::from(d.flip);
         }
@@ -381,11 +390,10 @@ mod tests {
     fn the_generator_matches_its_restatement() {
         // The same values as the Python client's (`clients/python/tests/test_augment.py`).
         let d = Draws::new(0, "k");
-        assert_eq!((0..3).map(|n| d.draw(n)).collect::<Vec<_>>(), [
-            0x142b_ed63_64d6_dee5,
-            0x55ce_b35f_f5aa_4bda,
-            0xf3eb_a217_4538_6b34
-        ]);
+        assert_eq!(
+            (0..3).map(|n| d.draw(n)).collect::<Vec<_>>(),
+            [0x142b_ed63_64d6_dee5, 0x55ce_b35f_f5aa_4bda, 0xf3eb_a217_4538_6b34]
+        );
         let a = aug("RandomResizedCrop;RandomHorizontalFlip", 42);
         let b = |top, left, height, width| Some(CropBox { top, left, height, width });
         assert_eq!(a.draw("img/0.jpg", 500, 375), Drawn { crop: b(166, 253, 179, 218), flip: true });

@@ -160,7 +160,11 @@ pub struct Scratch {
 
 impl Scratch {
     fn bytes(&self) -> usize {
-        self.decoded.capacity() + self.cropped.capacity() + self.across.capacity() + self.resized.capacity() + floats_bytes(&self.input)
+        self.decoded.capacity()
+            + self.cropped.capacity()
+            + self.across.capacity()
+            + self.resized.capacity()
+            + floats_bytes(&self.input)
     }
 }
 
@@ -602,7 +606,8 @@ mod tests {
         let images = [jpeg(96, 64), jpeg(48, 40), jpeg(32, 80), png(40, 36), jpeg(80, 32), jpeg(96, 64)];
         for (i, image) in images.iter().enumerate() {
             let mut scratch = pool.take();
-            let kept = image_to_input_with(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS, None, &mut scratch).expect("kept");
+            let kept =
+                image_to_input_with(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS, None, &mut scratch).expect("kept");
             pool.give(scratch);
             let fresh = image_to_input(image, &p, Layout::Nchw, DEFAULT_MAX_PIXELS).expect("fresh");
             assert_eq!(kept, fresh, "image {i}");

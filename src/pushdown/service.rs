@@ -22,9 +22,8 @@ use super::models_store::{ModelsStore, ModelsStoreConfig};
 use super::registry::{Changes, LoadLimits, Model, Registry};
 use super::tensor::Tensor;
 use super::{
-    engine, engines, fair, governor, memory, order, parse::Item, parse::Planned, parse::name_sample, parse::no_preprocess,
-    preprocess,
-    runtime,
+    engine, engines, fair, governor, memory, order, parse::Item, parse::Planned, parse::name_sample,
+    parse::no_preprocess, preprocess, runtime,
 };
 
 /// Copies of the whole model's ONNX bytes an engine's start holds at once, beside what it keeps:
