@@ -236,6 +236,10 @@ class ShardDataset(_IterBase, _Ranked):
     - `prefetch`, `storage_batch`, `local_cache_bytes`, `suffix_threads`, `suffix_runs`, `train_secs_per_batch`,
       `replan_threshold`, `replan_every`, `dtype`, `column`: as in `ShardLoader` (only the planning
       process re-plans).
+    - `augment`: the recipe's random crops and flips (`tensorgate.Augment`, or
+      `Augment.from_torchvision(transforms, seed)`): epoch `e` (`set_epoch`) draws with
+      `augment.for_epoch(e)`, by the gateway or here where no pushdown ran, so ranks, workers and a
+      resumed epoch see the same samples (ADR 0032).
     """
 
     def __init__(self, source, bucket: str, model: str, split: str, *, prefix: str = "",
@@ -246,8 +250,11 @@ class ShardDataset(_IterBase, _Ranked):
                  local_cache_bytes: int = 0, suffix_threads: int = 1, tensors: str | None = None,
                  train_secs_per_batch: float = 0.0, replan_threshold: float = 0.3, replan_every: int = 50,
                  dtype: str | None = None, column: str | None = None, row_groups: bool = False,
-                 suffix_runs: int = 0):
+                 suffix_runs: int = 0, augment=None):
         self.endpoint = _endpoint(source)
+        #: Random crops and flips (`tensorgate.augment.Augment`): epoch `e` draws with
+        #: `augment.for_epoch(e)`, on every rank and worker alike, and a resumed epoch again.
+        self.augment = augment
         self.row_groups = row_groups
         self.bucket, self.model, self.split, self.prefix = bucket, model, split, prefix
         self.keys = list(keys) if keys is not None else None
@@ -434,6 +441,7 @@ class ShardDataset(_IterBase, _Ranked):
     def __iter__(self):
         epoch = self.epoch  # read once: the trainer may select the next one while this one drains
         slices = self.slices(epoch)
+        self._loader().augment = self.augment.for_epoch(epoch) if self.augment else None
         resume, self._resume = self._resume, None
         if resume and resume["epoch"] != epoch:  # another epoch was selected since
             resume = None
@@ -516,18 +524,25 @@ class ShardDataset(_IterBase, _Ranked):
 class ObjectDataset(_MapBase):
     """A map-style dataset: item `i` is the pushdown output of object `keys[i]` (one image or
     `.npy` sample), with `labels[i]` (a sequence, a dict by key, or a callable of the key) when
-    given. Works with any sampler (`DistributedSampler` included)."""
+    given. Works with any sampler (`DistributedSampler` included). `augment` and `set_epoch`: as
+    in `ShardDataset`."""
 
     def __init__(self, source, bucket: str, keys: list[str], model: str, split: str, *, labels=None,
-                 dtype: str | None = None, tensors: str | None = None):
+                 dtype: str | None = None, tensors: str | None = None, augment=None):
         self.endpoint, self.bucket, self.keys = _endpoint(source), bucket, list(keys)
         self.model, self.split, self.labels, self.dtype = model, split, labels, dtype
         self.tensors = tensors or ("torch" if torch is not None else "numpy")
+        #: Random crops and flips (`tensorgate.augment.Augment`), epoch `e` drawn with
+        #: `augment.for_epoch(e)` (`set_epoch`, shared with the loader's workers as ShardDataset's).
+        self.augment = augment
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_() if torch is not None else 0
         self._local = None
 
     __getstate__ = _plain_state
     _process = ShardDataset._process
     client = ShardDataset.client
+    epoch = ShardDataset.epoch
+    set_epoch = ShardDataset.set_epoch
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -557,14 +572,15 @@ class ObjectDataset(_MapBase):
 
     def __getitem__(self, i: int) -> dict:
         key = self.keys[i]
-        got = self.client.get(self.bucket, key, self.model, self.split, dtype=self.dtype, fmt="npy")
+        aug = self.augment.for_epoch(self.epoch) if self.augment else None
+        got = self.client.get(self.bucket, key, self.model, self.split, dtype=self.dtype, fmt="npy", augment=aug)
         ran = got.split or self.split
         if ran == NO_PUSHDOWN:  # split=auto planned as no pushdown: the object itself
             raw = got.result.features.tobytes()
             if raw[:6] == b"\x93NUMPY":
                 x = np.load(io.BytesIO(raw), allow_pickle=False).astype(np.float32)
             else:
-                x = preprocess(raw, self._info())
+                x = preprocess(raw, self._info(), aug, key)
         else:
             x = got.result.features
         feats = self._runner(ran)(x[None])[0]

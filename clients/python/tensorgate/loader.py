@@ -60,6 +60,9 @@ class ShardLoader:
       bytes, and the plan of `split="auto"` is sized for it. Batches are yielded as float32.
     - `column`: the image column of Parquet shards (default `image`). Shards listed under
       `prefix` are the keys ending in `.tar` or `.parquet`.
+    - `augment`: random crops and flips (`tensorgate.augment.Augment`, ADR 0032), drawn per sample
+      from its seed by the gateway, or here where no pushdown ran; set it per epoch
+      (`Augment.for_epoch`). Nothing is kept in the local cache while it is set.
 
     Nothing touches the network before iteration starts.
     """
@@ -70,7 +73,7 @@ class ShardLoader:
                  replan_every: int = 50, suffix_threads: int = 1, overlap: bool = True,
                  local_cache_bytes: int = 0, keys: list[str] | None = None, plan: bool = True,
                  history: int = HISTORY, dtype: str | None = None, column: str | None = None,
-                 suffix_runs: int = 0):
+                 suffix_runs: int = 0, augment=None):
         #: The ranks and suffix runs given (`ShardDataset.from_loader` passes these on, so its dataset, in its own
         #: processes, resolves the rest itself).
         self._given = (rank, world_size, suffix_runs)
@@ -92,6 +95,9 @@ class ShardLoader:
         self._held: dict[tuple[str, str], tuple[str, Features]] = {}  # (key, split) -> (ETag, features)
         self._held_bytes = 0
         self.keys, self.planning, self.dtype, self.column = keys, plan, dtype, column
+        #: The pass's random augmentation (`tensorgate.augment.Augment`, its epoch's seed): the
+        #: gateway draws it, or this side does where no pushdown ran, alike.
+        self.augment = augment
         self._info: dict | None = None
         #: ("fetch_start"|"headers"|"run_start"|"run_end"|"fetch_end"|"yield", shard, time), the
         #: newest `history`; a run is the shard's decoding and suffix on this side.
@@ -168,7 +174,7 @@ class ShardLoader:
                 got = self.client.get(self.bucket, name, self.model, split, batch=self.storage_batch,
                                       dtype=self.dtype, if_none_match=etag, before_body=wait, before_send=sent,
                                       column=self.column, row_groups=None if group is None else str(group),
-                                      seq=f"{self._stream}.{index}")
+                                      seq=f"{self._stream}.{index}", augment=self.augment)
         except BaseException:
             runs.done(index)  # later shards do not wait for a run that will not come
             raise
@@ -184,11 +190,11 @@ class ShardLoader:
                 feats = held[1]
             elif ran == NO_PUSHDOWN:
                 if group is None:
-                    feats = decode_shard(got.result.features.tobytes(), self.info, self.column)
+                    feats = decode_shard(got.result.features.tobytes(), self.info, self.column, self.augment)
                 else:
                     # split=auto planned no pushdown: the gateway sent the whole file.
                     cut = cut or one_row_group(got.result.features.tobytes(), group)
-                    feats = decode_table(cut[0], self.info, self.column, cut[1])
+                    feats = decode_table(cut[0], self.info, self.column, cut[1], augment=self.augment)
                 feats.features = self._runner(NO_PUSHDOWN)(feats.features)
             else:
                 feats = got.result
@@ -197,7 +203,8 @@ class ShardLoader:
         finally:
             self.events.append(("run_end", index, time.perf_counter()))
             runs.done(index)
-        if self.local_cache_bytes and got.etag and not got.not_modified:
+        # An augmented pass's features are its epoch's alone: nothing to keep for the next.
+        if self.local_cache_bytes and got.etag and not got.not_modified and self.augment is None:
             self._keep((key, split), got.etag, feats)
         with self._lock:  # the record without its body: the history must not hold features
             self.fetches.append(dataclasses.replace(got, result=None))

@@ -99,24 +99,35 @@ class SuffixRunner:
         return self.session.run(None, {self.input: np.ascontiguousarray(features, dtype=np.float32)})[0]
 
 
-def preprocess(jpeg: bytes, info: dict) -> np.ndarray:
+def _evaluate(img, p: dict):
+    """The manifest's evaluation transform on a PIL image: Pillow's bilinear resize of the shorter
+    side, then the centre crop."""
+    from PIL import Image
+
+    w, h = img.size
+    s = p["resize_shorter"]
+    if s:
+        w, h = (s, s * h // w) if w <= h else (s * w // h, s)
+        img = img.resize((w, h), Image.BILINEAR)
+    ch, cw = p["crop"]
+    top, left = round((h - ch) / 2), round((w - cw) / 2)
+    return img.crop((left, top, left + cw, top + ch))
+
+
+def preprocess(jpeg: bytes, info: dict, augment=None, key: str = "") -> np.ndarray:
     """Decodes and preprocesses one image as the gateway does (Pillow's bilinear resize, center
     crop, scale, mean/std; the model's channel order and layout): the baseline's compute-tier
-    work. Needs Pillow (`pip install tensorgate[images]`)."""
+    work. With `augment` (`tensorgate.augment.Augment`), sample `key`'s draw in place of the
+    resize and crop, as the gateway applies it. Needs Pillow (`pip install tensorgate[images]`)."""
     from PIL import Image
 
     p = info["preprocess"]
     img = Image.open(io.BytesIO(jpeg)).convert("RGB")
-    w, h = img.size
-    s = p["resize_shorter"]
-    if s:
-        size = (s, s * h // w) if w <= h else (s * w // h, s)
-        img = img.resize(size, Image.BILINEAR)
+    if augment is None:
+        img = _evaluate(img, p)
     else:
-        size = (w, h)
-    ch, cw = p["crop"]
-    top, left = round((size[1] - ch) / 2), round((size[0] - cw) / 2)
-    a = np.asarray(img, dtype=np.float32)[top : top + ch, left : left + cw]
+        img, _ = augment.apply(img, key, size=tuple(p["crop"]), evaluate=lambda i: _evaluate(i, p))
+    a = np.asarray(img, dtype=np.float32)
     if p.get("channels", "rgb").lower() == "bgr":
         a = a[..., ::-1]
     a = (a * np.float32(p["scale"]) - np.array(p["mean"], np.float32)) / np.array(p["std"], np.float32)

@@ -129,7 +129,7 @@ def one_row_group(source, group: int) -> tuple[bytes, int]:
     return out.getvalue(), first
 
 
-def decode_table(raw: bytes, info: dict, column: str | None = None, first_row: int = 0) -> Features:
+def decode_table(raw: bytes, info: dict, column: str | None = None, first_row: int = 0, augment=None) -> Features:
     """A raw Parquet file decoded here (the baseline): every row's image preprocessed as the
     gateway would (`info` is the model's `/v1/models` entry), keys from the image's `path`, else
     an `id` column (strings or integers), else the row number (counted from `first_row`: a row
@@ -156,7 +156,8 @@ def decode_table(raw: bytes, info: dict, column: str | None = None, first_row: i
     keys = _keys(table, name, paths, first_row)
     if any(b is None for b in images):
         raise ValueError(f"row {images.index(None)} has no image")
-    return Features(features=np.stack([preprocess(b, info) for b in images]), labels=_labels(table, name), keys=keys)
+    feats = np.stack([preprocess(b, info, augment, k) for b, k in zip(images, keys)])
+    return Features(features=feats, labels=_labels(table, name), keys=keys)
 
 
 def _keys(table, column: str, paths: list, first_row: int) -> list[str]:

@@ -50,20 +50,21 @@ def _stack(inputs: list[np.ndarray], labels: list[int | None], keys: list[str], 
     return Features(features=np.stack(inputs), labels=lab, keys=keys, **meta)
 
 
-def decode_shard(raw: bytes, info: dict, column: str | None = None) -> Features:
+def decode_shard(raw: bytes, info: dict, column: str | None = None, augment=None) -> Features:
     """A raw WebDataset shard decoded here (the baseline): images preprocessed as the gateway
-    would (`info` is the model's `/v1/models` entry), `.npy` samples taken as model inputs. A
-    Parquet file's rows are decoded from its `column` (`tensorgate.table.decode_table`)."""
+    would (`info` is the model's `/v1/models` entry; with `augment`, each sample's draw by its
+    key), `.npy` samples taken as model inputs. A Parquet file's rows are decoded from its `column`
+    (`tensorgate.table.decode_table`)."""
     from .table import decode_table, is_parquet
 
     if is_parquet(raw):
-        return decode_table(raw, info, column)
+        return decode_table(raw, info, column, augment=augment)
     inputs, labels, keys = [], [], []
     for key, members in samples(raw):
         low = {e.lower(): v for e, v in members.items()}
         img = next((low[e] for e in IMAGE_EXTS if e in low), None)
         if img is not None:
-            inputs.append(preprocess(img, info))
+            inputs.append(preprocess(img, info, augment, key))
         elif "npy" in low:  # already the model's input
             inputs.append(np.load(io.BytesIO(low["npy"]), allow_pickle=False).astype(np.float32))
         else:
