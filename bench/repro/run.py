@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 import dataset  # noqa: E402
+from trainer import AUGMENT_SEED  # noqa: E402
 
 TOPOLOGY = ROOT / "bench" / "repro" / "topology.sh"
 S_IP = "10.77.0.1"
@@ -60,6 +61,12 @@ MODES = {
                  repeats=3, batch=64, ablation=[25, 100], ablation_train_secs=0.5, cache_epochs=5, limit=60),
     # One configuration of the full mode again (every option, 3 repeats): a fresh measurement
     # after a planner change. `--models` / `--rates` pick it (default: the full run's one miss).
+    # Augmented epochs (ADR 0032): 5 epochs of ResNet-50-thin at 10 Mbit/s with torchvision's
+    # RandomResizedCrop + RandomHorizontalFlip drawn anew each epoch, the raw JPEGs augmented and
+    # run here against the gateway augmenting and running the prefix; the same pushdown over
+    # the unshaped link (1000 Mbit/s) is the storage core's bound for what it must still compute.
+    "augment": dict(images=256, per_shard=64, models=["resnet50-thin"], rates=[], repeats=1, batch=64, ablation=[],
+                    cache_epochs=0, augment_epochs=5, limit=60),
     "recheck": dict(images=256, per_shard=64, models=["resnet18"], rates=[1000], repeats=3, batch=64, ablation=[],
                     cache_epochs=0, limit=60),
 }
@@ -297,7 +304,7 @@ def main(argv=None):
     objects = make_data(cfg, workdir)
     jpeg_bytes = sum(len(v) for k, v in objects.items() if k.startswith("images/"))
     if namespaces:
-        subprocess.run([str(TOPOLOGY), "up", str((cfg["rates"] or cfg["ablation"])[0])], check=True)
+        subprocess.run([str(TOPOLOGY), "up", str((cfg["rates"] or cfg["ablation"] or [10])[0])], check=True)
     tiers = None
     started = time.time()
     try:
@@ -313,7 +320,7 @@ def main(argv=None):
         def bound(model, rate, mode, epochs):
             if mode == "tensors":
                 return transfer_bound(rate, tensor_bytes[model] * epochs)
-            if mode.endswith("+local"):
+            if mode.endswith(("+local", "+augment")):
                 return None
             if mode.startswith("split:"):
                 return transfer_bound(rate, split_bytes[model][mode[6:]] * cfg["images"] * epochs)
@@ -361,6 +368,23 @@ def main(argv=None):
                         for overlap in (True, False):
                             record(model, rate, mode, overlap, 1, repeat, train_secs=cfg.get("ablation_train_secs"),
                                    extra={"ablation": True})
+        if cfg.get("augment_epochs"):
+            model = cfg["models"][0]
+            freeze = splits_to_freeze(model)[-1]
+            for rate, mode in ((10, "images+augment"), (10, f"split:{freeze}+augment"), (1000, f"split:{freeze}+augment")):
+                shape(rate)
+                # The production default: the cache on (an augmented output is not kept for the
+                # next epoch, which draws anew), on a restarted gateway.
+                tiers.restart_gateway(cache=True)
+                tiers.split_bytes(model)
+                record(model, rate, mode, True, cfg["augment_epochs"], 0, tiers=tiers, extra={"augment": True})
+            # The storage core's floor for what an augmented epoch must still compute, beside it.
+            floor = json.loads(tiers.in_storage([sys.executable, str(ROOT / "bench/repro/floor.py"), model, freeze,
+                                                 str(cfg["images"]), str(AUGMENT_SEED), "1"]))
+            with out.open("a") as f:
+                f.write(json.dumps(dict(model=model, mode="floor+augment", images=cfg["images"], **floor)) + "\n")
+            print(f"floor: {floor['images_per_sec']:.1f} img/s, {cfg['images'] / floor['images_per_sec']:.2f} s an epoch",
+                  flush=True)
         if cfg["cache_epochs"]:
             shape(25)
             model = "resnet50-thin" if "resnet50-thin" in cfg["models"] else cfg["models"][-1]

@@ -6,8 +6,9 @@ Modes (HAPI's names): `images` (baseline images: raw JPEG shards, decoded and ru
 frozen layer here), `tensors` (baseline tensors: pre-transformed input shards, every frozen layer
 here), `split:NAME` (pushdown at a fixed split), `auto` (the planner chooses). A `+local` suffix
 keeps finished features on the compute tier across epochs (`ShardLoader(local_cache_bytes=...)`,
-revalidated each epoch with If-None-Match). `--dtype f16` asks for half-precision features (and
-plans for them)."""
+revalidated each epoch with If-None-Match). A `+augment` suffix trains with torchvision's
+`RandomResizedCrop` + `RandomHorizontalFlip`, seeded, drawn anew each epoch (ADR 0032).
+`--dtype f16` asks for half-precision features (and plans for them)."""
 
 import argparse
 import json
@@ -17,8 +18,12 @@ import time
 
 import numpy as np
 
-from tensorgate import Client, ShardLoader
+from tensorgate import Augment, Client, ShardLoader
 from tensorgate.suffix import prefetch_graphs
+
+
+#: The augmented runs' seed: every mode draws the same boxes and flips per epoch.
+AUGMENT_SEED = 51
 
 
 class Head:
@@ -58,7 +63,11 @@ def main(argv=None):
                     help="extra seconds per batch, emulating the trainable layers on an accelerator (no CPU)")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
-    mode, local = (args.mode[: -len("+local")], 1 << 30) if args.mode.endswith("+local") else (args.mode, 0)
+    # `+augment`: the recipe's RandomResizedCrop + RandomHorizontalFlip, drawn anew each epoch
+    # (ADR 0032) by the gateway, or here over the raw JPEGs (`images`, `split=none`).
+    augment = Augment(seed=AUGMENT_SEED) if args.mode.endswith("+augment") else None
+    mode = args.mode.removesuffix("+augment")
+    mode, local = (mode[: -len("+local")], 1 << 30) if mode.endswith("+local") else (mode, 0)
     if mode == "images":
         prefix, split = "images/", "none"
     elif mode == "tensors":
@@ -73,7 +82,7 @@ def main(argv=None):
     epochs, moved, chosen = [], 0, split
     batches, timeline = [], {}
     loader = None
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
         t = time.perf_counter()
         if loader is None:  # one loader: an auto plan is made once, in the first epoch
             loader = ShardLoader(client, args.bucket, prefix, args.model, split, args.batch_size,
@@ -82,6 +91,7 @@ def main(argv=None):
                                  # SUFFIX_RUNS=N: shards running their suffix at once (the
                                  # comparison with the loader's suffixes unordered).
                                  suffix_runs=int(os.environ.get("SUFFIX_RUNS", "0")))
+        loader.augment = augment.for_epoch(epoch) if augment else None
         before, first = loader.bytes_received, not epochs
         waited = t
         for features, labels, _ in loader:
