@@ -354,13 +354,15 @@ def test_the_loader_profiles_and_plans_by_itself(gw):
         assert (c["split"] in profiled) == (c["excluded"] is None), c
 
 
-@pytest.mark.parametrize("mode", [[], ["--torch", "--workers", "2"], ["--model", "minilm", "--torch", "--workers", "2"]],
-                         ids=["numpy", "torch-dataloader", "text-torch-dataloader"])
+@pytest.mark.parametrize("mode", [[], ["--torch", "--workers", "2"], ["--model", "minilm", "--torch", "--workers", "2"],
+                                  ["--augment-epochs", "2", "--torch", "--workers", "2"], ["--augment-epochs", "2"]],
+                         ids=["numpy", "torch-dataloader", "text-torch-dataloader", "augmented-torch", "augmented-numpy"])
 def test_finetune_example_reaches_the_same_accuracy_both_ways(tmp_path, mode):
     """Images (pp-lcnet, WebDataset shards) and texts (minilm, Parquet files of sentences, the
     baseline tokenizing with the gateway's tokenizer): equal accuracies with and without
     pushdown; image features bit-identical, text features equal to float rounding (the gateway
-    runs a batch of texts at its longest, the baseline at the model's 128 tokens)."""
+    runs a batch of texts at its longest, the baseline at the model's 128 tokens). Augmented: two
+    epochs of crops and flips, drawn alike by the gateway and the baseline, equal again."""
     with run_gateway(tmp_path, "") as (endpoint, admin, _, _):
         r = subprocess.run(
             [sys.executable, str(ROOT / "clients/python/examples/finetune.py"), "--endpoint", endpoint, "--admin", admin,

@@ -16,6 +16,11 @@ baseline tokenizes them here with the gateway's tokenizer and runs the encoder h
 The head is softmax regression on globally pooled freeze-split features, trained with numpy; with
 --torch, the features come through a `torch.utils.data.DataLoader` (`--workers` spawned workers)
 over `tensorgate.data.ShardDataset` and a torch linear layer is trained. The last shard is held out.
+
+With --augment-epochs N the training set is N epochs of the recipe's `RandomResizedCrop` +
+`RandomHorizontalFlip` (`tensorgate.Augment`, drawn anew each epoch from --seed), computed by the
+gateway with pushdown and here without; the held-out shard is not augmented. Both ways see the
+same draws, so the accuracies are equal again.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorgate import Client, ShardLoader
+from tensorgate import Augment, Client, ShardLoader
 from tensorgate.wds import SHARD_SUFFIXES
 
 
@@ -65,14 +70,15 @@ def collect(loader: ShardLoader):
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def collect_torch(client, args, split, keys):
+def collect_torch(client, args, split, keys, augment=None, epoch=0):
     """Pooled features and labels through a multi-worker DataLoader, in key order."""
     import torch
     from torch.utils.data import DataLoader
 
     from tensorgate.data import ShardDataset
 
-    ds = ShardDataset(client, args.bucket, args.model, split, keys=keys)
+    ds = ShardDataset(client, args.bucket, args.model, split, keys=keys, augment=augment)
+    ds.set_epoch(epoch)
     loader = DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
                         multiprocessing_context="spawn" if args.workers else None)
     rows = []
@@ -120,16 +126,23 @@ def run(client, args, split):
     train_keys, test_keys = shards[:-1], shards[-1:]  # the last shard is the test set
     t = time.perf_counter()
     chosen, sent = split, None
+    augment = Augment(seed=args.seed) if args.augment_epochs else None
+    epochs = range(max(1, args.augment_epochs))
     if args.torch:
-        x, y = collect_torch(client, args, split, train_keys)
+        parts = [collect_torch(client, args, split, train_keys, augment, e) for e in epochs]
         xt, yt = collect_torch(client, args, split, test_keys)
     else:
-        train = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size, keys=train_keys)
-        x, y = collect(train)
+        parts, sent = [], 0
+        for e in epochs:  # one loader per epoch, each with its epoch's draws
+            train = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size, keys=train_keys,
+                                augment=augment.for_epoch(e) if augment else None)
+            parts.append(collect(train))
+            sent += train.bytes_received
         test = ShardLoader(client, args.bucket, args.prefix, args.model, split, args.batch_size, keys=test_keys)
         xt, yt = collect(test)
         chosen = train.plans[-1]["plan"]["chosen"] if train.plans else split
-        sent = train.bytes_received + test.bytes_received
+        sent += test.bytes_received
+    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     fit = train_torch if args.torch else train_numpy
     predict = fit(x, y, int(max(y.max(), yt.max())) + 1)
     acc = float((predict(xt) == yt).mean())
@@ -155,6 +168,9 @@ def main(argv=None):
     ap.add_argument("--torch", action="store_true",
                     help="read through a multi-worker torch DataLoader and train a torch linear head")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers with --torch (spawned)")
+    ap.add_argument("--augment-epochs", type=int, default=0,
+                    help="train on this many epochs of RandomResizedCrop + RandomHorizontalFlip (images)")
+    ap.add_argument("--seed", type=int, default=0, help="the augmentation's seed")
     args = ap.parse_args(argv)
     client = Client(args.endpoint, args.access_key, args.secret_key, admin=args.admin)
     models = client.models()
