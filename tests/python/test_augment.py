@@ -25,11 +25,12 @@ BOUND = 1e-5
 
 
 def images() -> list[tuple[str, bytes, str]]:
-    """(key, bytes, format): 36 images, 64 to 2000 pixels a side, tall, wide and square, JPEG and
+    """(key, bytes, format): 200 images, 64 to 2000 pixels a side, tall, wide and square, JPEG and
     PNG, in several colour modes."""
     sizes = [(64, 64), (64, 2000), (2000, 64), (500, 375), (375, 500), (1999, 1501), (97, 131), (640, 480),
              (64, 300), (301, 64), (1024, 1024), (77, 64)]  # fmt: skip
     sizes += [(w + 13 * j, h + 7 * j) for j in range(1, 4) for w, h in sizes if max(w, h) < 1000]
+    sizes += [(64 + 37 * j % 437, 64 + 53 * j % 389) for j in range(200 - len(sizes))]
     modes = ["RGB", "L", "RGBA", "P", "RGB", "CMYK"]
     out = []
     for i, (w, h) in enumerate(sizes):
@@ -125,7 +126,7 @@ def test_a_single_images_draw_comes_back_and_equals_the_clients(s3_module, shard
     flips = 0
     for seed in SEEDS[:3]:
         aug = Augment(seed=seed)
-        for k, data, fmt in shard:
+        for k, data, fmt in shard[:36]:  # every size and mode
             key = f"aug/{k}.img"
             got = pushdown_get(s3, bucket, key, model=MODEL, split="pool", **aug.fields())
             x, drawn = reference_input(data, aug, key)
@@ -133,7 +134,7 @@ def test_a_single_images_draw_comes_back_and_equals_the_clients(s3_module, shard
             flips += drawn.flip
             err = rel_l2(np.load(io.BytesIO(got["Body"].read())), reference(MODEL, "pool", x[None])[0])
             assert err <= BOUND, f"{key} seed {seed}: rel L2 {err:.2e}"
-    assert 0 < flips < 3 * len(shard), "some samples flip, some do not"
+    assert 0 < flips < 3 * 36, "some samples flip, some do not"
 
 
 def test_flip_only_follows_the_evaluation_transform(s3_module, shard):
