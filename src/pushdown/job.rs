@@ -348,8 +348,11 @@ impl Pushdown {
             JobInput::Table(..) => 0,
         };
         let t0 = Instant::now();
-        let (parsed, plans, table_source) = self.parse_source(job, input).await?;
+        let (mut parsed, plans, table_source) = self.parse_source(job, input).await?;
         let augmented = parsed.drawn.first().copied().flatten().filter(|_| parsed.kind == Kind::Single);
+        if output_format(job, parsed.kind) == Format::Tar {
+            draws_as_members(&mut parsed)?;
+        }
         let parse_time = t0.elapsed();
         let layout = shard_layout(job, &parsed, &memory.output_shape)?;
         let laid =
@@ -638,6 +641,24 @@ fn augmentable(a: &super::augment::Augment, model: &Model) -> Result<(), Pushdow
         ))),
         _ => Ok(()),
     }
+}
+
+/// The tar member (`KEY.augmented`) that carries what an augmented shard's sample drew in a
+/// `format=tar` output (`top,left,height,width,flip`), beside its other members.
+const DRAWN_MEMBER: &str = "augmented";
+
+/// An augmented shard's draws as a member of each sample ([`DRAWN_MEMBER`]), for `format=tar`.
+fn draws_as_members(parsed: &mut Parsed) -> Result<(), PushdownError> {
+    for ((drawn, others), key) in parsed.drawn.iter().zip(&mut parsed.others).zip(&parsed.keys) {
+        let Some(d) = drawn else { continue };
+        if others.iter().any(|(ext, _)| ext == DRAWN_MEMBER) {
+            return Err(PushdownError::BadInput(format!(
+                "sample {key:?} has a member .{DRAWN_MEMBER}, which an augmented format=tar output writes"
+            )));
+        }
+        others.push((DRAWN_MEMBER.to_owned(), Bytes::from(d.to_string())));
+    }
+    Ok(())
 }
 
 /// `format=parquet` of a source that is not a Parquet file.

@@ -119,6 +119,23 @@ def test_a_shards_augmented_features_equal_the_reference(s3_module, shard, seed)
         print(f"seed {seed} {split}: worst rel L2 PNG {worst['PNG']:.1e}, JPEG {worst['JPEG']:.1e}")
 
 
+def test_a_tar_output_carries_each_samples_draw_beside_its_features(s3_module, shard):
+    """`format=tar`: each sample's `.augmented` member holds its draw, the client's again."""
+    from tensorgate.wds import decode_features
+
+    s3, bucket = s3_module
+    aug = Augment(seed=8)
+    got = pushdown_get(s3, bucket, "aug/train-0.tar", model=MODEL, split="pool", format="tar", **aug.fields())
+    body = got["Body"].read()
+    assert int(got["ResponseMetadata"]["HTTPHeaders"]["content-length"]) == len(body)
+    feats = decode_features(body)
+    by_key = {k: d for k, d, _ in shard}
+    refs = [reference_input(by_key[k], aug, k) for k in feats.keys]
+    assert feats.augmented == [drawn for _, drawn in refs]
+    want = reference(MODEL, "pool", np.stack([x for x, _ in refs]))
+    assert max(rel_l2(feats.features[i], want[i]) for i in range(len(refs))) <= BOUND
+
+
 def test_a_single_images_draw_comes_back_and_equals_the_clients(s3_module, shard):
     """A single image draws from its object key; `x-tensorgate-augmented` says what it drew, the
     client's function draws the same box and flip, and the features equal the reference's."""

@@ -76,17 +76,24 @@ def decode_shard(raw: bytes, info: dict, column: str | None = None, augment=None
 
 def decode_features(raw: bytes, split: str | None = None, model: str | None = None) -> Features:
     """A `format=tar` pushdown output: per sample the features as `.npy` beside the shard's other
-    members. Returns the stacked features, labels (from `.cls`, when every sample has one) and keys."""
-    feats, labels, keys = [], [], []
+    members. Returns the stacked features, labels (from `.cls`, when every sample has one), keys,
+    and an augmented request's draws (`.augmented` members)."""
+    from .augment import Drawn
+
+    feats, labels, keys, drawn = [], [], [], []
     for key, members in samples(raw):
         if "npy" not in members:
             continue
         feats.append(np.load(io.BytesIO(members["npy"]), allow_pickle=False))
         keys.append(key)
         labels.append(_label(members))
+        if "augmented" in members:
+            drawn.append(Drawn.parse(members["augmented"].decode()))
     if not feats:
         raise ValueError("the tar holds no .npy features")
-    return _stack(feats, labels, keys, split=split, model=model)
+    out = _stack(feats, labels, keys, split=split, model=model)
+    out.augmented = drawn
+    return out
 
 
 def count_samples(raw: bytes) -> int:
