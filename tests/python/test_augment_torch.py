@@ -2,17 +2,19 @@
 a real SeaweedFS: two ranks of spawn workers see each sample once per epoch, drawn as the client's
 function draws it (features equal to PIL + onnxruntime on those draws); each epoch draws anew; the
 no-pushdown baseline (`split="none"`, the raw shards decoded and augmented here) gives the same
-features; a resumed epoch continues with the same draws; the map-style dataset too."""
+features; a resumed epoch continues with the same draws; the map-style dataset too; a cluster
+member forwards an augmented read to the object's owner, which draws the same."""
 
 import io
 import tarfile
 
 import numpy as np
 import pytest
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from conftest import run_gateway
+from conftest import free_port, run_gateway
 from test_pushdown import reference, synthetic_photo
 
 from tensorgate import Augment, Client
@@ -145,3 +147,34 @@ def test_the_map_style_dataset_draws_by_object_key_per_epoch(gw):
             for k, f in zip(b["key"], b["features"].numpy()):
                 got[k.split("/")[-1].split(".")[0]] = f
         close(got, want(client, images, AUG.for_epoch(epoch), by_object))
+
+
+def test_a_member_forwards_an_augmented_read_to_the_owner_which_draws_the_same(seaweed, gw, tmp_path):
+    """Two members with a hop secret: an augmented read through the member that does not own the
+    object is computed by its owner with the same fields, drawing what the client draws."""
+    import contextlib
+
+    from test_cluster import cluster_config, wait_states
+
+    from tensorgate.cluster import rank
+
+    client, images = gw
+    members = [{"id": f"aug-{i}", "s3": f"http://127.0.0.1:{free_port()}", "admin": f"http://127.0.0.1:{free_port()}"}
+               for i in range(2)]
+    key = "objects/s0003.jpg"
+    owner = rank([m["id"] for m in members], BUCKET, key)[0]
+    with contextlib.ExitStack() as stack:
+        for m in members:
+            ports = (int(m["s3"].rsplit(":", 1)[1]), int(m["admin"].rsplit(":", 1)[1]))
+            config = cluster_config(m["id"], members) + 'secret_key = "augment-hop-secret-7d1e"\n'
+            stack.enter_context(run_gateway(tmp_path, config, seaweed=seaweed, ports=ports))
+        wait_states([m["admin"] for m in members], ["ready"] * 2)
+        other = next(m for m in members if m["id"] != owner)
+        aug = AUG.for_epoch(7)
+        got = Client(other["s3"], "tensorgate-dev", "tensorgate-dev-secret").get(BUCKET, key, MODEL, "stem",
+                                                                                 augment=aug)
+        assert got.computed_by == owner
+        info = client.models()[MODEL]
+        x = preprocess(images["s0003"], info, aug, key)
+        assert got.augmented == aug.draw(key, *Image.open(io.BytesIO(images["s0003"])).size)
+        np.testing.assert_allclose(got.result.features, reference(MODEL, "stem", x[None])[0], rtol=1e-5, atol=1e-5)
