@@ -5,8 +5,9 @@ proposed split, served by a gateway over SeaweedFS without a restart, equals onn
 intermediate output of the full model on the PIL reference preprocessing or Python `tokenizers`
 (relative L2 <= 1e-5).
 
-Where the models come from is the one change: no weights are downloadable here, and torchvision and
-timm have no wheel for this torch, so the ResNet and the ViT are stand-ins with their module names
+Where the models come from is the one change: no weights are downloadable here (torchvision is
+installed, as the augmentation tests' reference, but cannot fetch them; timm is not installed), so
+the ResNet and the ViT are stand-ins with their module names
 (conv1, bn1, relu, maxpool, layer1-4, avgpool, fc; patch_embed, blocks, norm, head) and the BERT is
 transformers' own BertModel, small, with random weights."""
 
@@ -127,8 +128,7 @@ class ViT(nn.Module):
 
 GUIDE = ROOT / "docs" / "GUIDE.md"
 # Where each documented flow's model comes from, and what builds it here instead: the same module
-# names, random weights (no weights are downloadable here; torchvision and timm have no wheel for
-# this torch).
+# names, random weights (no weights are downloadable here).
 SOURCES = {
     "import torchvision\n": "",
     'torchvision.models.resnet50(weights="IMAGENET1K_V2")': "ResNet()",
