@@ -115,11 +115,12 @@ impl Augment {
         let seed =
             seed.parse::<u64>().map_err(|_| ("seed", format!("{seed:?} is not a whole number from 0 to 2^64-1")))?;
         let (mut crop, mut flip) = (None, None);
-        for op in augment.split(';') {
+        // Spaces around transforms and arguments are allowed (`A; B(p = 0.5)`).
+        for op in augment.split(';').map(str::trim) {
             let (name, args) = match op.split_once('(') {
                 Some((name, rest)) => {
                     let args = rest.strip_suffix(')').ok_or_else(|| ("augment", format!("{op:?} lacks its ')'")))?;
-                    (name, args)
+                    (name.trim(), args)
                 }
                 None => (op, ""),
             };
@@ -172,9 +173,11 @@ impl std::fmt::Display for Augment {
 }
 
 fn args(args: &str) -> impl Iterator<Item = Result<(&str, &str), (&'static str, String)>> {
-    args.split(',')
-        .filter(|a| !a.is_empty())
-        .map(|a| a.split_once('=').ok_or_else(|| ("augment", format!("{a:?} is not name=value"))))
+    args.split(',').map(str::trim).filter(|a| !a.is_empty()).map(|a| {
+        a.split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim()))
+            .ok_or_else(|| ("augment", format!("{a:?} is not name=value")))
+    })
 }
 
 fn number(name: &str, v: &str) -> Result<f64, (&'static str, String)> {
@@ -183,7 +186,7 @@ fn number(name: &str, v: &str) -> Result<f64, (&'static str, String)> {
 
 fn range(name: &str, v: &str) -> Result<(f64, f64), (&'static str, String)> {
     let (a, b) = v.split_once(':').ok_or_else(|| ("augment", format!("{name}={v:?} is not <low>:<high>")))?;
-    Ok((number(name, a)?, number(name, b)?))
+    Ok((number(name, a.trim())?, number(name, b.trim())?))
 }
 
 fn flip_p(a: &str) -> Result<f64, (&'static str, String)> {
@@ -259,7 +262,7 @@ impl ResizedCrop {
 }
 
 fn size(v: &str) -> Result<[u32; 2], (&'static str, String)> {
-    let side = |s: &str| s.parse::<u32>().ok().filter(|n| (1..=MAX_SIZE).contains(n));
+    let side = |s: &str| s.trim().parse::<u32>().ok().filter(|n| (1..=MAX_SIZE).contains(n));
     let got = match v.split_once(':') {
         Some((h, w)) => side(h).zip(side(w)).map(|(h, w)| [h, w]),
         None => side(v).map(|s| [s, s]),
@@ -319,6 +322,7 @@ mod tests {
         assert_eq!((c.size, c.scale, c.ratio, a.flip), (None, (0.08, 1.0), (0.75, 4.0 / 3.0), Some(0.5)));
         let again = aug(&a.to_string(), 7);
         assert_eq!(again, a);
+        assert_eq!(aug(" RandomResizedCrop ( scale = 0.08 : 1 ) ;  RandomHorizontalFlip( p = 0.5 )", 7), a);
         let sized = aug("RandomResizedCrop(size=224:192,scale=0.5:1)", 1);
         assert_eq!(aug(&sized.to_string(), 1), sized);
         assert_eq!(aug("RandomHorizontalFlip(p=1)", 0).to_string(), "RandomHorizontalFlip(p=1)");
