@@ -91,42 +91,51 @@ def prefix_session(model, split, threads):
     return ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]), m["input"], tensor
 
 
+def per_item(fn, items) -> float:
+    """Median over three passes of the seconds `fn` takes per item."""
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for it in items:
+            fn(it)
+        times.append((time.perf_counter() - t) / len(items))
+    return float(np.median(times))
+
+
+def best_inference(model, split, xs) -> tuple[float, int]:
+    """(seconds per image, batch size) of onnxruntime on the prefix at its best batch size on
+    this core: the median of three timed runs per size, inputs cycled from `xs`."""
+    sess, name, tensor = prefix_session(model, split, 1)
+    best = (float("inf"), 1)
+    for b in (1, 2, 4, 8, 16, 32):
+        x = np.ascontiguousarray(xs[np.arange(b) % len(xs)])
+        sess.run([tensor], {name: x})
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            sess.run([tensor], {name: x})
+            runs.append((time.perf_counter() - t) / b)
+        best = min(best, (float(np.median(runs)), b))
+    return best
+
+
 def floor(model, split, images):
     """(images/s, (decode s, preprocess s, inference s, best batch)) on one core: each stage alone,
     the median of three passes over the images (decode, preprocess) or of three timed runs per
     batch size (inference, the best batch size per image)."""
     os.sched_setaffinity(0, {LAST} if PIN else ALL_CPUS)
     try:
-        def per_image(fn):
-            times = []
-            for _ in range(3):
-                t = time.perf_counter()
-                for j in images:
-                    fn(j)
-                times.append((time.perf_counter() - t) / len(images))
-            return float(np.median(times))
-
         def decoded(j):
             im = Image.open(io.BytesIO(j))
             im.load()
             return im
 
         loaded = [decoded(j) for j in images]
-        dec = per_image(decoded)
+        dec = per_item(decoded, images)
         it = iter(range(10**9))
-        pre = per_image(lambda _j: reference_preprocess(loaded[next(it) % len(loaded)], model))
+        pre = per_item(lambda _j: reference_preprocess(loaded[next(it) % len(loaded)], model), images)
         xs = np.stack([reference_preprocess(im, model) for im in loaded[:32]]).astype(np.float32)
-        sess, name, tensor = prefix_session(model, split, 1)
-        best = (float("inf"), 1)
-        for b in (1, 2, 4, 8, 16, 32):
-            x = np.ascontiguousarray(xs[np.arange(b) % len(xs)])
-            sess.run([tensor], {name: x})
-            runs = []
-            for _ in range(3):
-                t = time.perf_counter()
-                sess.run([tensor], {name: x})
-                runs.append((time.perf_counter() - t) / b)
-            best = min(best, (float(np.median(runs)), b))
+        best = best_inference(model, split, xs)
         return 1 / (dec + pre + best[0]), (dec, pre, best[0], best[1])
     finally:
         os.sched_setaffinity(0, ALL_CPUS)

@@ -8,7 +8,6 @@ Run (by `run.py --mode augment`, inside the storage tier): floor.py MODEL SPLIT 
 import io
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,42 +18,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "repro"))
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 import dataset  # noqa: E402
-from pushdown import prefix_session  # noqa: E402
+from pushdown import best_inference, per_item  # noqa: E402
 from run import model_info  # noqa: E402
 
 from tensorgate import Augment  # noqa: E402
 from tensorgate.suffix import preprocess  # noqa: E402
 
 
-def per_image(fn, items) -> float:
-    """Median over three passes of the seconds per item."""
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for it in items:
-            fn(it)
-        times.append((time.perf_counter() - t) / len(items))
-    return float(np.median(times))
-
-
 def main() -> None:
     model, split, n, seed, epoch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     items = [(key, jpg) for key, _, jpg in dataset.samples(n)]
     aug, info = Augment(seed=seed).for_epoch(epoch), model_info(model)
-    dec = per_image(lambda kv: Image.open(io.BytesIO(kv[1])).convert("RGB").load(), items)
-    both = per_image(lambda kv: preprocess(kv[1], info, aug, kv[0]), items)
+    dec = per_item(lambda kv: Image.open(io.BytesIO(kv[1])).convert("RGB").load(), items)
+    both = per_item(lambda kv: preprocess(kv[1], info, aug, kv[0]), items)
     xs = np.stack([preprocess(j, info, aug, k) for k, j in items[:32]]).astype(np.float32)
-    sess, name, tensor = prefix_session(model, split, 1)
-    best = (float("inf"), 1)
-    for b in (1, 2, 4, 8, 16, 32):
-        x = np.ascontiguousarray(xs[np.arange(b) % len(xs)])
-        sess.run([tensor], {name: x})
-        runs = []
-        for _ in range(3):
-            t = time.perf_counter()
-            sess.run([tensor], {name: x})
-            runs.append((time.perf_counter() - t) / b)
-        best = min(best, (float(np.median(runs)), b))
+    best = best_inference(model, split, xs)
     print(json.dumps({"images_per_sec": 1 / (both + best[0]), "decode_secs": dec, "preprocess_secs": both - dec,
                       "inference_secs": best[0], "batch": best[1]}))
 

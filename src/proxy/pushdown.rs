@@ -93,10 +93,9 @@ impl Gateway {
         &self,
         parts: &Parts,
         target: Target,
-        job: Job,
+        mut job: Job,
         authority: &Authority,
     ) -> Result<Response<Body>, GatewayError> {
-        let mut job = job;
         job.name_object(target.key.as_deref().unwrap_or_default());
         let side = SourceSide::of(parts, &job, authority)?;
         if job.outlined() {

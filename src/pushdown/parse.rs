@@ -146,6 +146,12 @@ pub(super) fn plan_images(
     (max_image, limit): (u64, u64),
     (augment, object): (Option<&Augment>, &str),
 ) -> Result<Vec<Planned>, PushdownError> {
+    if augment.is_some() && parsed.items.iter().any(|i| matches!(i, Item::Ready(_))) {
+        return Err(PushdownError::InvalidArgument {
+            field: "augment".into(),
+            message: "applies to images; this object's samples are tensors or texts".into(),
+        });
+    }
     let resize = manifest.preprocess.as_ref().and_then(|p| p.resize_shorter);
     let input = manifest.preprocess.as_ref().map_or([0, 0], |p| p.crop);
     let plans: Vec<(preprocess::Cost, Option<Drawn>)> = parsed
@@ -165,12 +171,6 @@ pub(super) fn plan_images(
             (Item::Ready(_), _) => Default::default(),
         })
         .collect();
-    if augment.is_some() && parsed.items.iter().any(|i| matches!(i, Item::Ready(_))) {
-        return Err(PushdownError::InvalidArgument {
-            field: "augment".into(),
-            message: "applies to images; this object's samples are tensors or texts".into(),
-        });
-    }
     let total = plans.iter().map(|(c, _)| c.pixels).fold(0u64, u64::saturating_add);
     if total > limit {
         return Err(PushdownError::BadInput(format!(

@@ -6,7 +6,6 @@ features; a resumed epoch continues with the same draws; the map-style dataset t
 member forwards an augmented read to the object's owner, which draws the same."""
 
 import io
-import tarfile
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from conftest import free_port, run_gateway
-from test_pushdown import reference, synthetic_photo
+from test_pushdown import reference, synthetic_photo, tar_of
 
 from tensorgate import Augment, Client
 from tensorgate.data import ObjectDataset, ShardDataset
@@ -34,14 +33,8 @@ def jpeg(i: int) -> bytes:
 
 
 def shard(samples) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for key, img, label in samples:
-            for name, data in ((f"{key}.jpg", img), (f"{key}.cls", str(label).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return tar_of([member for key, img, label in samples
+                   for member in ((f"{key}.jpg", img), (f"{key}.cls", str(label).encode()))])
 
 
 @pytest.fixture(scope="module")
