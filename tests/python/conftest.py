@@ -34,6 +34,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, taken=()) -> list[int]:
+    """`n` free ports, distinct from each other and from `taken` (held open together while
+    chosen: `free_port` called twice may name one port twice)."""
+    with contextlib.ExitStack() as stack:
+        out = []
+        while len(out) < n:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] not in taken:
+                out.append(s.getsockname()[1])
+        return out
+
+
 def wait_ready(admin: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -20,7 +20,7 @@ import botocore.exceptions
 import numpy as np
 import pytest
 
-from conftest import STORE_KIND, free_port, metric, run_gateway
+from conftest import STORE_KIND, free_port, free_ports, metric, run_gateway
 from test_parquet import hf_table, jpeg, parquet_bytes
 from test_identity import answer, client
 from test_pushdown import pushdown_get, reference, reference_preprocess, rel_l2, tar_of
@@ -40,7 +40,11 @@ def gateway_with_endpoints(store, logdir, mode: str, extra: str = "", ports=None
     its users, and the gateway's own key reads only what the store let a caller read.
     Terminating: the development client key, the store's main user's key. Yields (S3 endpoint,
     admin, {name: endpoint}, (access key, secret key) a client signs with)."""
-    endpoints = {"npy": free_port(), "parquet": free_port(), "tar": free_port(), "stem": free_port()}
+    # Six distinct ports (the S3 and admin ones too, unless given): two free_port() calls may
+    # name one port twice, and the gateway refuses to listen twice (exit 64).
+    *named, s3_port, admin_port = free_ports(6, taken=ports or ())
+    endpoints = dict(zip(("npy", "parquet", "tar", "stem"), named))
+    ports = ports or (s3_port, admin_port)
     config = "".join(
         f'[[pushdown.alias_endpoints]]\nlisten = "127.0.0.1:{port}"\nmodel = "{MODEL}"\n'
         + (f'split = "{SPLIT}"\n' if name != "stem" else 'split = "stem"\n')
