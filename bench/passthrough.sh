@@ -59,10 +59,9 @@ cargo build --locked --quiet -p integration-tests --bin s3bench
 BENCH=target/debug/s3bench
 
 NGINX=${NGINX:-1}
-if [ "$NGINX" = 1 ]; then
-  . scripts/debian-packages.sh
-  [ -x /usr/sbin/nginx ] || ensure_debian_packages "/usr/sbin/nginx" "nginx-light" "bench/passthrough.sh" || NGINX=0
-  [ -x /usr/sbin/nginx ] || { NGINX=0; echo "bench/passthrough.sh: no nginx, the anchor is left out" >&2; }
+. bench/lib/nginx.sh
+if [ "$NGINX" = 1 ] && ! ensure_nginx bench/passthrough.sh; then
+  NGINX=0; echo "bench/passthrough.sh: no nginx, the anchor is left out" >&2
 fi
 
 GW_PID= NGINX_PID= SPIN_PID=
@@ -98,48 +97,7 @@ ENDPOINT=$(SEAWEED_PORT=$PORT scripts/seaweedfs.sh start)
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 
-if [ "$NGINX" = 1 ]; then
-  # A plain streaming reverse proxy, tuned for throughput: uploads streamed (no request buffering,
-  # 128 KiB reads), responses relayed through 16 x 64 KiB memory buffers and never spooled to disk
-  # (unbuffered mode would relay in 4 KiB reads), no body limit, keep-alive to the store, Host kept
-  # so the client's SigV4 signature verifies at the store (nginx cannot verify or re-sign: clients
-  # hold the store's key).
-  ND=$PWD/.tmp/bench-nginx; rm -rf "$ND"; mkdir -p "$ND"
-  cat > "$ND/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $ND/nginx.pid;
-error_log $ND/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $ND/body; proxy_temp_path $ND/proxy; fastcgi_temp_path $ND/fcgi;
-  uwsgi_temp_path $ND/uwsgi; scgi_temp_path $ND/scgi;
-  upstream store { server ${ENDPOINT#http://}; keepalive 64; }
-  server {
-    listen $NGINX_ADDR;
-    client_max_body_size 0;
-    location / {
-      proxy_pass http://store;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$http_host;
-      proxy_request_buffering off;
-      client_body_buffer_size 128k;
-      proxy_buffering on;
-      proxy_buffer_size 64k;
-      proxy_buffers 16 64k;
-      proxy_busy_buffers_size 128k;
-      proxy_max_temp_file_size 0;
-    }
-  }
-}
-CONF
-  "${GW_PIN[@]}" /usr/sbin/nginx -c "$ND/nginx.conf" -e "$ND/error.log" > "$ND/stdout.log" 2>&1 &
-  NGINX_PID=$!
-  for _ in $(seq 1 50); do [ -s "$ND/nginx.pid" ] && break; sleep 0.1; done
-  NGINX_WORKER=$(pgrep -P "$(cat "$ND/nginx.pid")" | head -1)
-fi
+[ "$NGINX" = 1 ] && start_nginx "$NGINX_ADDR" "$ENDPOINT" "${GW_PIN[@]}"
 
 WEED_PID=$(cat ".tmp/seaweedfs-$PORT/pid")
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # utime + stime, in clock ticks

@@ -29,7 +29,8 @@ impl Backend {
     pub(crate) async fn send(&self, req: ForwardRequest) -> Result<Response<Body>, BackendError> {
         match self {
             Self::S3(b) => b.send(req).await,
-            Self::Fs(b) => b.send(req).await,
+            // Boxed: the fs backend's future is kilobytes, and every store request's would be.
+            Self::Fs(b) => Box::pin(b.send(req)).await,
         }
     }
 

@@ -373,6 +373,10 @@ impl Gateway {
         }
     }
 
+    /// Serves an admitted request by its identity mode. Heavy or rare phases (a pushdown, a
+    /// browser form, an alias listing, a body's framing, the fs backend) are awaited boxed: an
+    /// async function's future is as large as the largest future it awaits, so inline they made
+    /// every plain request's future 24 KiB, allocated and copied on each request (ADR 0033).
     async fn forward(
         &self,
         req: Request<Body>,
@@ -389,7 +393,7 @@ impl Gateway {
                 return Err(GatewayError::AliasReadOnly);
             }
             // Authenticated by the form's signed policy, not by headers.
-            return self.post_object(req, target).await;
+            return Box::pin(self.post_object(req, target)).await;
         }
         let (parts, body) = req.into_parts();
         let Verified { identity, authority, payload, .. } = verify::verify(
@@ -413,7 +417,7 @@ impl Gateway {
         }
         let (job, planned_none) = match requested.or_else(|| alias.as_ref().map(|a| a.spec.clone())) {
             Some(spec) if matches!(op, S3Op::GetObject | S3Op::HeadObject) => {
-                let job = self.prepare(spec, identity.name()).await?;
+                let job = Box::pin(self.prepare(spec, identity.name())).await?;
                 let none = job.is_none();
                 (job, none)
             }
@@ -424,15 +428,14 @@ impl Gateway {
             return Err(GatewayError::PeerOnlyPushdown);
         }
         if let Some(job) = job {
-            let resp = self
-                .pushdown_phase(
-                    &parts,
-                    target,
-                    job,
-                    Caller { tenant: identity.name(), authority: &authority },
-                    via_peer,
-                )
-                .await?;
+            let resp = Box::pin(self.pushdown_phase(
+                &parts,
+                target,
+                job,
+                Caller { tenant: identity.name(), authority: &authority },
+                via_peer,
+            ))
+            .await?;
             return Ok((resp, identity.name().to_owned()));
         }
         // An alias listing's entries each may cost a pushdown: its pages are bounded.
@@ -444,7 +447,8 @@ impl Gateway {
         let plain = Plain { op, target, query, authority: authority.clone(), planned_none };
         let mut resp = self.passthrough(parts, body, payload, plain).await?;
         if let Some(alias) = &listing {
-            resp = self.alias_listing(resp, alias, Caller { tenant: identity.name(), authority: &authority }).await?;
+            resp = Box::pin(self.alias_listing(resp, alias, Caller { tenant: identity.name(), authority: &authority }))
+                .await?;
         }
         Ok((resp, identity.name().to_owned()))
     }

@@ -31,7 +31,13 @@ impl Gateway {
         plain: Plain,
     ) -> Result<Response<Body>, GatewayError> {
         let mut headers = forwarded_headers(&parts.headers);
-        let (body, payload) = self.framed_body(plain.op, &parts.headers, body, payload, &mut headers).await?;
+        // Boxed, and only for a request with a body: framing's future is kilobytes (aws-chunked
+        // decoding, checksums), which every body-less request's future would otherwise carry.
+        let (body, payload) = if declared_body(&parts.headers)?.1 {
+            Box::pin(self.framed_body(plain.op, &parts.headers, body, payload, &mut headers)).await?
+        } else {
+            (Body::empty(), ForwardPayload::Empty)
+        };
         let fwd = ForwardRequest {
             op: plain.op,
             method: parts.method,
@@ -57,9 +63,8 @@ impl Gateway {
         payload: Payload,
         headers: &mut HeaderMap,
     ) -> Result<(Body, ForwardPayload), GatewayError> {
-        let declared = content_length(request_headers)?;
+        let (declared, has_body) = declared_body(request_headers)?;
         let limit = self.cfg.load().max_body_bytes;
-        let has_body = declared.is_some_and(|n| n > 0) || request_headers.contains_key(http::header::TRANSFER_ENCODING);
         let counted = Metered::new(body, self.metrics.request_bytes.clone(), ());
         // A checksum header on object data that the store will not check: the gateway does.
         let header_checksum = (matches!(op, S3Op::PutObject | S3Op::UploadPart)
@@ -287,6 +292,13 @@ pub(super) fn content_length(h: &HeaderMap) -> Result<Option<u64>, GatewayError>
             v.to_str().ok().and_then(|s| s.parse().ok()).map(Some).ok_or(GatewayError::InvalidHeader("content-length"))
         }
     }
+}
+
+/// The `Content-Length` a request declares, and whether it has a body (a length above zero, or
+/// a `Transfer-Encoding`).
+pub(super) fn declared_body(h: &HeaderMap) -> Result<(Option<u64>, bool), GatewayError> {
+    let declared = content_length(h)?;
+    Ok((declared, declared.is_some_and(|n| n > 0) || h.contains_key(http::header::TRANSFER_ENCODING)))
 }
 
 pub(super) fn check_declared(declared: Option<u64>, limit: u64) -> Result<(), GatewayError> {

@@ -7,7 +7,7 @@
 
 use http::{Request, Response};
 
-use super::passthrough::{check_declared, content_length, expects_continue};
+use super::passthrough::{check_declared, declared_body, expects_continue};
 use super::{Caller, Gateway, owner};
 use crate::backend::{ForwardPayload, ForwardRequest};
 use crate::body::{Body, Guarded, Metered};
@@ -47,24 +47,22 @@ impl Gateway {
             if let Some(split) = hop_split.filter(|_| hop) {
                 spec.split = split;
             }
-            match self.prepare(spec, identity.name()).await? {
+            match Box::pin(self.prepare(spec, identity.name())).await? {
                 Some(job) => {
-                    let resp = self
-                        .pushdown_phase(
-                            &parts,
-                            target,
-                            job,
-                            Caller { tenant: identity.name(), authority: &authority },
-                            hop,
-                        )
-                        .await?;
+                    let resp = Box::pin(self.pushdown_phase(
+                        &parts,
+                        target,
+                        job,
+                        Caller { tenant: identity.name(), authority: &authority },
+                        hop,
+                    ))
+                    .await?;
                     return Ok((resp, identity.name().to_owned()));
                 }
                 None => planned_none = true,
             }
         }
-        let declared = content_length(&parts.headers)?;
-        let has_body = declared.is_some_and(|n| n > 0) || parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+        let (declared, has_body) = declared_body(&parts.headers)?;
         // The store checks the payload (hash, chunk signatures, checksums); the gateway bounds its
         // size: the decoded length a streaming upload declares, and twice that for its framing.
         let decoded = parts
@@ -99,12 +97,12 @@ impl Gateway {
             (Body::empty(), ForwardPayload::Empty)
         } else if let Some((hex, expected)) = signed_hash.filter(|_| decoded.is_none()) {
             let data = http_body_util::BodyDataStream::new(Guarded::new(counted, limit, Some(expected)));
-            self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, Some(hex)).await?
+            Box::pin(self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, Some(hex))).await?
         } else if op == S3Op::DeleteObjects && decoded.is_none() && !headers.contains_key(headers::CONTENT_MD5) {
             // Swift's s3api requires a Content-MD5 that boto3 >= 1.36 no longer sends: added
             // beside the caller's signature (unsigned; the body is unchanged, small XML).
             let data = http_body_util::BodyDataStream::new(Guarded::new(counted, limit, None));
-            self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None).await?
+            Box::pin(self.prepared_body(op, data, declared.unwrap_or_default(), &mut headers, None)).await?
         } else {
             (Body::new(Guarded::new(counted, framed, None)), ForwardPayload::Unsigned)
         };

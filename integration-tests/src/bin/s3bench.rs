@@ -2,13 +2,24 @@
 //! object sizes and GET latency percentiles, against one endpoint. `bench/passthrough.sh` runs it
 //! against SeaweedFS directly and through the gateway in the same run and reports ratios.
 //!
-//! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE | latency]`; prints one JSON object
+//! Usage: `s3bench ENDPOINT ACCESS_KEY SECRET_KEY LABEL [big FILE | latency | kinds]`; prints one JSON object
 //! per line. With `CPU_PIDS=name:pid,...` in the environment, each throughput line also carries the
 //! CPU seconds (user + system, from `/proc/PID/stat`) each named process spent on its PUT phase and
 //! on its GET phase, so CPU per GB is known per object size and operation, not only per workload.
 //! With `LATENCY_OUT=PATH`, the sequential latency row's per-request milliseconds, in the order the
 //! requests started, are appended to PATH as one JSON line (`bench/report.py` pools them over
 //! rounds; the order shows whether slow requests come in bursts).
+//!
+//! `kinds`: small requests one kind at a time (4 KiB PUT, GET, HEAD, ListObjectsV2 of 100 keys,
+//! `mixed` (nine GETs in ten, a PUT in ten), DeleteObject, and with `PUSHDOWN=MODEL:SPLIT:JPEG_PATH` a pushdown GET of one image, after one
+//! that fills the cache), `KINDS_COUNT` of each (default 2,000; a listing a quarter of that)
+//! with `KINDS_CONCURRENCY` in flight (default 8); each line carries the microseconds of CPU per
+//! request of every `CPU_PIDS` process, the requests per second and the p50 and p99, from the on-CPU nanoseconds of its threads
+//! (`/proc/PID/task/*/schedstat`: ticks of 10 ms are too coarse for a phase of a second).
+//! `KINDS_HOOK=CMD` runs `CMD before KIND` and `CMD after KIND` (through `sh -c`) around each
+//! measured phase, for a tool that counts what the proxy did in it (`bench/request_instructions.sh`).
+//! `KINDS=get,head` runs those kinds only (a PUT phase first when a GET, HEAD or DELETE needs its
+//! objects).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +84,17 @@ fn cpu_ticks(pid: u32) -> u64 {
     rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()
 }
 
+/// Nanoseconds on a CPU of all of `pid`'s threads now alive (a thread that ends within a phase
+/// takes its time with it: the proxies measured keep theirs).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Runs `phase` and returns what it returns with `,"<prefix>_<name>_cpu_s":S` for each process.
 async fn with_cpu<T>(pids: &[(String, u32)], prefix: &str, phase: impl std::future::Future<Output = T>) -> (T, String) {
     let before: Vec<u64> = pids.iter().map(|(_, p)| cpu_ticks(*p)).collect();
@@ -120,6 +142,11 @@ async fn main() {
             put.as_secs_f64(),
             t.elapsed().as_secs_f64()
         );
+        return;
+    }
+
+    if args.get(5).map(String::as_str) == Some("kinds") {
+        kinds(&c, &bucket, label).await;
         return;
     }
 
@@ -200,6 +227,120 @@ async fn main() {
         lat.sort();
         println!(
             r#"{{"label":"{label}","test":"latency","size":4096,"concurrency":{conc},"count":{count},"p50_ms":{:.3},"p99_ms":{:.3}}}"#,
+            pct(&lat, 0.5),
+            pct(&lat, 0.99)
+        );
+    }
+}
+
+/// Runs `KINDS_HOOK` (if set) with `when` and `kind` as its arguments.
+fn hook(when: &str, kind: &str) {
+    if let Ok(cmd) = std::env::var("KINDS_HOOK") {
+        let status = std::process::Command::new("sh").arg("-c").arg(format!("{cmd} {when} {kind}")).status();
+        assert!(status.is_ok_and(|s| s.success()), "KINDS_HOOK {when} {kind} failed");
+    }
+}
+
+/// The `kinds` mode (see the module's text).
+async fn kinds(c: &aws_sdk_s3::Client, bucket: &str, label: &str) {
+    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (count, conc) = (env("KINDS_COUNT", 2000), env("KINDS_CONCURRENCY", 8));
+    let pids = cpu_pids();
+    let data = bytes::Bytes::from(vec![0x5au8; 4096]);
+    for i in 0..100 {
+        let body = ByteStream::from(data.clone());
+        c.put_object().bucket(bucket).key(format!("l/{i:03}")).body(body).send().await.expect("put listed");
+    }
+    let pushdown = std::env::var("PUSHDOWN").ok().map(|p| {
+        let mut it = p.splitn(3, ':').map(str::to_owned);
+        let (model, split, path) = (it.next(), it.next(), it.next());
+        (model.expect("PUSHDOWN model"), split.expect("PUSHDOWN split"), path.expect("PUSHDOWN image"))
+    });
+    if let Some((_, _, path)) = &pushdown {
+        let body = ByteStream::from(std::fs::read(path).expect("PUSHDOWN image"));
+        c.put_object().bucket(bucket).key("image.jpg").body(body).send().await.expect("put image");
+    }
+    let only = std::env::var("KINDS").ok();
+    let wanted = |k: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == k));
+    let needs_objects = ["get", "head", "delete", "mixed"].iter().any(|k| wanted(k));
+    let kinds: &[&str] = &["put", "get", "head", "list", "mixed", "delete", "pushdown"];
+    for &kind in kinds.iter().filter(|k| wanted(k) || (**k == "put" && needs_objects)) {
+        let n = if kind == "list" { count / 4 } else { count };
+        let (c, b, d, p) = (c.clone(), bucket.to_owned(), data.clone(), pushdown.clone());
+        let op = move |i: usize| {
+            let (c, b, d, p) = (c.clone(), b.clone(), d.clone(), p.clone());
+            async move {
+                match kind {
+                    "put" => drop(
+                        c.put_object()
+                            .bucket(b)
+                            .key(format!("k{i}"))
+                            .body(ByteStream::from(d))
+                            .send()
+                            .await
+                            .expect("put"),
+                    ),
+                    "get" => {
+                        let o = c.get_object().bucket(b).key(format!("k{i}")).send().await.expect("get");
+                        assert_eq!(drain(o.body).await, 4096);
+                    }
+                    "head" => drop(c.head_object().bucket(b).key(format!("k{i}")).send().await.expect("head")),
+                    "list" => {
+                        let l = c.list_objects_v2().bucket(b).prefix("l/").send().await.expect("list");
+                        assert_eq!(l.key_count(), Some(100));
+                    }
+                    // Nine GETs in ten, and a PUT (of a fresh key).
+                    "mixed" if i % 10 == 9 => drop(
+                        c.put_object()
+                            .bucket(b)
+                            .key(format!("m{i}"))
+                            .body(ByteStream::from(d))
+                            .send()
+                            .await
+                            .expect("put"),
+                    ),
+                    "mixed" => {
+                        let o = c.get_object().bucket(b).key(format!("k{i}")).send().await.expect("get");
+                        assert_eq!(drain(o.body).await, 4096);
+                    }
+                    "delete" => drop(c.delete_object().bucket(b).key(format!("k{i}")).send().await.expect("delete")),
+                    _ => {
+                        let (model, split, _) = p.expect("PUSHDOWN");
+                        let o = c
+                            .get_object()
+                            .bucket(b)
+                            .key("image.jpg")
+                            .customize()
+                            .mutate_request(move |r| {
+                                r.headers_mut().insert("x-tensorgate-model", model.clone());
+                                r.headers_mut().insert("x-tensorgate-split", split.clone());
+                            })
+                            .send()
+                            .await
+                            .expect("pushdown get");
+                        assert!(drain(o.body).await > 0);
+                    }
+                }
+            }
+        };
+        if kind == "pushdown" {
+            if pushdown.is_none() {
+                continue;
+            }
+            op(0).await; // computes and fills the cache: the phase measures hits
+        }
+        hook("before", kind);
+        let before: Vec<u64> = pids.iter().map(|(_, p)| cpu_ns(*p)).collect();
+        let (mut lat, wall) = run(n, conc, op).await;
+        hook("after", kind);
+        lat.sort();
+        let mut cpu = String::new();
+        for ((name, pid), b) in pids.iter().zip(before) {
+            cpu.push_str(&format!(r#","{name}_cpu_us":{:.2}"#, cpu_ns(*pid).saturating_sub(b) as f64 / 1e3 / n as f64));
+        }
+        println!(
+            r#"{{"label":"{label}","test":"kind","kind":"{kind}","count":{n},"concurrency":{conc},"ops_s":{:.1},"p50_ms":{:.3},"p99_ms":{:.3}{cpu}}}"#,
+            n as f64 / wall.as_secs_f64(),
             pct(&lat, 0.5),
             pct(&lat, 0.99)
         );
