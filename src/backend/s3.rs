@@ -1,19 +1,14 @@
 //! The `s3` backend: forwards to an S3-compatible endpoint over HTTP/1.1 (plain or TLS), re-signing every request
-//! with the backend's own credentials (official `aws-sigv4` signer), streaming bodies both ways.
+//! with the backend's own credentials (`crate::s3::sigv4::sign`), streaming bodies both ways.
 //!
 //! Concurrency toward the backend is bounded by a semaphore whose permit lives until the response
 //! body is finished, not just until headers arrive (a slow download still holds its slot).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
-};
-use aws_sigv4::sign::v4;
-use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -64,6 +59,8 @@ pub(crate) struct S3BackendConfig {
 #[derive(Debug, Clone)]
 pub(crate) struct S3Backend {
     cfg: Arc<S3BackendConfig>,
+    /// The endpoint's `Host` header, made once.
+    host: HeaderValue,
     client: Client<HttpsConnector<HttpConnector>, Body>,
     limit: Arc<Semaphore>,
     metrics: UpstreamMetrics,
@@ -77,7 +74,10 @@ impl S3Backend {
     pub(crate) fn new(cfg: S3BackendConfig, metrics: UpstreamMetrics) -> Result<Self, TlsSetupError> {
         let client = http_client(cfg.connect_timeout, cfg.ca_file.as_deref())?;
         let limit = Arc::new(Semaphore::new(cfg.max_concurrency));
-        Ok(Self { cfg: Arc::new(cfg), client, limit, metrics })
+        // An authority that parsed as part of a URI is visible ASCII: always a header value.
+        let host = cfg.endpoint.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        let host = host.unwrap_or_else(|| HeaderValue::from_static(""));
+        Ok(Self { cfg: Arc::new(cfg), host, client, limit, metrics })
     }
 
     #[must_use]
@@ -100,35 +100,47 @@ impl S3Backend {
         self.cfg.checks_payload_hash
     }
 
-    fn url(&self, req: &ForwardRequest) -> String {
-        let base = self.cfg.endpoint.to_string();
-        let base = base.trim_end_matches('/');
-        if let Authority::Caller(sent) = &req.authority {
-            // The request target as the client signed it (the endpoint has no path: config).
-            return format!("{base}{}", sent.path_and_query());
-        }
-        let path = path_style_path(&req.target);
-        match &req.query {
-            Some(q) if !q.is_empty() => format!("{base}{path}?{q}"),
-            _ => format!("{base}{path}"),
-        }
+    /// The store's URI for a request: the endpoint's scheme and authority (the endpoint has no
+    /// path: config), then the request target as the client signed it (transparent mode) or the
+    /// target's path-style path and query. Assembled from parts, not formatted and parsed again.
+    fn uri(&self, req: &ForwardRequest) -> Result<Uri, BackendError> {
+        let path_and_query = match &req.authority {
+            Authority::Caller(sent) => sent.path_and_query().clone(),
+            _ => {
+                let mut pq = path_style_path(&req.target);
+                if let Some(q) = req.query.as_deref().filter(|q| !q.is_empty()) {
+                    pq.push('?');
+                    pq.push_str(q);
+                }
+                PathAndQuery::from_maybe_shared(bytes::Bytes::from(pq)).map_err(|e| BackendError::Internal(e.into()))?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.cfg.endpoint.scheme().cloned();
+        parts.authority = self.cfg.endpoint.authority().cloned();
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).map_err(|e| BackendError::Internal(e.into()))
     }
 
-    fn build(&self, req: &ForwardRequest, url: &str, body: Body) -> Result<Request<Body>, BackendError> {
+    /// The request as sent: `headers` are the forwarded ones (moved in; a request that may be
+    /// retried passes a copy).
+    fn build(
+        &self,
+        req: &ForwardRequest,
+        uri: Uri,
+        headers: HeaderMap,
+        body: Body,
+    ) -> Result<Request<Body>, BackendError> {
         let mut out = Request::builder()
             .method(req.method.clone())
-            .uri(url)
+            .uri(uri)
             .body(body)
             .map_err(|e| BackendError::Internal(e.into()))?;
-        *out.headers_mut() = req.headers.clone();
+        *out.headers_mut() = headers;
         let caller = matches!(req.authority, Authority::Caller(_));
         if !caller || !out.headers().contains_key(http::header::HOST) {
             // A caller's own signature covers the Host it sent, so that one is kept (ADR 0013).
-            let authority = out.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
-            out.headers_mut().insert(
-                http::header::HOST,
-                HeaderValue::from_str(&authority).map_err(|e| BackendError::Internal(e.into()))?,
-            );
+            out.headers_mut().insert(http::header::HOST, self.host.clone());
         }
         if req.payload == ForwardPayload::Empty && req.method != http::Method::GET && req.method != http::Method::HEAD {
             out.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
@@ -173,7 +185,7 @@ impl S3Backend {
                 }
             },
         };
-        let url = self.url(&req);
+        let uri = self.uri(&req)?;
         let replayable = req.payload == ForwardPayload::Empty && req.op.is_idempotent();
         let started = Instant::now();
         let mut attempt = 0u32;
@@ -186,7 +198,9 @@ impl S3Backend {
             {
                 body = after_continue(body, gate.subscribe());
             }
-            let mut outgoing = self.build(&req, &url, body)?;
+            // Only a request that may be retried keeps its headers for the next attempt.
+            let headers = if replayable { req.headers.clone() } else { std::mem::take(&mut req.headers) };
+            let mut outgoing = self.build(&req, uri.clone(), headers, body)?;
             if let Some(gate) = gate.clone() {
                 hyper::ext::on_informational(&mut outgoing, move |res| {
                     if res.status() == StatusCode::CONTINUE {
@@ -249,48 +263,34 @@ impl S3Backend {
     }
 }
 
-/// Signs `req` (SigV4, `x-amz-content-sha256` set from `payload`) with `key` for `region`.
+/// Signs `req` (SigV4, `x-amz-content-sha256` set from `payload`) with `key` for `region`
+/// (`crate::s3::sigv4::sign`).
 ///
 /// # Errors
-/// A header that is not visible ASCII, or a request the signer refuses.
+/// A header that is not visible ASCII.
 pub(crate) fn sign_request(
     req: &mut Request<Body>,
     payload: &ForwardPayload,
     (access_key, secret): &(String, SecretKey),
     region: &str,
 ) -> Result<(), BackendError> {
-    let identity = Credentials::new(access_key, secret.expose(), None, None, "tensorgate-backend").into();
-    let mut settings = SigningSettings::default();
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region(region)
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .map_err(|e| BackendError::Internal(e.into()))?
-        .into();
-    let mut headers = Vec::with_capacity(req.headers().len());
-    for (name, value) in req.headers() {
-        let v = value.to_str().map_err(|_| BackendError::UnsignableHeader(name.as_str().to_owned()))?;
-        headers.push((name.as_str(), v));
-    }
-    let body = match payload {
-        ForwardPayload::Empty => SignableBody::Precomputed(EMPTY_SHA256.to_owned()),
-        ForwardPayload::Sha256(hex) => SignableBody::Precomputed(hex.clone()),
-        ForwardPayload::Unsigned => SignableBody::UnsignedPayload,
-        ForwardPayload::UnsignedTrailer => SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()),
+    let payload_hash = match payload {
+        ForwardPayload::Empty => EMPTY_SHA256,
+        ForwardPayload::Sha256(hex) => hex,
+        ForwardPayload::Unsigned => "UNSIGNED-PAYLOAD",
+        ForwardPayload::UnsignedTrailer => "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
     };
-    let uri = req.uri().to_string();
-    let signable = SignableRequest::new(req.method().as_str(), &uri, headers.into_iter(), body)
-        .map_err(|e| BackendError::Internal(e.into()))?;
-    let (instructions, _signature) =
-        sign(signable, &params).map_err(|e| BackendError::Internal(e.into()))?.into_parts();
-    instructions.apply_to_request_http1x(req);
-    Ok(())
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    crate::s3::sigv4::sign::sign(
+        &method,
+        &uri,
+        req.headers_mut(),
+        payload_hash,
+        (access_key, secret),
+        region,
+        time::OffsetDateTime::now_utc(),
+    )
+    .map_err(|e| BackendError::UnsignableHeader(e.0))
 }
 
 /// An HTTP/1.1 client over plain TCP or TLS (the system's roots plus `ca_file`), as every

@@ -236,8 +236,14 @@ impl Gateway {
             let op = route::classify(req.method(), &t, req.uri().query(), req.headers());
             (t, op)
         });
-        let (target, op) =
-            routed.as_ref().map_or_else(|_| (Target::default(), S3Op::Other), |(t, op)| (t.clone(), *op));
+        let op = routed.as_ref().map_or(S3Op::Other, |(_, op)| *op);
+        // What an error answer and a log line name, resolved again only for them, from the
+        // request's URI and Host (shared with its head, not copied).
+        let (uri, host) = (req.uri().clone(), req.headers().get(http::header::HOST).cloned());
+        let named = || {
+            let host = host.as_ref().and_then(|h| h.to_str().ok()).or_else(|| uri.authority().map(|a| a.as_str()));
+            route::resolve(host, uri.path(), &self.cfg.load().domains).unwrap_or_default()
+        };
         // The admitted request's place rides the response body (released with `in_flight`).
         let mut admitted = None;
         let result = match routed {
@@ -267,14 +273,16 @@ impl Gateway {
             Ok((resp, identity)) => (resp, identity, None),
             Err(e) => {
                 let msg = e.to_string();
-                (e.into_response(&target.resource(), &request_id.to_string(), head), String::from("-"), Some(msg))
+                (e.into_response(&named().resource(), &request_id.to_string(), head), String::from("-"), Some(msg))
             }
         };
         let status = resp.status();
         self.metrics.observe_request(op, status, started.elapsed());
         if status.is_server_error() {
+            let target = named();
             tracing::warn!(%request_id, op = op.name(), %method, bucket = target.bucket.as_deref().unwrap_or("-"), %identity, status = status.as_u16(), error = err.as_deref().unwrap_or("-"), "Request failed.");
-        } else {
+        } else if tracing::enabled!(tracing::Level::DEBUG) {
+            let target = named();
             tracing::debug!(%request_id, op = op.name(), %method, bucket = target.bucket.as_deref().unwrap_or("-"), %identity, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "Request served.");
         }
         for h in HOP_BY_HOP {

@@ -275,12 +275,11 @@ fn invalidate_after(
 /// The objects a write may change, for cache invalidation: `(bucket, Some(key))` for one object,
 /// `(bucket, None)` for an unknown set (multi-object delete, bucket delete).
 fn written_scope(op: S3Op, target: &Target) -> Option<(String, Option<String>)> {
-    let bucket = target.bucket.clone()?;
     match op {
         S3Op::PutObject | S3Op::CopyObject | S3Op::DeleteObject | S3Op::CompleteMultipartUpload => {
-            Some((bucket, Some(target.key.clone()?)))
+            Some((target.bucket.clone()?, Some(target.key.clone()?)))
         }
-        S3Op::DeleteObjects | S3Op::DeleteBucket => Some((bucket, None)),
+        S3Op::DeleteObjects | S3Op::DeleteBucket => Some((target.bucket.clone()?, None)),
         _ => None,
     }
 }

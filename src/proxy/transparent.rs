@@ -79,9 +79,9 @@ impl Gateway {
         // a body that does not match never completes at the store (its tail is withheld), also
         // on stores that do not check it themselves (SeaweedFS). A store that checks it
         // (`backend.checks_payload_hash`) is left to do so alone: the body streams unhashed.
-        let signed_hash = parts
-            .headers
-            .get(headers::X_AMZ_CONTENT_SHA256)
+        let signed_hash = has_body
+            .then(|| parts.headers.get(headers::X_AMZ_CONTENT_SHA256))
+            .flatten()
             .and_then(|v| v.to_str().ok())
             .filter(|v| v.len() == 64)
             .and_then(|v| Some((v.to_owned(), <[u8; 32]>::try_from(hex::decode(v).ok()?).ok()?)))

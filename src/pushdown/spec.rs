@@ -145,11 +145,14 @@ pub(crate) fn remove_trigger_headers(headers: &mut HeaderMap) {
 #[must_use]
 pub(crate) fn names_fields(headers: &HeaderMap, query: Option<&str>) -> bool {
     headers.keys().any(|n| n.as_str().starts_with(HEADER_PREFIX))
-        || query.is_some_and(|q| {
-            q.split('&').any(|p| {
-                crate::s3::sigv4::uri_decode(p.split('=').next().unwrap_or_default()).starts_with(QUERY_PREFIX)
-            })
-        })
+        || query.is_some_and(|q| q.split('&').any(|p| is_field_param(p.split('=').next().unwrap_or_default())))
+}
+
+/// Whether a query parameter's name, percent-decoded, starts with [`QUERY_PREFIX`]: told without
+/// decoding it into a new string (every request's parameters are looked at).
+fn is_field_param(raw_name: &str) -> bool {
+    let mut decoded = percent_encoding::percent_decode_str(raw_name);
+    QUERY_PREFIX.bytes().all(|b| decoded.next() == Some(b))
 }
 
 /// Reads the spec from headers, then query parameters (a field may come from either, not both).
@@ -167,6 +170,9 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Pushdown
     }
     for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if !is_field_param(k) {
+            continue;
+        }
         let k = crate::s3::sigv4::uri_decode(k);
         if let Some(field) = k.strip_prefix(QUERY_PREFIX) {
             fields.push((field.to_owned(), crate::s3::sigv4::uri_decode(v)));

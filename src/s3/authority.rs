@@ -69,7 +69,8 @@ impl Authority {
     /// The caller's own request, forwarded as sent.
     #[must_use]
     pub(crate) fn caller(parts: &http::request::Parts) -> Self {
-        let path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        let path_and_query =
+            parts.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         Self::Caller(CallerRequest { path_and_query })
     }
 
@@ -84,12 +85,13 @@ impl Authority {
 /// The request target exactly as the client sent (and signed) it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CallerRequest {
-    path_and_query: String,
+    /// Shares the request head's bytes (no copy).
+    path_and_query: http::uri::PathAndQuery,
 }
 
 impl CallerRequest {
     #[must_use]
-    pub(crate) fn path_and_query(&self) -> &str {
+    pub(crate) fn path_and_query(&self) -> &http::uri::PathAndQuery {
         &self.path_and_query
     }
 }

@@ -6,10 +6,11 @@
 //!
 //! Everything here is a pure function of its arguments: no clocks, no IO. Verification of a whole
 //! request (which needs the credential store and the clock) lives in [`verify`]; decoding of
-//! `aws-chunked` bodies in [`chunked`]. Outbound re-signing uses the official `aws-sigv4` crate
-//! (see `backend::s3`), which the tests below also use as an independent cross-check.
+//! `aws-chunked` bodies in [`chunked`]; signing of requests to the store in [`sign`]. The tests
+//! use the official `aws-sigv4` crate as an independent cross-check.
 
 pub mod chunked;
+pub(crate) mod sign;
 pub mod verify;
 
 use hmac::{Hmac, Mac};

@@ -11,7 +11,7 @@ use time::{OffsetDateTime, PrimitiveDateTime, format_description::FormatItem, ma
 
 use super::chunked::{ChunkSigner, ChunkedMode};
 use super::{
-    ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature, signing_key,
+    ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature,
     string_to_sign,
 };
 use crate::s3::authority::{Authenticated, Authority};
@@ -243,7 +243,7 @@ fn verify_header(
         None => return Err(AuthError::MissingContentSha256),
     };
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
-    let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
+    let key = secret.signing_key(cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
     let expected =
         matching_signature(method, uri, headers, signed_headers, payload_hash, None, amz_date, &scope, &key, sig)?;
@@ -419,7 +419,7 @@ fn verify_presigned(
     }
     let payload_hash = param("X-Amz-Content-Sha256").unwrap_or_else(|| "UNSIGNED-PAYLOAD".to_owned());
     let secret = creds.get(cs.access_key).ok_or(AuthError::UnknownAccessKey)?;
-    let key = signing_key(secret.expose().as_bytes(), cs.date, cs.region, cs.service);
+    let key = secret.signing_key(cs.date, cs.region, cs.service);
     let scope = scope(cs.date, cs.region, cs.service);
     matching_signature(
         method,
