@@ -130,7 +130,9 @@ mod tests {
     fn signs_as_the_official_signer_does() {
         let secret = SecretKey::new("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into());
         let now = OffsetDateTime::from_unix_timestamp(1_765_000_000).expect("time");
-        let cases: &[(&str, &str, &[(&str, &str)], &str)] = &[
+        // (method, URL, extra headers, payload hash)
+        type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
             ("GET", "http://127.0.0.1:8333/b/k", &[], super::super::EMPTY_SHA256),
             ("HEAD", "http://store.example:80/b/a%20b/%E2%82%AC%2B", &[("range", "bytes=0-9")], "UNSIGNED-PAYLOAD"),
             ("GET", "http://127.0.0.1:8333/b?list-type=2&prefix=a%2Fb&max-keys=100", &[], super::super::EMPTY_SHA256),
