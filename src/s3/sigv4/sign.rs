@@ -132,7 +132,7 @@ mod tests {
         let now = OffsetDateTime::from_unix_timestamp(1_765_000_000).expect("time");
         // (method, URL, extra headers, payload hash)
         type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
-        let cases: &[Case] = &[
+        let cases: &[Case<'_>] = &[
             ("GET", "http://127.0.0.1:8333/b/k", &[], super::super::EMPTY_SHA256),
             ("HEAD", "http://store.example:80/b/a%20b/%E2%82%AC%2B", &[("range", "bytes=0-9")], "UNSIGNED-PAYLOAD"),
             ("GET", "http://127.0.0.1:8333/b?list-type=2&prefix=a%2Fb&max-keys=100", &[], super::super::EMPTY_SHA256),
