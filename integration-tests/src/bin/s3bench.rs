@@ -271,16 +271,12 @@ async fn kinds(c: &aws_sdk_s3::Client, bucket: &str, label: &str) {
             let (c, b, d, p) = (c.clone(), b.clone(), d.clone(), p.clone());
             async move {
                 match kind {
-                    "put" => drop(
-                        c.put_object()
-                            .bucket(b)
-                            .key(format!("k{i}"))
-                            .body(ByteStream::from(d))
-                            .send()
-                            .await
-                            .expect("put"),
-                    ),
-                    "get" => {
+                    // `mixed`: nine GETs in ten, and a PUT of a fresh key.
+                    "put" | "mixed" if kind == "put" || i % 10 == 9 => {
+                        let key = if kind == "put" { format!("k{i}") } else { format!("m{i}") };
+                        drop(c.put_object().bucket(b).key(key).body(ByteStream::from(d)).send().await.expect("put"));
+                    }
+                    "get" | "mixed" => {
                         let o = c.get_object().bucket(b).key(format!("k{i}")).send().await.expect("get");
                         assert_eq!(drain(o.body).await, 4096);
                     }
@@ -288,20 +284,6 @@ async fn kinds(c: &aws_sdk_s3::Client, bucket: &str, label: &str) {
                     "list" => {
                         let l = c.list_objects_v2().bucket(b).prefix("l/").send().await.expect("list");
                         assert_eq!(l.key_count(), Some(100));
-                    }
-                    // Nine GETs in ten, and a PUT (of a fresh key).
-                    "mixed" if i % 10 == 9 => drop(
-                        c.put_object()
-                            .bucket(b)
-                            .key(format!("m{i}"))
-                            .body(ByteStream::from(d))
-                            .send()
-                            .await
-                            .expect("put"),
-                    ),
-                    "mixed" => {
-                        let o = c.get_object().bucket(b).key(format!("k{i}")).send().await.expect("get");
-                        assert_eq!(drain(o.body).await, 4096);
                     }
                     "delete" => drop(c.delete_object().bucket(b).key(format!("k{i}")).send().await.expect("delete")),
                     _ => {
