@@ -20,16 +20,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Sleep;
 
 use crate::metrics::Metrics;
+use crate::proxy::S3Service;
 
 /// Connection bounds (`[edge]`).
 #[derive(Debug, Clone, Copy)]
@@ -68,7 +67,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// connection limit counts them all; the listeners are polled in turn, so a flood on one does
 /// not starve the others' accepts.
 pub(crate) async fn serve(
-    listeners: Vec<(TcpListener, Router)>,
+    listeners: Vec<(TcpListener, S3Service)>,
     cfg: EdgeConfig,
     metrics: Metrics,
     stop: impl Future<Output = Duration> + Send + 'static,
@@ -108,7 +107,7 @@ pub(crate) async fn serve(
             continue;
         };
         let io = TokioIo::new(Stalling::new(tcp, cfg.stall_timeout));
-        let conn = graceful.watch(http.serve_connection(io, TowerToHyperService::new(app)));
+        let conn = graceful.watch(http.serve_connection(io, app));
         let (open, closed) = (metrics.connections_open.clone(), metrics.connections_closed.clone());
         open.inc();
         tokio::spawn(async move {
@@ -135,7 +134,7 @@ pub(crate) async fn serve(
 
 /// The next connection of any listener, with the app that serves it; the listener polled first
 /// moves on with each accept (`turn`).
-async fn accept(listeners: &[(TcpListener, Router)], turn: &mut usize) -> io::Result<(TcpStream, Router)> {
+async fn accept(listeners: &[(TcpListener, S3Service)], turn: &mut usize) -> io::Result<(TcpStream, S3Service)> {
     let n = listeners.len();
     let (tcp, i) = std::future::poll_fn(|cx| {
         for k in 0..n {

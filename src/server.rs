@@ -9,8 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Request, State};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -240,14 +238,14 @@ impl Server {
         let alias_addrs: Vec<SocketAddr> = addrs.collect();
 
         // Each alias endpoint's requests carry which one they arrived on (`AliasEndpoint`).
-        let apps = std::iter::once((s3_listener, Router::new().fallback(handle).with_state(gateway.clone())))
-            .chain(alias_listeners.into_iter().enumerate().map(|(i, l)| {
-                let app = Router::new()
-                    .fallback(handle)
-                    .layer(axum::Extension(crate::proxy::AliasEndpoint(i)))
-                    .with_state(gateway.clone());
-                (l, app)
-            }))
+        let service = |alias| crate::proxy::S3Service { gateway: gateway.clone(), alias };
+        let apps = std::iter::once((s3_listener, service(None)))
+            .chain(
+                alias_listeners
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, l)| (l, service(Some(crate::proxy::AliasEndpoint(i))))),
+            )
             .collect();
         let (stop, stopped) = oneshot::channel::<Duration>();
         let edge = rt.edge;
@@ -341,10 +339,6 @@ impl Server {
         }
         drained
     }
-}
-
-async fn handle(State(gateway): State<Arc<Gateway>>, req: Request) -> axum::response::Response {
-    gateway.handle(req).await
 }
 
 /// How long a process handing over waits for its kept-alive connections' next requests (answered
