@@ -94,15 +94,50 @@ pub(crate) fn canonical_query(raw_query: Option<&str>, skip: Option<&str>) -> St
 /// Canonical header value: trimmed, inner runs of spaces collapsed to one.
 #[must_use]
 pub(crate) fn canonical_header_value(v: &[u8]) -> String {
-    let s = String::from_utf8_lossy(v);
-    let mut out = String::with_capacity(s.len());
-    for (i, word) in s.split_whitespace().enumerate() {
+    let mut out = String::with_capacity(v.len());
+    push_canonical_value(&mut out, v);
+    out
+}
+
+/// Appends `v` in canonical form ([`canonical_header_value`]) to `out`.
+fn push_canonical_value(out: &mut String, v: &[u8]) {
+    for (i, word) in String::from_utf8_lossy(v).split_whitespace().enumerate() {
         if i > 0 {
             out.push(' ');
         }
         out.push_str(word);
     }
-    out
+}
+
+/// Room reserved for a request's canonical headers block: an SDK's signed headers (host, date,
+/// content hash, a few more) fit without growing it.
+pub(crate) const CANONICAL_HEADERS_CAPACITY: usize = 512;
+
+/// Appends one canonical header line, `name:value[,value...]\n`, to `out` (the canonical
+/// headers block of a [`CanonicalRequest`]). Returns whether the header had a value; `out` is
+/// left as it was when it had none.
+pub(crate) fn push_canonical_header<'v>(
+    out: &mut String,
+    name: &str,
+    values: impl IntoIterator<Item = &'v [u8]>,
+) -> bool {
+    let start = out.len();
+    out.push_str(name);
+    out.push(':');
+    let mut any = false;
+    for v in values {
+        if any {
+            out.push(',');
+        }
+        push_canonical_value(out, v);
+        any = true;
+    }
+    if any {
+        out.push('\n');
+    } else {
+        out.truncate(start);
+    }
+    any
 }
 
 /// The parts of a canonical request, borrowed from the request being checked.
@@ -113,35 +148,35 @@ pub(crate) struct CanonicalRequest<'a> {
     pub(crate) uri: &'a str,
     /// Already canonical (see [`canonical_query`]).
     pub(crate) query: &'a str,
-    /// `(lowercase name, canonical value)` in the order of `signed_headers`.
-    pub(crate) headers: &'a [(String, String)],
+    /// The canonical headers, a `name:value\n` line each in the order of `signed_headers`
+    /// ([`push_canonical_header`]).
+    pub(crate) headers: &'a str,
     /// The `SignedHeaders` list as the client sent it (`;`-joined, sorted).
     pub(crate) signed_headers: &'a str,
     pub(crate) payload_hash: &'a str,
 }
 
 impl CanonicalRequest<'_> {
-    /// The canonical request text, exactly as hashed into the string to sign.
+    /// The canonical request's text, piece by piece, exactly as hashed into the string to sign.
+    fn pieces(&self) -> [&str; 11] {
+        let (nl, m) = ("\n", self);
+        [m.method, nl, m.uri, nl, m.query, nl, m.headers, nl, m.signed_headers, nl, m.payload_hash]
+    }
+
+    /// Lowercase hex SHA-256 of the canonical request, hashed from its pieces (never assembled).
     #[must_use]
-    pub(crate) fn render(&self) -> String {
-        let mut s = String::with_capacity(256);
-        s.push_str(self.method);
-        s.push('\n');
-        s.push_str(self.uri);
-        s.push('\n');
-        s.push_str(self.query);
-        s.push('\n');
-        for (name, value) in self.headers {
-            s.push_str(name);
-            s.push(':');
-            s.push_str(value);
-            s.push('\n');
+    pub(crate) fn sha256_hex(&self) -> String {
+        let mut h = Sha256::new();
+        for piece in self.pieces() {
+            h.update(piece.as_bytes());
         }
-        s.push('\n');
-        s.push_str(self.signed_headers);
-        s.push('\n');
-        s.push_str(self.payload_hash);
-        s
+        hex::encode(h.finalize())
+    }
+
+    /// The canonical request text (for tests and diagnostics; signing hashes the pieces).
+    #[cfg(test)]
+    pub(crate) fn render(&self) -> String {
+        self.pieces().concat()
     }
 }
 
@@ -153,8 +188,8 @@ pub fn scope(date: &str, region: &str, service: &str) -> String {
 
 /// String to sign for a request.
 #[must_use]
-pub(crate) fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
-    format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", sha256_hex(canonical_request.as_bytes()))
+pub(crate) fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &CanonicalRequest<'_>) -> String {
+    format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", canonical_request.sha256_hex())
 }
 
 /// String to sign for one chunk of a `STREAMING-AWS4-HMAC-SHA256-PAYLOAD` body.
@@ -214,14 +249,29 @@ mod tests {
     const SCOPE_DATE: &str = "20130524";
     const AMZ_DATE: &str = "20130524T000000Z";
 
-    fn headers(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter().map(|(n, v)| ((*n).to_owned(), canonical_header_value(v.as_bytes()))).collect()
+    fn headers(list: &[(&str, &str)]) -> String {
+        let mut block = String::new();
+        for (n, v) in list {
+            assert!(push_canonical_header(&mut block, n, [v.as_bytes()]));
+        }
+        block
     }
 
     fn sign(cr: &CanonicalRequest<'_>) -> String {
+        // The pieces hash to what the assembled text does.
+        assert_eq!(cr.sha256_hex(), sha256_hex(cr.render().as_bytes()));
         let scope = scope(SCOPE_DATE, "us-east-1", "s3");
-        let sts = string_to_sign(AMZ_DATE, &scope, &cr.render());
+        let sts = string_to_sign(AMZ_DATE, &scope, cr);
         signature(&signing_key(SECRET.as_bytes(), SCOPE_DATE, "us-east-1", "s3"), &sts)
+    }
+
+    #[test]
+    fn canonical_header_lines() {
+        let mut block = String::from("host:h\n");
+        assert!(push_canonical_header(&mut block, "x-amz-meta-a", [&b"  one   two "[..], b"three"]));
+        assert_eq!(block, "host:h\nx-amz-meta-a:one two,three\n");
+        assert!(!push_canonical_header(&mut block, "range", []), "a header without a value adds nothing");
+        assert_eq!(block, "host:h\nx-amz-meta-a:one two,three\n");
     }
 
     #[test]

@@ -9,7 +9,10 @@ use http::{HeaderMap, HeaderValue, Method, Uri};
 use time::OffsetDateTime;
 
 use super::{super::headers, string_to_sign};
-use super::{ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature};
+use super::{
+    ALGORITHM, CANONICAL_HEADERS_CAPACITY, CanonicalRequest, canonical_query, canonical_uri, push_canonical_header,
+    scope, signature,
+};
 use crate::s3::credentials::SecretKey;
 
 /// Headers never signed: the signature's own, and those that change on the way (a proxy's
@@ -54,17 +57,13 @@ pub(crate) fn sign(
     // Lowercase names (as `http` keeps them), sorted; a name's values joined by commas.
     let mut names: Vec<&str> = headers.keys().map(http::HeaderName::as_str).filter(|n| !UNSIGNED.contains(n)).collect();
     names.sort_unstable();
-    let mut canonical = Vec::with_capacity(names.len());
+    let mut canonical = String::with_capacity(CANONICAL_HEADERS_CAPACITY);
     for name in &names {
-        let mut value = String::new();
-        for (i, v) in headers.get_all(*name).iter().enumerate() {
-            v.to_str().map_err(|_| Unsignable((*name).to_owned()))?;
-            if i > 0 {
-                value.push(',');
-            }
-            value.push_str(&canonical_header_value(v.as_bytes()));
+        let values = headers.get_all(*name);
+        if values.iter().any(|v| v.to_str().is_err()) {
+            return Err(Unsignable((*name).to_owned()));
         }
-        canonical.push(((*name).to_owned(), value));
+        push_canonical_header(&mut canonical, name, values.iter().map(HeaderValue::as_bytes));
     }
     let signed_headers = names.join(";");
     let path = canonical_uri(uri.path());
@@ -79,7 +78,7 @@ pub(crate) fn sign(
     };
     let scope = scope(date, region, "s3");
     let key = secret.signing_key(date, region, "s3");
-    let sig = signature(&key, &string_to_sign(&amz_date, &scope, &request.render()));
+    let sig = signature(&key, &string_to_sign(&amz_date, &scope, &request));
     let auth = format!("{ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed_headers}, Signature={sig}");
     headers.insert(
         http::header::AUTHORIZATION,

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Uri};
+use http::{HeaderMap, HeaderValue, Method, Uri};
 use subtle::ConstantTimeEq;
 use time::{OffsetDateTime, PrimitiveDateTime, format_description::FormatItem, macros::format_description};
 
 use super::chunked::{ChunkSigner, ChunkedMode};
 use super::{
-    ALGORITHM, CanonicalRequest, canonical_header_value, canonical_query, canonical_uri, scope, signature,
-    string_to_sign,
+    ALGORITHM, CANONICAL_HEADERS_CAPACITY, CanonicalRequest, canonical_query, canonical_uri, push_canonical_header,
+    scope, signature, string_to_sign,
 };
 use crate::s3::authority::{Authenticated, Authority};
 use crate::s3::credentials::CredentialStore;
@@ -351,7 +351,7 @@ fn preflight_of_presigned(
     let (candidates, methods): (Vec<HeaderMap>, Vec<Method>) = if signs_acl && !headers.contains_key(ACL) {
         let with = |acl| {
             let mut h = headers.clone();
-            h.insert(ACL, http::HeaderValue::from_static(acl));
+            h.insert(ACL, HeaderValue::from_static(acl));
             h
         };
         (CANNED_ACLS.into_iter().map(with).collect(), asked.unwrap_or_else(|| vec![Method::PUT]))
@@ -467,18 +467,17 @@ fn matching_signature(
     if !signed_headers.split(';').any(|h| h == "host") {
         return Err(AuthError::MalformedHeader("host must be a signed header"));
     }
-    let mut canon_headers = Vec::new();
+    let mut canon_headers = String::with_capacity(CANONICAL_HEADERS_CAPACITY);
     for name in signed_headers.split(';') {
-        let values: Vec<String> = if name == "host" && !headers.contains_key(http::header::HOST) {
+        let found = if name == "host" && !headers.contains_key(http::header::HOST) {
             // HTTP/2 carries the host in the URI authority instead of a header.
-            uri.authority().map(|a| vec![a.as_str().to_owned()]).unwrap_or_default()
+            push_canonical_header(&mut canon_headers, name, uri.authority().map(|a| a.as_str().as_bytes()))
         } else {
-            headers.get_all(name).iter().map(|v| canonical_header_value(v.as_bytes())).collect()
+            push_canonical_header(&mut canon_headers, name, headers.get_all(name).iter().map(HeaderValue::as_bytes))
         };
-        if values.is_empty() {
+        if !found {
             return Err(AuthError::SignatureDoesNotMatch);
         }
-        canon_headers.push((name.to_owned(), values.join(",")));
     }
     let query = canonical_query(uri.query(), skip_query);
     let raw = if uri.path().is_empty() { "/" } else { uri.path() };
@@ -493,7 +492,7 @@ fn matching_signature(
             signed_headers,
             payload_hash,
         };
-        let expected = signature(key, &string_to_sign(amz_date, scope, &cr.render()));
+        let expected = signature(key, &string_to_sign(amz_date, scope, &cr));
         if check(&expected, sent).is_ok() {
             return Ok(expected);
         }
