@@ -92,7 +92,7 @@ impl Gateway {
             Payload::Sha256(expected) => {
                 check_declared(declared, limit)?;
                 let data = checked(BodyDataStream::new(Guarded::new(counted, limit, Some(expected))), header_checksum);
-                let signed = Some(hex::encode(expected));
+                let signed = Some(crate::s3::sigv4::hex32(&expected));
                 self.prepared_body(op, data, declared.unwrap_or_default(), headers, signed).await?
             }
             Payload::Chunked(mode)

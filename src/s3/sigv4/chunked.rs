@@ -270,7 +270,7 @@ where
                 ext.trim().strip_prefix("chunk-signature=").ok_or(BodyError::Malformed("missing chunk-signature"))?;
             let mut digest = Sha256::new();
             data.iter().for_each(|piece| digest.update(piece));
-            let chunk_sha256 = hex::encode(digest.finalize());
+            let chunk_sha256 = super::hex32(&digest.finalize().into());
             let sts = chunk_string_to_sign(&signer.amz_date, &signer.scope, &self.prev_signature, &chunk_sha256);
             let expected = signature(&signer.key, &sts);
             if !bool::from(expected.as_bytes().ct_eq(sent.as_bytes())) {
@@ -323,7 +323,7 @@ where
             }
             if let Some(signer) = &self.mode.signer {
                 let sent = sent_signature.ok_or(BodyError::Malformed("missing x-amz-trailer-signature"))?;
-                let digest = hex::encode(Sha256::digest(canonical.as_bytes()));
+                let digest = super::hex32(&Sha256::digest(canonical.as_bytes()).into());
                 let sts = trailer_string_to_sign(&signer.amz_date, &signer.scope, &self.prev_signature, &digest);
                 let expected = signature(&signer.key, &sts);
                 if !bool::from(expected.as_bytes().ct_eq(sent.as_bytes())) {
