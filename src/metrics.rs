@@ -1,7 +1,7 @@
 //! Every metric, defined once (prefix `tensorgate_`), registered in a registry that is passed around,
 //! never global. Label values are bounded sets: operation names and status classes, never keys.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -72,12 +72,35 @@ impl UpstreamMetrics {
     }
 }
 
+/// The `status_class` labels of `requests_total`, by the hundreds digit less one.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Each operation's series of `requests_total` (by status class) and `request_duration_seconds`,
+/// taken from their families on first use and kept: a request then hashes no label set (the
+/// families' lookups were a few percent of a proxied GET's instructions; ADR 0033). A series
+/// appears in the exposition when first used, as before.
+#[derive(Debug)]
+struct OpHandles {
+    requests: [[OnceLock<Counter>; STATUS_CLASSES.len()]; S3Op::COUNT],
+    durations: [OnceLock<Histogram>; S3Op::COUNT],
+}
+
+impl Default for OpHandles {
+    fn default() -> Self {
+        Self {
+            requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+            durations: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+}
+
 /// The gateway's metrics. Cloning is cheap (all handles are `Arc`s inside).
 #[derive(Clone, Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
     pub(crate) requests: Family<OpStatus, Counter>,
     pub(crate) request_duration: HistogramFamily<OpLabel>,
+    op_handles: Arc<OpHandles>,
     pub(crate) request_bytes: Counter,
     pub(crate) response_bytes: Counter,
     pub(crate) in_flight: Gauge,
@@ -459,6 +482,7 @@ impl Metrics {
             pushdown_output_bytes,
             requests,
             request_duration,
+            op_handles: Arc::default(),
             request_bytes,
             response_bytes,
             in_flight,
@@ -474,15 +498,22 @@ impl Metrics {
     }
 
     pub(crate) fn observe_request(&self, op: S3Op, status: http::StatusCode, elapsed: Duration) {
-        let status_class = match status.as_u16() {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+        let class = match status.as_u16() {
+            100..=199 => 0,
+            200..=299 => 1,
+            300..=399 => 2,
+            400..=499 => 3,
+            _ => 4,
         };
-        self.requests.get_or_create(&OpStatus { op: op.name(), status_class }).inc();
-        self.request_duration.get_or_create(&OpLabel { op: op.name() }).observe(elapsed.as_secs_f64());
+        let h = &self.op_handles;
+        h.requests[op.index()][class]
+            .get_or_init(|| {
+                self.requests.get_or_create(&OpStatus { op: op.name(), status_class: STATUS_CLASSES[class] }).clone()
+            })
+            .inc();
+        h.durations[op.index()]
+            .get_or_init(|| self.request_duration.get_or_create(&OpLabel { op: op.name() }).clone())
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Records one answered pushdown request; `stages` are (fetch, decode, infer, encode).

@@ -120,6 +120,15 @@ macro_rules! ops {
         pub enum S3Op { $($op,)* Other }
 
         impl S3Op {
+            /// How many operations there are ([`S3Op::Other`] included).
+            pub(crate) const COUNT: usize = [$(stringify!($op),)* "Other"].len();
+
+            /// A distinct index below [`S3Op::COUNT`] (for per-operation tables).
+            #[must_use]
+            pub(crate) fn index(self) -> usize {
+                self as usize
+            }
+
             /// Stable name, used as a metrics label and in logs.
             #[must_use]
             pub(crate) fn name(self) -> &'static str {
@@ -189,7 +198,8 @@ impl S3Op {
 /// Classifies a request. `query` is the raw query string.
 #[must_use]
 pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: &HeaderMap) -> S3Op {
-    let has = |name: &str| query.is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some(name)));
+    let present = Subresources::of(query);
+    let has = |name: u16| present.0 & name != 0;
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
     let m = method.as_str();
     match (&target.bucket, &target.key) {
@@ -201,9 +211,9 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             }
         }
         (Some(_), None) => match m {
-            "GET" if has("location") => S3Op::GetBucketLocation,
-            "GET" if has("uploads") => S3Op::ListMultipartUploads,
-            "GET" if has("versions") => S3Op::ListObjectVersions,
+            "GET" if has(Subresources::LOCATION) => S3Op::GetBucketLocation,
+            "GET" if has(Subresources::UPLOADS) => S3Op::ListMultipartUploads,
+            "GET" if has(Subresources::VERSIONS) => S3Op::ListObjectVersions,
             "GET" if query.is_some_and(|q| q.split('&').any(|p| p == "list-type=2")) => S3Op::ListObjectsV2,
             "GET"
                 if query.is_none_or(|q| q.split('&').all(|p| is_list_v1_param(p.split('=').next().unwrap_or("")))) =>
@@ -216,7 +226,7 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             "DELETE" if query.is_none_or(str::is_empty) => S3Op::DeleteBucket,
             "DELETE" => S3Op::BucketSubresource,
             "HEAD" => S3Op::HeadBucket,
-            "POST" if has("delete") => S3Op::DeleteObjects,
+            "POST" if has(Subresources::DELETE) => S3Op::DeleteObjects,
             // A browser upload: the form carries the key, the policy and its signature.
             "POST"
                 if headers
@@ -229,26 +239,71 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             _ => S3Op::Other,
         },
         (Some(_), Some(_)) => match m {
-            "GET" if has("uploadId") => S3Op::ListParts,
-            "GET" if has("tagging") => S3Op::GetObjectTagging,
-            "GET" if has("acl") || has("attributes") || has("retention") || has("legal-hold") => {
+            "GET" if has(Subresources::UPLOAD_ID) => S3Op::ListParts,
+            "GET" if has(Subresources::TAGGING) => S3Op::GetObjectTagging,
+            "GET"
+                if has(Subresources::ACL)
+                    || has(Subresources::ATTRIBUTES)
+                    || has(Subresources::RETENTION)
+                    || has(Subresources::LEGAL_HOLD) =>
+            {
                 S3Op::ObjectSubresource
             }
             "GET" => S3Op::GetObject,
             "HEAD" => S3Op::HeadObject,
-            "PUT" if has("tagging") => S3Op::PutObjectTagging,
-            "PUT" if has("uploadId") && copy => S3Op::UploadPartCopy,
-            "PUT" if has("uploadId") => S3Op::UploadPart,
-            "PUT" if has("acl") || has("retention") || has("legal-hold") => S3Op::ObjectSubresource,
+            "PUT" if has(Subresources::TAGGING) => S3Op::PutObjectTagging,
+            "PUT" if has(Subresources::UPLOAD_ID) && copy => S3Op::UploadPartCopy,
+            "PUT" if has(Subresources::UPLOAD_ID) => S3Op::UploadPart,
+            "PUT" if has(Subresources::ACL) || has(Subresources::RETENTION) || has(Subresources::LEGAL_HOLD) => {
+                S3Op::ObjectSubresource
+            }
             "PUT" if copy => S3Op::CopyObject,
             "PUT" => S3Op::PutObject,
-            "DELETE" if has("tagging") => S3Op::DeleteObjectTagging,
-            "DELETE" if has("uploadId") => S3Op::AbortMultipartUpload,
+            "DELETE" if has(Subresources::TAGGING) => S3Op::DeleteObjectTagging,
+            "DELETE" if has(Subresources::UPLOAD_ID) => S3Op::AbortMultipartUpload,
             "DELETE" => S3Op::DeleteObject,
-            "POST" if has("uploads") => S3Op::CreateMultipartUpload,
-            "POST" if has("uploadId") => S3Op::CompleteMultipartUpload,
+            "POST" if has(Subresources::UPLOADS) => S3Op::CreateMultipartUpload,
+            "POST" if has(Subresources::UPLOAD_ID) => S3Op::CompleteMultipartUpload,
             _ => S3Op::Other,
         },
+    }
+}
+
+/// Which of the query parameters that choose an operation a query holds, found in one pass
+/// (a bit each).
+#[derive(Debug, Clone, Copy)]
+struct Subresources(u16);
+
+impl Subresources {
+    const LOCATION: u16 = 1;
+    const UPLOADS: u16 = 1 << 1;
+    const VERSIONS: u16 = 1 << 2;
+    const DELETE: u16 = 1 << 3;
+    const UPLOAD_ID: u16 = 1 << 4;
+    const TAGGING: u16 = 1 << 5;
+    const ACL: u16 = 1 << 6;
+    const ATTRIBUTES: u16 = 1 << 7;
+    const RETENTION: u16 = 1 << 8;
+    const LEGAL_HOLD: u16 = 1 << 9;
+
+    fn of(query: Option<&str>) -> Self {
+        let mut bits = 0;
+        for p in query.unwrap_or_default().split('&') {
+            bits |= match p.split_once('=').map_or(p, |(name, _)| name) {
+                "location" => Self::LOCATION,
+                "uploads" => Self::UPLOADS,
+                "versions" => Self::VERSIONS,
+                "delete" => Self::DELETE,
+                "uploadId" => Self::UPLOAD_ID,
+                "tagging" => Self::TAGGING,
+                "acl" => Self::ACL,
+                "attributes" => Self::ATTRIBUTES,
+                "retention" => Self::RETENTION,
+                "legal-hold" => Self::LEGAL_HOLD,
+                _ => 0,
+            };
+        }
+        Self(bits)
     }
 }
 
