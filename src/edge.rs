@@ -28,7 +28,6 @@ use tokio::sync::Semaphore;
 use tokio::time::Sleep;
 
 use crate::metrics::Metrics;
-use crate::proxy::S3Service;
 
 /// Connection bounds (`[edge]`).
 #[derive(Debug, Clone, Copy)]
@@ -66,12 +65,24 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// resolves, then waits for open connections to finish (the caller bounds that wait). The
 /// connection limit counts them all; the listeners are polled in turn, so a flood on one does
 /// not starve the others' accepts.
-pub(crate) async fn serve(
-    listeners: Vec<(TcpListener, S3Service)>,
+pub(crate) async fn serve<S, B>(
+    listeners: Vec<(TcpListener, S)>,
     cfg: EdgeConfig,
     metrics: Metrics,
     stop: impl Future<Output = Duration> + Send + 'static,
-) {
+) where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
@@ -134,7 +145,7 @@ pub(crate) async fn serve(
 
 /// The next connection of any listener, with the app that serves it; the listener polled first
 /// moves on with each accept (`turn`).
-async fn accept(listeners: &[(TcpListener, S3Service)], turn: &mut usize) -> io::Result<(TcpStream, S3Service)> {
+async fn accept<S: Clone>(listeners: &[(TcpListener, S)], turn: &mut usize) -> io::Result<(TcpStream, S)> {
     let n = listeners.len();
     let (tcp, i) = std::future::poll_fn(|cx| {
         for k in 0..n {
