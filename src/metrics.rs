@@ -42,8 +42,47 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone, Debug)]
 pub(crate) struct UpstreamMetrics {
     pub(crate) duration: HistogramFamily<OpOutcome>,
+    /// `duration`'s series by operation and outcome, kept after first use (as `OpHandles`).
+    durations: Arc<[[OnceLock<Histogram>; Outcome::ALL.len()]; S3Op::COUNT]>,
     pub(crate) retries: Counter,
     pub(crate) bytes_received: Counter,
+}
+
+/// How a request to an upstream ended, as its `outcome` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// An answer below 400.
+    Ok,
+    /// A 4xx answer.
+    ClientError,
+    /// A 5xx answer.
+    ServerError,
+    /// No answer (connection, timeout).
+    Error,
+}
+
+impl Outcome {
+    const ALL: [Self; 4] = [Self::Ok, Self::ClientError, Self::ServerError, Self::Error];
+
+    /// The answer's outcome by its status.
+    pub(crate) fn of(status: http::StatusCode) -> Self {
+        if status.is_server_error() {
+            Self::ServerError
+        } else if status.is_client_error() {
+            Self::ClientError
+        } else {
+            Self::Ok
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ClientError => "4xx",
+            Self::ServerError => "5xx",
+            Self::Error => "error",
+        }
+    }
 }
 
 impl UpstreamMetrics {
@@ -64,11 +103,14 @@ impl UpstreamMetrics {
             format!("Response body bytes received from {what}"),
             bytes_received.clone(),
         );
-        Self { duration, retries, bytes_received }
+        let durations = Arc::new(std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())));
+        Self { duration, durations, retries, bytes_received }
     }
 
-    pub(crate) fn observe(&self, op: S3Op, outcome: &'static str, elapsed: Duration) {
-        self.duration.get_or_create(&OpOutcome { op: op.name(), outcome }).observe(elapsed.as_secs_f64());
+    pub(crate) fn observe(&self, op: S3Op, outcome: Outcome, elapsed: Duration) {
+        self.durations[op.index()][outcome as usize]
+            .get_or_init(|| self.duration.get_or_create(&OpOutcome { op: op.name(), outcome: outcome.label() }).clone())
+            .observe(elapsed.as_secs_f64());
     }
 }
 

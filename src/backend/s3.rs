@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::request::{BackendError, ForwardPayload, ForwardRequest, path_style_path};
 use super::retry::RetryPolicy;
 use crate::body::{Body, Metered};
-use crate::metrics::UpstreamMetrics;
+use crate::metrics::{Outcome, UpstreamMetrics};
 use crate::s3::authority::Authority;
 use crate::s3::credentials::SecretKey;
 use crate::s3::sigv4::EMPTY_SHA256;
@@ -230,8 +230,8 @@ impl S3Backend {
                 });
             }
             let outcome = match &result {
-                Ok(r) => status_outcome(r.status()),
-                Err(_) => "error",
+                Ok(r) => Outcome::of(r.status()),
+                Err(_) => Outcome::Error,
             };
             self.metrics.observe(req.op, outcome, t0.elapsed());
             let retryable = match &result {
@@ -403,16 +403,6 @@ fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig,
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth())
-}
-
-fn status_outcome(s: StatusCode) -> &'static str {
-    if s.is_server_error() {
-        "5xx"
-    } else if s.is_client_error() {
-        "4xx"
-    } else {
-        "ok"
-    }
 }
 
 fn classify(e: hyper_util::client::legacy::Error) -> BackendError {

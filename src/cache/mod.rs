@@ -170,6 +170,63 @@ pub enum ReadThrough<R, X> {
     Answer(R),
 }
 
+/// The object stripe of `bucket/key` (of [`OBJECT_STRIPES`]).
+fn object_stripe(hasher: &BuildHasherDefault<DefaultHasher>, bucket: &str, key: &str) -> usize {
+    (hasher.hash_one((bucket, key)) % OBJECT_STRIPES as u64) as usize
+}
+
+/// The bucket stripe of `bucket` (of [`BUCKET_STRIPES`]).
+fn bucket_stripe(hasher: &BuildHasherDefault<DefaultHasher>, bucket: &str) -> usize {
+    (hasher.hash_one(bucket) % BUCKET_STRIPES as u64) as usize
+}
+
+/// How many memory entries each object stripe and each bucket stripe holds: counted up before
+/// an insert and down when the entry leaves (the eviction listener sees every departure:
+/// replaced, invalidated, evicted, expired), so a count is never below the entries held. A write
+/// to an object or bucket whose stripe holds none has nothing to free, and skips moka's
+/// predicate invalidation: registering a predicate costs a random-number system call and a
+/// concurrent map insert, and every registered predicate is tested against every entry, so on a
+/// write-heavy node that never caches the written objects it was pure cost (ADR 0033).
+#[derive(Debug)]
+struct Occupancy {
+    objects: Box<[AtomicU64]>,
+    buckets: Box<[AtomicU64]>,
+    hasher: BuildHasherDefault<DefaultHasher>,
+}
+
+impl Occupancy {
+    fn new() -> Self {
+        let counters = |n| (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
+        Self {
+            objects: counters(OBJECT_STRIPES),
+            buckets: counters(BUCKET_STRIPES),
+            hasher: BuildHasherDefault::default(),
+        }
+    }
+
+    fn entered(&self, o: &ObjectId) {
+        self.objects[object_stripe(&self.hasher, &o.bucket, &o.key)].fetch_add(1, Ordering::AcqRel);
+        self.buckets[bucket_stripe(&self.hasher, &o.bucket)].fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn left(&self, o: &ObjectId) {
+        // Saturating: a departure is never counted without its arrival, but a count must not wrap.
+        let down = |c: &AtomicU64| {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        };
+        down(&self.objects[object_stripe(&self.hasher, &o.bucket, &o.key)]);
+        down(&self.buckets[bucket_stripe(&self.hasher, &o.bucket)]);
+    }
+
+    fn object_may_hold(&self, bucket: &str, key: &str) -> bool {
+        self.objects[object_stripe(&self.hasher, bucket, key)].load(Ordering::Acquire) > 0
+    }
+
+    fn bucket_may_hold(&self, bucket: &str) -> bool {
+        self.buckets[bucket_stripe(&self.hasher, bucket)].load(Ordering::Acquire) > 0
+    }
+}
+
 /// Generation counters (rule 2 of the module docs).
 #[derive(Debug)]
 struct Generations {
@@ -189,13 +246,11 @@ impl Generations {
     }
 
     fn object_slot(&self, bucket: &str, key: &str) -> &AtomicU64 {
-        let h = self.hasher.hash_one((bucket, key));
-        &self.objects[(h % OBJECT_STRIPES as u64) as usize]
+        &self.objects[object_stripe(&self.hasher, bucket, key)]
     }
 
     fn bucket_slot(&self, bucket: &str) -> &AtomicU64 {
-        let h = self.hasher.hash_one(bucket);
-        &self.buckets[(h % BUCKET_STRIPES as u64) as usize]
+        &self.buckets[bucket_stripe(&self.hasher, bucket)]
     }
 
     /// The sum of the object's and its bucket's counters: both only grow, so any bump changes it.
@@ -213,6 +268,8 @@ pub struct TensorCache {
     policy: Policy,
     revalidate_after: Duration,
     generations: Generations,
+    /// Which stripes hold memory entries (writes elsewhere have nothing to free).
+    occupancy: Arc<Occupancy>,
     disk: Option<disk::DiskTier>,
     flights: Mutex<HashMap<CacheKey, Arc<tokio::sync::Mutex<()>>>>,
     /// Hashes of single-use keys requested once ([`Self::repeated`]).
@@ -275,6 +332,8 @@ impl TensorCache {
     /// The disk directory cannot be created or listed.
     pub fn new(cfg: &CacheConfig, metrics: Metrics) -> std::io::Result<Self> {
         let evictions = metrics.cache_evictions.clone();
+        let occupancy = Arc::new(Occupancy::new());
+        let held = occupancy.clone();
         let memory = Cache::builder()
             .max_capacity(cfg.memory_bytes)
             .time_to_idle(cfg.idle_expiry)
@@ -283,7 +342,8 @@ impl TensorCache {
                 Policy::TinyLfu | Policy::Pin => EvictionPolicy::tiny_lfu(),
                 Policy::Lru => EvictionPolicy::lru(),
             })
-            .eviction_listener(move |_k, _v, cause| {
+            .eviction_listener(move |k: Arc<CacheKey>, _v, cause| {
+                held.left(&k.object);
                 if cause.was_evicted() {
                     evictions.get_or_create(&crate::metrics::TierLabel { tier: "memory" }).inc();
                 }
@@ -297,6 +357,7 @@ impl TensorCache {
             policy: cfg.policy,
             revalidate_after: cfg.revalidate_after,
             generations: Generations::new(),
+            occupancy,
             disk,
             flights: Mutex::new(HashMap::new()),
             seen_once: Mutex::new(std::collections::HashSet::new()),
@@ -365,6 +426,7 @@ impl TensorCache {
         {
             return;
         }
+        self.occupancy.entered(&key.object);
         self.memory.insert(key, entry).await;
         self.metrics
             .cache_resident_bytes
@@ -383,9 +445,11 @@ impl TensorCache {
     /// A write through the gateway changed (or may have changed) `bucket/key`.
     pub(crate) fn object_written(&self, bucket: &str, key: &str) {
         self.generations.object_slot(bucket, key).fetch_add(1, Ordering::AcqRel);
-        let (b, k) = (bucket.to_owned(), key.to_owned());
         // Frees the memory now; correctness already holds through the generation.
-        let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b && ck.object.key == k);
+        if self.occupancy.object_may_hold(bucket, key) {
+            let (b, k) = (bucket.to_owned(), key.to_owned());
+            let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b && ck.object.key == k);
+        }
         if let Some(disk) = &self.disk {
             disk.remove_object(bucket, Some(key));
         }
@@ -394,8 +458,10 @@ impl TensorCache {
     /// A write changed an unknown set of objects in `bucket` (multi-object delete, bucket delete).
     pub(crate) fn bucket_written(&self, bucket: &str) {
         self.generations.bucket_slot(bucket).fetch_add(1, Ordering::AcqRel);
-        let b = bucket.to_owned();
-        let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b);
+        if self.occupancy.bucket_may_hold(bucket) {
+            let b = bucket.to_owned();
+            let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b);
+        }
         if let Some(disk) = &self.disk {
             disk.remove_object(bucket, None);
         }
@@ -580,6 +646,35 @@ mod tests {
         }
         c.bucket_written("b");
         assert!(!matches!(c.lookup(&k).await, Lookup::Fresh(..)));
+    }
+
+    #[tokio::test]
+    async fn a_write_frees_entries_only_where_its_stripe_holds_some() {
+        let c = cache(Policy::TinyLfu, 1 << 20, Duration::from_secs(60));
+        let k = key("held");
+        c.object_written("b", "held");
+        assert!(!c.occupancy.object_may_hold("b", "held") && !c.occupancy.bucket_may_hold("b"));
+        let g = c.generation(&k.object);
+        c.insert(k.clone(), Arc::new(data(64)), g).await;
+        c.insert(k.clone(), Arc::new(data(64)), g).await; // the first entry leaves, replaced
+        c.settle().await;
+        assert!(c.occupancy.object_may_hold("b", "held") && c.occupancy.bucket_may_hold("b"));
+        c.object_written("b", "held");
+        for _ in 0..10 {
+            c.settle().await;
+        }
+        assert_eq!(c.memory_resident(), 0, "the write freed the entry");
+        assert!(
+            !c.occupancy.object_may_hold("b", "held") && !c.occupancy.bucket_may_hold("b"),
+            "every arrival and departure counted"
+        );
+        c.insert(k.clone(), Arc::new(data(64)), c.generation(&k.object)).await;
+        c.bucket_written("b");
+        for _ in 0..10 {
+            c.settle().await;
+        }
+        assert_eq!(c.memory_resident(), 0, "a bucket-wide write frees it too");
+        assert!(!c.occupancy.bucket_may_hold("b"));
     }
 
     #[tokio::test]
