@@ -170,72 +170,16 @@ pub enum ReadThrough<R, X> {
     Answer(R),
 }
 
-/// The object stripe of `bucket/key` (of [`OBJECT_STRIPES`]).
-fn object_stripe(hasher: &BuildHasherDefault<DefaultHasher>, bucket: &str, key: &str) -> usize {
-    (hasher.hash_one((bucket, key)) % OBJECT_STRIPES as u64) as usize
-}
-
-/// The bucket stripe of `bucket` (of [`BUCKET_STRIPES`]).
-fn bucket_stripe(hasher: &BuildHasherDefault<DefaultHasher>, bucket: &str) -> usize {
-    (hasher.hash_one(bucket) % BUCKET_STRIPES as u64) as usize
-}
-
-/// How many memory entries each object stripe and each bucket stripe holds: counted up before
-/// an insert and down when the entry leaves (the eviction listener sees every departure:
-/// replaced, invalidated, evicted, expired), so a count is never below the entries held. A write
-/// to an object or bucket whose stripe holds none has nothing to free, and skips moka's
-/// predicate invalidation: registering a predicate costs a random-number system call and a
-/// concurrent map insert, and every registered predicate is tested against every entry, so on a
-/// write-heavy node that never caches the written objects it was pure cost (ADR 0033).
+/// Counters per object stripe and per bucket stripe, by hash: what [`Generations`] and
+/// [`Occupancy`] each keep.
 #[derive(Debug)]
-struct Occupancy {
+struct Stripes {
     objects: Box<[AtomicU64]>,
     buckets: Box<[AtomicU64]>,
     hasher: BuildHasherDefault<DefaultHasher>,
 }
 
-impl Occupancy {
-    fn new() -> Self {
-        let counters = |n| (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
-        Self {
-            objects: counters(OBJECT_STRIPES),
-            buckets: counters(BUCKET_STRIPES),
-            hasher: BuildHasherDefault::default(),
-        }
-    }
-
-    fn entered(&self, o: &ObjectId) {
-        self.objects[object_stripe(&self.hasher, &o.bucket, &o.key)].fetch_add(1, Ordering::AcqRel);
-        self.buckets[bucket_stripe(&self.hasher, &o.bucket)].fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn left(&self, o: &ObjectId) {
-        // Saturating: a departure is never counted without its arrival, but a count must not wrap.
-        let down = |c: &AtomicU64| {
-            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        };
-        down(&self.objects[object_stripe(&self.hasher, &o.bucket, &o.key)]);
-        down(&self.buckets[bucket_stripe(&self.hasher, &o.bucket)]);
-    }
-
-    fn object_may_hold(&self, bucket: &str, key: &str) -> bool {
-        self.objects[object_stripe(&self.hasher, bucket, key)].load(Ordering::Acquire) > 0
-    }
-
-    fn bucket_may_hold(&self, bucket: &str) -> bool {
-        self.buckets[bucket_stripe(&self.hasher, bucket)].load(Ordering::Acquire) > 0
-    }
-}
-
-/// Generation counters (rule 2 of the module docs).
-#[derive(Debug)]
-struct Generations {
-    objects: Box<[AtomicU64]>,
-    buckets: Box<[AtomicU64]>,
-    hasher: BuildHasherDefault<DefaultHasher>,
-}
-
-impl Generations {
+impl Stripes {
     fn new() -> Self {
         let counters = |n| (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
         Self {
@@ -246,17 +190,57 @@ impl Generations {
     }
 
     fn object_slot(&self, bucket: &str, key: &str) -> &AtomicU64 {
-        &self.objects[object_stripe(&self.hasher, bucket, key)]
+        &self.objects[(self.hasher.hash_one((bucket, key)) % OBJECT_STRIPES as u64) as usize]
     }
 
     fn bucket_slot(&self, bucket: &str) -> &AtomicU64 {
-        &self.buckets[bucket_stripe(&self.hasher, bucket)]
+        &self.buckets[(self.hasher.hash_one(bucket) % BUCKET_STRIPES as u64) as usize]
+    }
+}
+
+/// How many memory entries each object stripe and each bucket stripe holds: counted up before
+/// an insert and down when the entry leaves (the eviction listener sees every departure:
+/// replaced, invalidated, evicted, expired), so a count is never below the entries held. A write
+/// to an object or bucket whose stripe holds none has nothing to free, and skips moka's
+/// predicate invalidation: registering a predicate costs a random-number system call and a
+/// concurrent map insert, and every registered predicate is tested against every entry, so on a
+/// write-heavy node that never caches the written objects it was pure cost (ADR 0033).
+#[derive(Debug)]
+struct Occupancy(Stripes);
+
+impl Occupancy {
+    fn entered(&self, o: &ObjectId) {
+        self.0.object_slot(&o.bucket, &o.key).fetch_add(1, Ordering::AcqRel);
+        self.0.bucket_slot(&o.bucket).fetch_add(1, Ordering::AcqRel);
     }
 
+    fn left(&self, o: &ObjectId) {
+        // Saturating: a departure is never counted without its arrival, but a count must not wrap.
+        let down = |c: &AtomicU64| {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        };
+        down(self.0.object_slot(&o.bucket, &o.key));
+        down(self.0.bucket_slot(&o.bucket));
+    }
+
+    fn object_may_hold(&self, bucket: &str, key: &str) -> bool {
+        self.0.object_slot(bucket, key).load(Ordering::Acquire) > 0
+    }
+
+    fn bucket_may_hold(&self, bucket: &str) -> bool {
+        self.0.bucket_slot(bucket).load(Ordering::Acquire) > 0
+    }
+}
+
+/// Generation counters (rule 2 of the module docs).
+#[derive(Debug)]
+struct Generations(Stripes);
+
+impl Generations {
     /// The sum of the object's and its bucket's counters: both only grow, so any bump changes it.
     fn current(&self, object: &ObjectId) -> u64 {
-        self.object_slot(&object.bucket, &object.key).load(Ordering::Acquire)
-            + self.bucket_slot(&object.bucket).load(Ordering::Acquire)
+        self.0.object_slot(&object.bucket, &object.key).load(Ordering::Acquire)
+            + self.0.bucket_slot(&object.bucket).load(Ordering::Acquire)
     }
 }
 
@@ -332,7 +316,7 @@ impl TensorCache {
     /// The disk directory cannot be created or listed.
     pub fn new(cfg: &CacheConfig, metrics: Metrics) -> std::io::Result<Self> {
         let evictions = metrics.cache_evictions.clone();
-        let occupancy = Arc::new(Occupancy::new());
+        let occupancy = Arc::new(Occupancy(Stripes::new()));
         let held = occupancy.clone();
         let memory = Cache::builder()
             .max_capacity(cfg.memory_bytes)
@@ -356,7 +340,7 @@ impl TensorCache {
             memory_bytes: cfg.memory_bytes,
             policy: cfg.policy,
             revalidate_after: cfg.revalidate_after,
-            generations: Generations::new(),
+            generations: Generations(Stripes::new()),
             occupancy,
             disk,
             flights: Mutex::new(HashMap::new()),
@@ -444,7 +428,7 @@ impl TensorCache {
 
     /// A write through the gateway changed (or may have changed) `bucket/key`.
     pub(crate) fn object_written(&self, bucket: &str, key: &str) {
-        self.generations.object_slot(bucket, key).fetch_add(1, Ordering::AcqRel);
+        self.generations.0.object_slot(bucket, key).fetch_add(1, Ordering::AcqRel);
         // Frees the memory now; correctness already holds through the generation.
         if self.occupancy.object_may_hold(bucket, key) {
             let (b, k) = (bucket.to_owned(), key.to_owned());
@@ -457,7 +441,7 @@ impl TensorCache {
 
     /// A write changed an unknown set of objects in `bucket` (multi-object delete, bucket delete).
     pub(crate) fn bucket_written(&self, bucket: &str) {
-        self.generations.bucket_slot(bucket).fetch_add(1, Ordering::AcqRel);
+        self.generations.0.bucket_slot(bucket).fetch_add(1, Ordering::AcqRel);
         if self.occupancy.bucket_may_hold(bucket) {
             let b = bucket.to_owned();
             let _ = self.memory.invalidate_entries_if(move |ck, _| ck.object.bucket == b);
