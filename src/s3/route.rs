@@ -199,7 +199,7 @@ impl S3Op {
 #[must_use]
 pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: &HeaderMap) -> S3Op {
     let present = Subresources::of(query);
-    let has = |name: u16| present.0 & name != 0;
+    let has = |names: u16| present.0 & names != 0; // any of them
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
     let m = method.as_str();
     match (&target.bucket, &target.key) {
@@ -242,10 +242,10 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             "GET" if has(Subresources::UPLOAD_ID) => S3Op::ListParts,
             "GET" if has(Subresources::TAGGING) => S3Op::GetObjectTagging,
             "GET"
-                if has(Subresources::ACL)
-                    || has(Subresources::ATTRIBUTES)
-                    || has(Subresources::RETENTION)
-                    || has(Subresources::LEGAL_HOLD) =>
+                if has(Subresources::ACL
+                    | Subresources::ATTRIBUTES
+                    | Subresources::RETENTION
+                    | Subresources::LEGAL_HOLD) =>
             {
                 S3Op::ObjectSubresource
             }
@@ -254,7 +254,7 @@ pub fn classify(method: &Method, target: &Target, query: Option<&str>, headers: 
             "PUT" if has(Subresources::TAGGING) => S3Op::PutObjectTagging,
             "PUT" if has(Subresources::UPLOAD_ID) && copy => S3Op::UploadPartCopy,
             "PUT" if has(Subresources::UPLOAD_ID) => S3Op::UploadPart,
-            "PUT" if has(Subresources::ACL) || has(Subresources::RETENTION) || has(Subresources::LEGAL_HOLD) => {
+            "PUT" if has(Subresources::ACL | Subresources::RETENTION | Subresources::LEGAL_HOLD) => {
                 S3Op::ObjectSubresource
             }
             "PUT" if copy => S3Op::CopyObject,
