@@ -5,7 +5,7 @@ use http::{HeaderMap, Method};
 
 use crate::body::{Body, BodyError, find_body_error};
 use crate::s3::authority::Authority;
-use crate::s3::headers::{CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY};
+use crate::s3::headers::{CLIENT_AUTH, HOP_BY_HOP, PRESIGN_QUERY, remove_all};
 use crate::s3::route::{S3Op, Target};
 use crate::s3::sigv4::{uri_decode, uri_encode};
 
@@ -104,9 +104,8 @@ pub(crate) fn path_style_path(target: &Target) -> String {
 pub(crate) fn forwarded_headers(h: &HeaderMap) -> HeaderMap {
     let mut out = h.clone();
     out.remove(http::header::HOST);
-    for name in HOP_BY_HOP.iter().chain(CLIENT_AUTH) {
-        out.remove(*name);
-    }
+    remove_all(&mut out, HOP_BY_HOP);
+    remove_all(&mut out, CLIENT_AUTH);
     out
 }
 

@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::pushdown::spec::{self as pushdown_spec, PushdownSpec};
 use crate::pushdown::{Pushdown, PushdownError};
 use crate::s3::credentials::LiveCredentials;
-use crate::s3::headers::HOP_BY_HOP;
+use crate::s3::headers::{HOP_BY_HOP, remove_all};
 use crate::s3::route::{self, S3Op, Target};
 use crate::s3::sigv4::verify::{self, Verified};
 
@@ -319,9 +319,7 @@ impl Gateway {
             let target = named();
             tracing::debug!(%request_id, op = op.name(), %method, bucket = target.bucket.as_deref().unwrap_or("-"), %identity, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "Request served.");
         }
-        for h in HOP_BY_HOP {
-            resp.headers_mut().remove(*h);
-        }
+        remove_all(resp.headers_mut(), HOP_BY_HOP);
         if self.admission.is_closing() {
             // A new process serves the sockets: the client's next request goes to it.
             resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));

@@ -29,7 +29,7 @@ use crate::pushdown::spec::{
 };
 use crate::s3::authority::{Authenticated, Authority};
 use crate::s3::credentials::SecretKey;
-use crate::s3::headers::HOP_BY_HOP;
+use crate::s3::headers::{HOP_BY_HOP, remove_all};
 use crate::s3::route::S3Op;
 use crate::s3::route::Target;
 use crate::s3::sigv4::verify::Identity;
@@ -164,9 +164,7 @@ impl Routing {
     async fn forward_as_sent(&self, parts: &Parts, target: &Target, spec: &PushdownSpec) -> Option<Response<Body>> {
         let (owner, peer) = self.owner_elsewhere(target)?;
         let mut headers = parts.headers.clone();
-        for name in HOP_BY_HOP {
-            headers.remove(*name);
-        }
+        remove_all(&mut headers, HOP_BY_HOP);
         if !names_fields(&parts.headers, parts.uri.query()) {
             // Read through an alias endpoint: the fields travel as unsigned headers beside the
             // caller's signature, as the hop marks do (the owner's S3 port is not that endpoint).

@@ -372,9 +372,7 @@ impl SourceSide {
         let headers = if as_caller {
             // As signed: the store ignores the triggers, and checks the signature over all of it.
             let mut h = parts.headers.clone();
-            for name in headers::HOP_BY_HOP {
-                h.remove(*name);
-            }
+            headers::remove_all(&mut h, headers::HOP_BY_HOP);
             // A Range outside the signature (a presigned URL signs only `host`) refers to the
             // output, as in terminating mode: the source is read whole.
             if !crate::s3::authority::signs_header(&parts.headers, parts.uri.query(), "range") {

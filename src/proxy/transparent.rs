@@ -90,9 +90,7 @@ impl Gateway {
         // Everything above read the client's headers as sent; they travel on without a copy,
         // less the hop-by-hop ones.
         let mut headers = std::mem::take(&mut parts.headers);
-        for h in HOP_BY_HOP {
-            headers.remove(*h);
-        }
+        headers::remove_all(&mut headers, HOP_BY_HOP);
         let (body, payload) = if !has_body {
             (Body::empty(), ForwardPayload::Empty)
         } else if let Some((hex, expected)) = signed_hash.filter(|_| decoded.is_none()) {

@@ -31,6 +31,15 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
+/// Removes every header whose name is in `names` (lower case), all its values. One pass over the
+/// map's names finds the few present, usually none: a removal per name by `&str` would parse and
+/// hash each of them, present or not, on every request and response.
+pub(crate) fn remove_all(headers: &mut http::HeaderMap, names: &[&str]) {
+    while let Some(name) = headers.keys().find(|k| names.contains(&k.as_str())).cloned() {
+        headers.remove(&name);
+    }
+}
+
 /// Request headers that carry the client's authentication: consumed by the gateway and replaced
 /// by the backend signature, never forwarded.
 pub(crate) const CLIENT_AUTH: &[&str] = &["authorization", X_AMZ_DATE, X_AMZ_CONTENT_SHA256, X_AMZ_SECURITY_TOKEN];
@@ -50,3 +59,23 @@ pub(crate) const PRESIGN_QUERY: &[&str] = &[
     "Expires",
     "Signature",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_all_takes_every_value_of_the_named_headers_only() {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in [("connection", "close"), ("x-a", "1"), ("te", "trailers"), ("x-a", "2"), ("te", "gzip")] {
+            h.append(k, v.parse().expect("value"));
+        }
+        remove_all(&mut h, HOP_BY_HOP);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h.get_all("x-a").iter().collect::<Vec<_>>(), ["1", "2"]);
+        remove_all(&mut h, HOP_BY_HOP); // nothing left to take
+        assert_eq!(h.len(), 2);
+        remove_all(&mut h, &["x-a"]);
+        assert!(h.is_empty());
+    }
+}
