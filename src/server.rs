@@ -238,7 +238,7 @@ impl Server {
         let alias_addrs: Vec<SocketAddr> = addrs.collect();
 
         // Each alias endpoint's requests carry which one they arrived on (`AliasEndpoint`).
-        let service = |alias| crate::proxy::S3Service { gateway: gateway.clone(), alias };
+        let service = |alias| crate::proxy::s3_service(gateway.clone(), alias);
         let apps = std::iter::once((s3_listener, service(None)))
             .chain(
                 alias_listeners
