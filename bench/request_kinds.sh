@@ -12,8 +12,12 @@
 #   BASELINE_BIN=/tmp/tg-old bench/request_kinds.sh  # that build too, in both modes, in the same
 #                                                # rounds: new / old per kind (an A/B of a change)
 #   ONLY=transparent,nginx bench/request_kinds.sh   # some proxies only
-#   KINDS=get,mixed KINDS_CONCURRENCY=64 bench/request_kinds.sh   # saturation: 64 in flight,
-#                                                # requests per second and p99 beside the CPU
+#   KINDS=get,mixed KINDS_CONCURRENCY=64 bench/request_kinds.sh   # 64 in flight: requests per
+#                                                # second and p99 beside the CPU (on two cores,
+#                                                # those of the store and client, not the proxies)
+#   PROXY_QUOTA=4 KINDS=get,mixed KINDS_CONCURRENCY=64 bench/request_kinds.sh   # saturation: each
+#                                                # proxy held to 4% of its core (bench/lib/quota.sh),
+#                                                # so it is the bound; throttled periods shown
 #   PERF=transparent:get bench/request_kinds.sh  # then `perf record -g` of that proxy over one
 #                                                # more run of that kind: .tmp/perf-<proxy>-<kind>.data
 #   STRACE=nginx:get bench/request_kinds.sh      # the same with `strace -c -f` (system calls per
@@ -30,6 +34,7 @@ scripts/setup.sh >/dev/null
 cargo build --release --locked --quiet --bin tensorgate
 cargo build --locked --quiet -p integration-tests --bin s3bench
 . bench/lib/nginx.sh
+. bench/lib/quota.sh
 ensure_nginx bench/request_kinds.sh || { echo "request_kinds.sh: nginx is needed (the anchor)" >&2; exit 2; }
 ORT=$(ls .venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* | head -1)
 OUT=.tmp/request-kinds; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -42,6 +47,7 @@ if [ "${BUSY:-1}" = 1 ]; then
   PIDS+=($!)
 fi
 cleanup() {
+  quota_stop
   for p in "${PIDS[@]}" $NGINX_PID; do kill "$p" 2>/dev/null || true; done
   SEAWEED_PORT=$PORT scripts/seaweedfs.sh stop >/dev/null 2>&1 || true
 }
@@ -75,6 +81,10 @@ for n in "${NAMES[@]}"; do
     nginx) start_nginx "127.0.0.1:$port" "$ENDPOINT" "${PROXY_PIN[@]}"
            PID[$n]=$NGINX_WORKER ADDR[$n]=http://127.0.0.1:$port KEYS[$n]="seaweed-ak seaweed-sk" ;;
   esac
+  if [ -n "${PROXY_QUOTA:-}" ]; then
+    procs=("${PID[$n]}"); [ "$n" = nginx ] && procs+=("$NGINX_PID")
+    quota_start "$n" "$PROXY_QUOTA" "${procs[@]}" || { echo "request_kinds.sh: PROXY_QUOTA needs root and a cgroup cpu controller" >&2; exit 2; }
+  fi
   port=$(( port + 2 ))
 done
 IMAGE=fuzz/corpus/image/rgb.jpg
@@ -84,9 +94,10 @@ for r in $(seq 1 "$ROUNDS"); do
   for i in $(seq 0 $(( k - 1 ))); do
     n=${NAMES[$(( (i + r) % k ))]}
     echo "round $r/$ROUNDS: $n" >&2
+    hook=(); [ -n "${PROXY_QUOTA:-}" ] && hook=(KINDS_HOOK="bench/lib/quota_hook.sh ${QUOTA_DIR[$n]} $OUT/raw.jsonl $n $r")
     push=(); [ "$n" != nginx ] && [[ ",${KINDS:-pushdown}," == *,pushdown,* ]] && push=(PUSHDOWN="tiny-cnn:pool:$IMAGE")
     # shellcheck disable=SC2086
-    env "${push[@]}" CPU_PIDS="proxy:${PID[$n]}" "${REST_PIN[@]}" target/debug/s3bench \
+    env "${push[@]}" "${hook[@]}" CPU_PIDS="proxy:${PID[$n]}" "${REST_PIN[@]}" target/debug/s3bench \
       "${ADDR[$n]}" ${KEYS[$n]} "$n" kinds >> "$OUT/raw.jsonl"
     if [ ${#push[@]} -gt 0 ]; then  # every pushdown request of the phase was a cache hit
       hits=$(curl -sf "http://${ADMIN_OF[$n]}/metrics" | awk '/^tensorgate_cache_hits_total/ {s += $2} END {print s + 0}')
@@ -156,4 +167,11 @@ for (n, k), v in sorted(runs.items()):
     print(f"{n} {k}: µs " + ", ".join(f"{x['proxy_cpu_us']:.1f}" for x in v) + "; req/s " + ", ".join(f"{x['ops_s']:.0f}" for x in v))
 for n, h in hits.items():
     print(f"{n}: {h:.0f} cache hits in all (every measured pushdown request)")
+quota = collections.defaultdict(lambda: [0, 0])
+for r in rows:
+    if r["test"] == "quota":
+        quota[(r["label"], r["kind"])][0] += r["periods"]
+        quota[(r["label"], r["kind"])][1] += r["throttled"]
+for (n, k), (periods, throttled) in sorted(quota.items()):  # near 100%: the quota was the bound
+    print(f"{n} {k}: throttled in {throttled} of {periods} CPU quota periods ({100 * throttled / max(periods, 1):.0f}%)")
 PY
