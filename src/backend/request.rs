@@ -90,12 +90,17 @@ impl BackendError {
 /// Rebuilds a path-style request path `/bucket/key` in SigV4's canonical encoding.
 #[must_use]
 pub(crate) fn path_style_path(target: &Target) -> String {
-    use crate::s3::sigv4::uri_encode_path;
-    match (&target.bucket, &target.key) {
-        (Some(b), Some(k)) => format!("/{}/{}", uri_encode_path(b), uri_encode_path(k)),
-        (Some(b), None) => format!("/{}", uri_encode_path(b)),
-        _ => "/".to_owned(),
+    use crate::s3::sigv4::push_uri_encoded_path;
+    let Some(b) = &target.bucket else { return "/".to_owned() };
+    // Room for the common case, names that need no escapes.
+    let mut out = String::with_capacity(2 + b.len() + target.key.as_ref().map_or(0, String::len));
+    out.push('/');
+    push_uri_encoded_path(&mut out, b);
+    if let Some(k) = &target.key {
+        out.push('/');
+        push_uri_encoded_path(&mut out, k);
     }
+    out
 }
 
 /// Request headers for the backend: everything but hop-by-hop headers, `host` and the client's
@@ -139,6 +144,19 @@ pub(crate) fn forwarded_query(q: Option<&str>) -> Option<String> {
 mod tests {
     use super::*;
     use http::HeaderMap;
+
+    #[test]
+    fn path_style_path_escapes_names_and_keeps_the_keys_slashes() {
+        use crate::s3::route::Target;
+        let t = |b: Option<&str>, k: Option<&str>| Target {
+            bucket: b.map(Into::into),
+            key: k.map(Into::into),
+            virtual_host: false,
+        };
+        assert_eq!(path_style_path(&t(Some("b"), Some("a b/\u{fc}+c~"))), "/b/a%20b/%C3%BC%2Bc~");
+        assert_eq!(path_style_path(&t(Some("b"), None)), "/b");
+        assert_eq!(path_style_path(&t(None, None)), "/");
+    }
 
     #[test]
     fn query_drops_presign_params_and_normalizes() {

@@ -13,6 +13,8 @@ pub mod chunked;
 pub(crate) mod sign;
 pub mod verify;
 
+use std::borrow::Cow;
+
 use hmac::{Hmac, Mac};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -32,13 +34,18 @@ type HmacSha256 = Hmac<Sha256>;
 /// SigV4 `UriEncode(s, encodeSlash=true)`.
 #[must_use]
 pub(crate) fn uri_encode(s: &str) -> String {
-    utf8_percent_encode(s, URI_ENCODE_SET).to_string()
+    Cow::from(utf8_percent_encode(s, URI_ENCODE_SET)).into_owned()
 }
 
 /// SigV4 `UriEncode(s, encodeSlash=false)`: the canonical form of an S3 path.
 #[must_use]
 pub(crate) fn uri_encode_path(s: &str) -> String {
-    utf8_percent_encode(s, PATH_ENCODE_SET).to_string()
+    Cow::from(utf8_percent_encode(s, PATH_ENCODE_SET)).into_owned()
+}
+
+/// Appends [`uri_encode_path`]`(s)` to `out`, without a string of its own.
+pub(crate) fn push_uri_encoded_path(out: &mut String, s: &str) {
+    out.extend(utf8_percent_encode(s, PATH_ENCODE_SET));
 }
 
 /// Percent-decodes a URI component (`+` stays literal, as S3 treats it in paths and SigV4 in queries).
@@ -194,19 +201,20 @@ impl CanonicalRequest<'_> {
 /// Credential scope `date/region/service/aws4_request`.
 #[must_use]
 pub fn scope(date: &str, region: &str, service: &str) -> String {
-    format!("{date}/{region}/{service}/aws4_request")
+    [date, "/", region, "/", service, "/aws4_request"].concat()
 }
 
 /// String to sign for a request.
 #[must_use]
 pub(crate) fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &CanonicalRequest<'_>) -> String {
-    format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", canonical_request.sha256_hex())
+    [ALGORITHM, "\n", amz_date, "\n", scope, "\n", &canonical_request.sha256_hex()].concat()
 }
 
 /// String to sign for one chunk of a `STREAMING-AWS4-HMAC-SHA256-PAYLOAD` body.
 #[must_use]
 pub fn chunk_string_to_sign(amz_date: &str, scope: &str, previous_signature: &str, chunk_sha256: &str) -> String {
-    format!("{ALGORITHM}-PAYLOAD\n{amz_date}\n{scope}\n{previous_signature}\n{EMPTY_SHA256}\n{chunk_sha256}")
+    [ALGORITHM, "-PAYLOAD\n", amz_date, "\n", scope, "\n", previous_signature, "\n", EMPTY_SHA256, "\n", chunk_sha256]
+        .concat()
 }
 
 /// String to sign for the trailer of a `STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER` body.
@@ -217,7 +225,7 @@ pub(crate) fn trailer_string_to_sign(
     previous_signature: &str,
     trailer_sha256: &str,
 ) -> String {
-    format!("{ALGORITHM}-TRAILER\n{amz_date}\n{scope}\n{previous_signature}\n{trailer_sha256}")
+    [ALGORITHM, "-TRAILER\n", amz_date, "\n", scope, "\n", previous_signature, "\n", trailer_sha256].concat()
 }
 
 /// The derived signing key `HMAC(HMAC(HMAC(HMAC("AWS4"+secret, date), region), service), "aws4_request")`.

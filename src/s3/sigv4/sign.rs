@@ -5,6 +5,8 @@
 //! 0033). Every header is signed except those a proxy or the transport may change (the same set
 //! as the official `aws-sigv4` crate, which the tests use as the reference).
 
+use std::fmt::Write as _;
+
 use http::{HeaderMap, HeaderValue, Method, Uri};
 use time::OffsetDateTime;
 
@@ -18,6 +20,9 @@ use crate::s3::credentials::SecretKey;
 /// Headers never signed: the signature's own, and those that change on the way (a proxy's
 /// `User-Agent`, a tracing id, hop-by-hop framing).
 const UNSIGNED: &[&str] = &["authorization", "user-agent", "x-amzn-trace-id", "transfer-encoding"];
+
+/// Length of an `x-amz-date` value (`YYYYMMDDTHHMMSSZ`).
+const AMZ_DATE_LEN: usize = 16;
 
 /// A header whose value is not visible ASCII cannot be signed (its canonical form is undefined).
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +44,9 @@ pub(crate) fn sign(
     region: &str,
     now: OffsetDateTime,
 ) -> Result<(), Unsignable> {
-    let amz_date = format!(
+    let mut amz_date = String::with_capacity(AMZ_DATE_LEN);
+    let _ = write!(
+        amz_date,
         "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
         now.year(),
         u8::from(now.month()),
@@ -79,7 +86,9 @@ pub(crate) fn sign(
     let scope = scope(date, region, "s3");
     let key = secret.signing_key(date, region, "s3");
     let sig = signature(&key, &string_to_sign(&amz_date, &scope, &request));
-    let auth = format!("{ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed_headers}, Signature={sig}");
+    let auth =
+        [ALGORITHM, " Credential=", access_key, "/", &scope, ", SignedHeaders=", &signed_headers, ", Signature=", &sig]
+            .concat();
     headers.insert(
         http::header::AUTHORIZATION,
         HeaderValue::from_str(&auth).map_err(|_| Unsignable("authorization".into()))?,
