@@ -62,13 +62,17 @@ pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
 }
 
 /// Canonical URI of an S3 request: the path decoded once and re-encoded with the spec's rules, so
-/// clients that escape more or fewer characters than the spec requires still verify.
+/// clients that escape more or fewer characters than the spec requires still verify. Borrowed
+/// from `raw_path` when it is canonical already (no escapes to decode, none to add).
 #[must_use]
-pub(crate) fn canonical_uri(raw_path: &str) -> String {
+pub(crate) fn canonical_uri(raw_path: &str) -> Cow<'_, str> {
     if raw_path.is_empty() {
-        return "/".to_owned();
+        return Cow::Borrowed("/");
     }
-    uri_encode_path(&uri_decode(raw_path))
+    match percent_decode_str(raw_path).decode_utf8_lossy() {
+        Cow::Borrowed(decoded) => Cow::from(utf8_percent_encode(decoded, PATH_ENCODE_SET)),
+        Cow::Owned(decoded) => Cow::Owned(uri_encode_path(&decoded)),
+    }
 }
 
 /// Canonical query string: every parameter (except `skip`, the presigned signature) decoded,
@@ -401,6 +405,7 @@ mod tests {
         assert_eq!(canonical_uri("/b/a b+c~"), "/b/a%20b%2Bc~");
         assert_eq!(canonical_uri("/b/a%20b%2Bc%7E"), "/b/a%20b%2Bc~");
         assert_eq!(canonical_uri(""), "/");
+        assert!(matches!(canonical_uri("/b/k-1_2.x~/y"), Cow::Borrowed("/b/k-1_2.x~/y")), "canonical already");
         assert_eq!(canonical_query(Some("b=2&a=1&a=0&flag"), None), "a=0&a=1&b=2&flag=");
         assert_eq!(canonical_header_value(b"  a   b  "), "a b");
         // Values copied as they are, and those trimmed or collapsed, alike with the general rule.

@@ -482,7 +482,7 @@ fn matching_signature(
     let query = canonical_query(uri.query(), skip_query);
     let raw = if uri.path().is_empty() { "/" } else { uri.path() };
     let normalized = canonical_uri(uri.path());
-    let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, &normalized] };
+    let candidates: &[&str] = if normalized == raw { &[raw] } else { &[raw, normalized.as_ref()] };
     for path in candidates {
         let cr = CanonicalRequest {
             method: method.as_str(),
