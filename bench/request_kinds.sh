@@ -173,5 +173,7 @@ for r in rows:
         quota[(r["label"], r["kind"])][0] += r["periods"]
         quota[(r["label"], r["kind"])][1] += r["throttled"]
 for (n, k), (periods, throttled) in sorted(quota.items()):  # near 100%: the quota was the bound
-    print(f"{n} {k}: throttled in {throttled} of {periods} CPU quota periods ({100 * throttled / max(periods, 1):.0f}%)")
+    share = throttled / max(periods, 1)
+    note = "" if share >= 0.9 else ": NOT the bound (lower PROXY_QUOTA), its req/s are the store's"
+    print(f"{n} {k}: throttled in {throttled} of {periods} CPU quota periods ({100 * share:.0f}%){note}")
 PY
